@@ -1,0 +1,107 @@
+"""Random input generators named in a check block's `inputs = {...}`.
+
+Every generator draws fresh values from the given numpy Generator; none ever returns all
+zeros (zeros hide unwritten outputs and wrong indexing).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import numpy as np
+
+from ..ir.dtypes import DType
+from ..ir.types import TensorType
+
+
+@attrs.frozen
+class Generator:
+    name: str
+    usage: str
+    fn: Callable[..., np.ndarray]
+    max_args: int
+    wants: str = "float"  # float | int | any
+
+    def check_args(self, args: tuple[Any, ...], t: TensorType, symbols: set[str]) -> str | None:
+        if len(args) > self.max_args:
+            return f"takes at most {self.max_args} argument(s), got {len(args)}"
+        if self.wants == "float" and not t.dtype.is_float:
+            return f"draws floating-point values but the input is {t.dtype}"
+        if self.wants == "int" and not t.dtype.is_int:
+            return f"draws integers but the input is {t.dtype}"
+        if self.name == "offsets" and t.rank != 1:
+            return f"makes a 1-D offsets tensor but the input has {t.rank} dims"
+        return None
+
+    def draw(self, rng: np.random.Generator, shape: tuple[int, ...], dtype: DType, dims: dict[str, int],
+             args: tuple[Any, ...]) -> np.ndarray:
+        resolved = tuple(dims[a] if isinstance(a, str) else a for a in args)
+        out = np.asarray(self.fn(rng, shape, *resolved))
+        return out.astype(dtype.np)
+
+
+def _normal(rng, shape, mean=0.0, std=1.0):
+    return rng.normal(mean, std, size=shape)
+
+
+def _uniform(rng, shape, lo=0.0, hi=1.0):
+    return rng.uniform(lo, hi, size=shape)
+
+
+def _logsigmoid(rng, shape, mean=0.0, std=1.0):
+    x = rng.normal(mean, std, size=shape)
+    return -np.logaddexp(0.0, -x)  # log(sigmoid(x)) <= 0: a decay in log space
+
+
+def _sigmoid(rng, shape, mean=0.0, std=1.0):
+    return 1.0 / (1.0 + np.exp(-rng.normal(mean, std, size=shape)))
+
+
+def _unit(rng, shape):
+    x = rng.normal(size=shape)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _randint(rng, shape, lo=0, hi=100):
+    return rng.integers(lo, hi, size=shape)
+
+
+def _offsets(rng, shape, total):
+    """Sorted sequence boundaries 0 = o[0] <= ... <= o[n] = total for n = shape[0] - 1
+    sequences, with lengths spread unevenly (and non-empty whenever total allows)."""
+    n = shape[0] - 1
+    if n < 1:
+        return np.zeros(shape, dtype=np.int64)
+    if total >= n:
+        cuts = np.sort(rng.choice(np.arange(1, total), size=n - 1, replace=False)) if n > 1 else np.array([], int)
+    else:
+        cuts = np.sort(rng.integers(0, total + 1, size=n - 1))
+    return np.concatenate([[0], cuts, [total]])
+
+
+GENERATORS: dict[str, Generator] = {g.name: g for g in [
+    Generator("normal", "normal(mean=0, std=1)", _normal, 2),
+    Generator("uniform", "uniform(lo=0, hi=1)", _uniform, 2),
+    Generator("logsigmoid", "logsigmoid(mean=0, std=1): log(sigmoid(normal(mean, std))), a log-space decay <= 0",
+              _logsigmoid, 2),
+    Generator("sigmoid", "sigmoid(mean=0, std=1): sigmoid(normal(mean, std)), in (0, 1)", _sigmoid, 2),
+    Generator("unit", "unit(): normal rows scaled to unit L2 norm along the last dim", _unit, 0),
+    Generator("randint", "randint(lo=0, hi=100): integers in [lo, hi)", _randint, 2, wants="int"),
+    Generator("offsets", "offsets(TOTAL): cu_seqlens-style boundaries from 0 to TOTAL", _offsets, 1, wants="int"),
+]}
+
+
+def default_generator(t: TensorType) -> tuple[str, tuple]:
+    if t.dtype.is_float:
+        return "normal", ()
+    if t.dtype.is_bool:
+        return "bool", ()
+    return "randint", (0, 100)
+
+
+def draw_default(rng: np.random.Generator, t: TensorType, shape: tuple[int, ...]) -> np.ndarray:
+    if t.dtype.is_bool:
+        return rng.random(size=shape) < 0.5
+    name, args = default_generator(t)
+    return GENERATORS[name].draw(rng, shape, t.dtype, {}, args)

@@ -1,0 +1,227 @@
+"""Prove an op description on the CPU: for every check shape (scaled down where huge), every
+seed and both states of the optional inputs, run the specialised IR in the interpreter and the
+reference in torch on the same fresh random inputs, and compare every output.
+
+An output passes when it has no NaN or infinity where the reference is finite (outputs start
+poisoned with NaN, so an unwritten element fails), its relative RMSE ‖out − ref‖/‖ref‖ is within
+the dtype's tolerance, and every element is within tol · (|ref| + rms(ref)).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import secrets
+from typing import Any, Callable
+
+import attrs
+import numpy as np
+
+from ..diagnostics import KfcError
+from ..frontend.spec import CheckSpec, OpSpec
+from ..ir.interpreter import run
+from ..ir.specialize import specialize
+from ..ir.types import MemSpace, SymDim, bind_dim
+from ..ir.verifier import verify
+from .generators import GENERATORS, draw_default
+from .tensors import to_numpy, to_torch
+
+DEFAULT_BUDGET = 1 << 20  # elements over all tensors of one case, for the interpreter
+
+
+@attrs.frozen
+class OutputResult:
+    case: int
+    dims: dict[str, int]
+    scaled_from: dict[str, int] | None
+    variant: str
+    seed: int
+    output: str
+    dtype: str
+    max_abs: float
+    rel_rmse: float
+    tol: float
+    ok: bool
+    note: str = ""
+
+
+def case_elements(spec: OpSpec, dims: dict[str, int]) -> int:
+    total = 0
+    for v in spec.func.args:
+        t = v.ttype
+        if t.space is not MemSpace.REG:
+            total += math.prod(max(bind_dim(d, dims), 0) for d in t.shape)
+    return total
+
+
+def scale_down(spec: OpSpec, dims: dict[str, int], budget: int) -> dict[str, int]:
+    """Halve the largest dimension until one case's tensors hold at most `budget` elements."""
+    dims = dict(dims)
+    while case_elements(spec, dims) > budget:
+        name = max(dims, key=lambda k: dims[k])
+        if dims[name] <= 1:
+            break
+        dims[name] = (dims[name] + 1) // 2
+    return dims
+
+
+def make_inputs(spec: OpSpec, dims: dict[str, int], rng: np.random.Generator, with_optional: bool) -> dict[str, Any]:
+    check = spec.check or CheckSpec()
+    args: dict[str, Any] = {}
+    for v in spec.func.inputs:
+        t = v.ttype
+        if t.space is MemSpace.REG:
+            default = spec.func.default_of(v.name)
+            if default is None:  # a scalar with no default: a benign positive value
+                args[v.name] = float(rng.uniform(0.5, 1.5)) if t.dtype.is_float else int(rng.integers(1, 10))
+            continue
+        if t.optional and not with_optional:
+            args[v.name] = None
+            continue
+        shape = tuple(bind_dim(d, dims) for d in t.shape)
+        gen = check.inputs.get(v.name)
+        if gen is None:
+            args[v.name] = draw_default(rng, t, shape)
+        else:
+            args[v.name] = GENERATORS[gen.name].draw(rng, shape, t.dtype, dims, gen.args)
+    return args
+
+
+def _reference_fn(spec: OpSpec) -> Callable[..., Any]:
+    check = spec.check
+    if check is None or check.reference is None:
+        raise KfcError(f"{spec.path}: the op has no reference to check against",
+                       hint='add check { reference = "..." shapes = [...] } to the .kfc file')
+    if check.reference_is_function:
+        mod_name, fn_name = check.reference.split(":")
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError as e:
+            raise KfcError(f"cannot import the reference module {mod_name!r}: {e}", check.reference_span) from None
+        fn = getattr(mod, fn_name, None)
+        if fn is None:
+            raise KfcError(f"module {mod_name!r} has no function {fn_name!r}", check.reference_span)
+        return lambda ns: fn(**ns["__args__"])
+    code = compile(check.reference, "<reference>", "eval")
+
+    def evaluate(ns):
+        import torch
+        import torch.nn.functional as F
+
+        return eval(code, {"torch": torch, "F": F, "math": math, **ns})  # noqa: S307 - the user's own reference
+
+    return evaluate
+
+
+def run_reference(spec: OpSpec, args: dict[str, Any], dims: dict[str, int]) -> list[np.ndarray]:
+    import torch
+
+    func = spec.func
+    fn = _reference_fn(spec)
+    targs: dict[str, Any] = {}
+    for v in func.inputs:
+        a = args.get(v.name)
+        if v.ttype.space is MemSpace.REG:
+            targs[v.name] = a if a is not None else _scalar_default(spec, v.name, dims)
+        else:
+            targs[v.name] = None if a is None else to_torch(a, v.ttype.dtype)
+    ns = {**dims, **targs, "__args__": targs}
+    try:
+        with torch.no_grad():
+            out = fn(ns)
+    except KfcError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of user code is reported, not raised
+        raise KfcError(f"the reference raised {type(e).__name__}: {e}", spec.check.reference_span,
+                       "the reference sees the inputs by name as torch tensors (CPU), scalars as numbers, "
+                       "and dims as integers") from None
+    if isinstance(out, dict):
+        out = [out[n] for n in func.output_names]
+    elif not isinstance(out, (tuple, list)):
+        out = [out]
+    if len(out) != len(func.outputs):
+        raise KfcError(f"the reference returned {len(out)} value(s) for {len(func.outputs)} output(s)",
+                       spec.check.reference_span, f"return them in order: {', '.join(func.output_names)}")
+    return [np.asarray(to_numpy(torch.as_tensor(o)), dtype=np.float64) for o in out]
+
+
+def _scalar_default(spec: OpSpec, name: str, dims: dict[str, int]):
+    from ..ir import constexpr
+
+    d = spec.func.default_of(name)
+    return constexpr.evaluate(d, dims) if isinstance(d, str) else d
+
+
+def compare(out: np.ndarray, ref: np.ndarray, tol: float) -> tuple[float, float, bool, str]:
+    o = out.astype(np.float64)
+    if o.shape != ref.shape:
+        return math.inf, math.inf, False, f"shape {list(o.shape)} vs reference {list(ref.shape)}"
+    if o.size == 0:
+        return 0.0, 0.0, True, "empty"
+    ref_finite = np.isfinite(ref)
+    bad = ~np.isfinite(o) & ref_finite
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        return math.inf, math.inf, False, f"{int(bad.sum())} element(s) NaN/inf or unwritten, first at {list(where)}"
+    mismatch_special = (~ref_finite) & ~((o == ref) | (np.isnan(o) & np.isnan(ref)))
+    if mismatch_special.any():
+        return math.inf, math.inf, False, "reference has NaN/inf where the output differs"
+    diff = np.where(ref_finite, np.abs(o - ref), 0.0)
+    r = np.where(ref_finite, ref, 0.0)
+    max_abs = float(diff.max())
+    norm = float(np.sqrt(np.mean(r * r)))
+    rel = float(np.sqrt(np.mean(diff * diff)) / norm) if norm > 0 else (0.0 if max_abs == 0 else math.inf)
+    if tol == 0.0:
+        ok = max_abs == 0.0
+        return max_abs, rel, ok, "" if ok else "integers differ"
+    elementwise = diff <= tol * (np.abs(r) + norm)
+    ok = rel <= tol and bool(elementwise.all())
+    note = ""
+    if not elementwise.all():
+        where = tuple(int(i) for i in np.argwhere(~elementwise)[0])
+        note = f"{int((~elementwise).sum())} element(s) off, first at {list(where)}"
+    elif rel > tol:
+        note = "relative RMSE over tolerance"
+    return max_abs, rel, ok, note
+
+
+def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, budget: int = DEFAULT_BUDGET,
+             shapes: list[dict[str, int]] | None = None,
+             on_result: Callable[[OutputResult], None] | None = None) -> list[OutputResult]:
+    """Run every case; return one result per (case, variant, seed, output)."""
+    check = spec.check
+    if check is None:
+        raise KfcError(f"{spec.path}: there is no check block", hint="add check { reference = ... shapes = [...] }")
+    cases = shapes if shapes is not None else list(check.shapes)
+    if not cases:
+        raise KfcError(f"{spec.path}: the check block has no shapes", hint="add shapes = [{...}, ...]")
+    _reference_fn(spec)  # fail early on a reference that cannot be imported
+    if seeds is None:
+        seeds = list(check.seeds) + [secrets.randbits(31)]
+    optional = [v.name for v in spec.func.inputs if v.ttype.optional]
+    variants = [(True, "all inputs")] if not optional else [(True, f"{', '.join(optional)} given"),
+                                                             (False, f"{', '.join(optional)} absent")]
+    results: list[OutputResult] = []
+    for ci, dims in enumerate(cases):
+        run_dims = dict(dims) if full else scale_down(spec, dims, budget)
+        scaled = dict(dims) if run_dims != dims else None
+        func = verify(specialize(spec.func, run_dims))
+        for with_opt, label in variants:
+            for seed in seeds:
+                rng = np.random.default_rng(seed)
+                args = make_inputs(spec, run_dims, rng, with_opt)
+                before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
+                outs = run(func, args)
+                refs = run_reference(spec, args, run_dims)
+                changed = [k for k, v in before.items() if not np.array_equal(v, args[k], equal_nan=True)]
+                for v, ref in zip(spec.func.outputs, refs):
+                    dtype = str(v.ttype.dtype)
+                    tol = check.tolerance_for(dtype)
+                    max_abs, rel, ok, note = compare(outs[v.name], ref, tol)
+                    if changed:
+                        ok, note = False, f"input {changed[0]} was modified"
+                    res = OutputResult(ci, run_dims, scaled, label, seed, v.name, dtype, max_abs, rel, tol, ok, note)
+                    results.append(res)
+                    if on_result is not None:
+                        on_result(res)
+    return results

@@ -1,0 +1,29 @@
+"""The `.kfc` front end: lark grammar (grammars/kfc.lark) to typed tile IR plus requirements."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..diagnostics import read_source
+from ..ir.func import FuncOp
+from ..ir.parser import parse_ir
+from ..ir.verifier import verify
+from .spec import CheckSpec, MetricSpec, OpSpec, load_kfc, parse_kfc
+
+__all__ = ["CheckSpec", "MetricSpec", "OpSpec", "load_kfc", "parse_kfc", "load_func", "is_ir_text"]
+
+
+def is_ir_text(text: str) -> bool:
+    """IR text starts (after comments) with `kfc.func`; `.kfc` source with `op`."""
+    body = re.sub(r"(//|#)[^\n]*", "", text).lstrip()
+    return body.startswith("kfc.func")
+
+
+def load_func(path: str | Path) -> tuple[FuncOp, OpSpec | None]:
+    """Read a `.kfc` file or IR text; return the verified function and, for `.kfc`, its spec."""
+    text = read_source(path, "a .kfc file or of IR text")
+    if is_ir_text(text):
+        return verify(parse_ir(text, str(path))), None
+    spec = parse_kfc(text, str(path))
+    return spec.func, spec

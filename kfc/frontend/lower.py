@@ -1,0 +1,788 @@
+"""The `.kfc` op definition to tile IR: names and scopes, literals, indexing and slicing, calls
+to the builtins. Typing rules live in the IR builder; this module adds the source spans and the
+language's own rules (what may be assigned where, what a slice may be)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import lark
+
+from ..diagnostics import KfcError, Span
+from ..ir import constexpr
+from ..ir.builder import ALL, Builder, BuildError, Slice
+from ..ir.core import Value
+from ..ir.dtypes import DTYPE_NAMES, DType, parse_dtype
+from ..ir.func import FuncOp
+from ..ir.tile_ops import StoreOp
+from ..ir.types import MemSpace, SymDim, TensorType
+from ..ir.verifier import verify
+
+KEYWORDS = {"op", "parallel", "for", "in", "step", "carry", "limit", "None", "true", "false",
+            "check", "metric", "targets"}
+
+
+def span_of(file: str, node) -> Span:
+    if isinstance(node, lark.Token):
+        return Span(file, node.line, node.column, node.end_line or node.line, node.end_column or node.column + 1)
+    m = node.meta
+    if getattr(m, "empty", True):
+        return Span(file, 1, 1, 1, 2)
+    return Span(file, m.line, m.column, m.end_line, m.end_column)
+
+
+@attrs.define
+class _Frame:
+    """One scope. Loop bodies are frames whose assignments may not reach outer names."""
+
+    kind: str  # "func" | "parallel" | "for"
+    names: dict[str, Value] = attrs.Factory(dict)
+    carried: tuple[str, ...] = ()
+    assigned_at: dict[str, Span] = attrs.Factory(dict)
+
+
+class _Literal:
+    """A number not yet given a dtype (it takes the dtype of what it meets)."""
+
+
+@attrs.frozen
+class Tensor:
+    """A function argument in global memory, as a name in scope."""
+
+    value: Value
+
+
+class Lowerer:
+    def __init__(self, file: str, text: str) -> None:
+        self.file = file
+        self.text = text
+        self.b = Builder()
+        self.frames: list[_Frame] = []
+        self.symbols: dict[str, Span] = {}
+        self.params: dict[str, Value] = {}
+        self.param_spans: dict[str, Span] = {}
+        self.outputs: set[str] = set()
+
+    # --- errors -------------------------------------------------------------------------------
+    def span(self, node) -> Span:
+        return span_of(self.file, node)
+
+    def err(self, node, message: str, hint: str | None = None) -> KfcError:
+        return KfcError(message, self.span(node), hint)
+
+    # --- signature ----------------------------------------------------------------------------
+    def lower_op(self, node) -> FuncOp:
+        name_tok, ins_node, outs_node, body = node.children
+        ins = [p for p in ins_node.children if p is not None]
+        outs = [p for p in outs_node.children if p is not None]
+        inputs, outputs, defaults = [], [], {}
+        seen: dict[str, lark.Token] = {}
+        for p, is_out in [(p, False) for p in ins] + [(p, True) for p in outs]:
+            pname, tspec, default = p.children
+            if str(pname) in seen:
+                raise self.err(pname, f"parameter {pname!s} is declared twice",
+                               "give each input and output its own name")
+            seen[str(pname)] = pname
+            t = self.param_type(tspec, is_out)
+            if is_out:
+                if default is not None:
+                    raise self.err(default, f"output {pname!s} cannot have a default")
+                if t.space is not MemSpace.GLOBAL:
+                    raise self.err(tspec, f"output {pname!s} must be a tensor with a shape, not a scalar",
+                                   f"give it dims, e.g. {pname}: {t.dtype}[M, N]")
+                outputs.append((str(pname), t))
+            else:
+                inputs.append((str(pname), t))
+                if default is not None:
+                    if t.space is not MemSpace.REG:
+                        raise self.err(default, f"tensor input {pname!s} cannot have a default",
+                                       "make it optional with '?' instead: it then reads as zeros when absent")
+                    defaults[str(pname)] = self.default_value(default)
+            self.param_spans[str(pname)] = self.span(p)
+        for n in seen:
+            if n in self.symbols:
+                raise self.err(seen[n], f"{n} names both a parameter and a shape dimension",
+                               "rename one of them")
+        input_syms = {d.name for _, t in inputs for d in t.shape if isinstance(d, SymDim)}
+        for n, t in outputs:
+            missing = sorted(t.symbols - input_syms)
+            if missing:
+                raise KfcError(f"output {n} uses dimension {missing[0]}, which no input has",
+                               self.param_spans[n], "outputs are sized from the inputs; give an input that dim")
+        for n, value in defaults.items():
+            if isinstance(value, str):
+                unknown = constexpr.symbols_of(value) - set(self.symbols)
+                if unknown:
+                    raise KfcError(f"the default of {n} uses {sorted(unknown)[0]}, which is not a shape dimension",
+                                   self.param_spans[n], "a default is a number or an expression of dims, e.g. K ** -0.5")
+        self.outputs = {n for n, _ in outputs}
+        with self.b.at(self.span(node)):
+            with self.b.func(str(name_tok), inputs, outputs, defaults) as f:
+                for v in f.args:
+                    self.params[v.name] = v
+                self.frames.append(_Frame("func"))
+                self.block(body)
+                self.frames.pop()
+        func = f.op
+        written = {op.operands[1].name for op in func.walk() if isinstance(op, StoreOp)}
+        for n, t in outputs:
+            if n not in written and not t.optional:
+                raise KfcError(f"output {n} is never written", self.param_spans[n],
+                               f"store into it, e.g. {n}[...] = ..., or assign the whole tensor with {n} = ...")
+        return verify(func)
+
+    def param_type(self, node, is_out: bool) -> TensorType:
+        name_tok, dims_node, opt = node.children
+        dtype = parse_dtype(str(name_tok))
+        if dtype is None:
+            close = [d for d in DTYPE_NAMES if d[0] == str(name_tok)[:1]]
+            raise self.err(name_tok, f"unknown dtype '{name_tok}'",
+                           f"dtypes are {', '.join(DTYPE_NAMES)}" + (f"; did you mean {close[0]}?" if close else ""))
+        if dims_node is None:
+            if opt is not None:
+                raise self.err(opt, "a scalar cannot be optional", "give it a default instead")
+            return TensorType(dtype)
+        shape = []
+        for d in dims_node.children:
+            if d is None:
+                continue
+            if d.data == "lit_dim":
+                shape.append(int(d.children[0]))
+                continue
+            sym = str(d.children[0])
+            if sym in KEYWORDS or parse_dtype(sym) is not None:
+                raise self.err(d, f"'{sym}' cannot name a dimension")
+            self.symbols.setdefault(sym, self.span(d))
+            off = 0 if d.data == "sym_dim" else int(d.children[1]) * (1 if d.data == "add_dim" else -1)
+            shape.append(SymDim(sym, off))
+        return TensorType(dtype, tuple(shape), MemSpace.GLOBAL, optional=opt is not None)
+
+    def default_value(self, node):
+        """A number, or the source text of a constant expression over dims."""
+        if node.data in ("int_lit", "float_lit"):
+            return self.number(node)
+        if node.data == "neg" and node.children[0].data in ("int_lit", "float_lit"):
+            return -self.number(node.children[0])
+        text = self.text[node.meta.start_pos:node.meta.end_pos]
+        try:
+            constexpr.symbols_of(text)
+        except constexpr.ConstExprError as e:
+            raise self.err(node, str(e)) from None
+        return text
+
+    @staticmethod
+    def number(node):
+        tok = node.children[0]
+        return int(tok) if node.data == "int_lit" else float(tok)
+
+    # --- scopes -------------------------------------------------------------------------------
+    def lookup(self, name: str, node):
+        for frame in reversed(self.frames):
+            if name in frame.names:
+                return frame.names[name]
+        if name in self.params:
+            v = self.params[name]
+            return Tensor(v) if v.ttype.space is not MemSpace.REG else v
+        if name in self.symbols:
+            with self.b.at(self.span(node)):
+                return self.b.dim(name)
+        hint = None
+        known = [n for f in self.frames for n in f.names] + list(self.params) + list(self.symbols)
+        close = [k for k in known if k.lower() == name.lower() or (len(name) > 2 and k.startswith(name[:3]))]
+        if close:
+            hint = f"did you mean {close[0]}?"
+        elif name in _BUILTINS:
+            hint = f"{name} is a function; call it, e.g. {name}(...)"
+        raise self.err(node, f"unknown name '{name}'", hint or "names must be assigned before use")
+
+    def assign(self, name: str, value: Value, node) -> None:
+        if name in self.params:
+            if name in self.outputs:
+                raise AssertionError("whole-tensor stores are handled by the caller")
+            kind = "tensor" if self.params[name].ttype.space is not MemSpace.REG else "scalar"
+            raise self.err(node, f"cannot assign to the input {kind} '{name}'; inputs are read-only",
+                           "choose a new name for the value")
+        if name in self.symbols:
+            raise self.err(node, f"cannot assign to the dimension '{name}'")
+        frame = self.frames[-1]
+        if name not in frame.names:
+            for outer in reversed(self.frames[:-1]):
+                if name in outer.names:
+                    if frame.kind == "for":
+                        raise self.err(node, f"'{name}' is defined outside this loop and assigned inside it",
+                                       f"to update it on every iteration, carry it: carry ({name})")
+                    raise self.err(node, f"'{name}' is defined outside this parallel loop and cannot be "
+                                         "reassigned inside it (iterations are independent)",
+                                   "use a new name inside the loop")
+        frame.names[name] = self.b.name_value(value, name)
+        frame.assigned_at[name] = self.span(node)
+
+    # --- statements ---------------------------------------------------------------------------
+    def block(self, node) -> None:
+        for stmt in node.children:
+            with self.b.at(self.span(stmt)):
+                getattr(self, "stmt_" + stmt.data)(stmt)
+
+    def stmt_assign(self, node) -> None:
+        name, expr = node.children
+        if str(name) in self.outputs:
+            target = self.params[str(name)]
+            value = self.value(expr)
+            with self.b.at(self.span(node)):
+                self.store(target, [ALL] * target.ttype.rank, value, node)
+            return
+        value = self.value(expr)
+        if not isinstance(value, Value):
+            with self.b.at(self.span(expr)):
+                value = self.b.literal(value, None)
+        self.assign(str(name), value, node)
+
+    def stmt_store(self, node) -> None:
+        name, index, expr = node.children
+        target = self.lookup(str(name), name)
+        if not isinstance(target, Tensor):
+            raise self.err(name, f"'{name}' is not a tensor; only outputs can be stored into",
+                           f"to name a value write {name} = ...")
+        if target.value.name not in self.outputs:
+            raise self.err(name, f"cannot store into the input '{name}'; inputs are read-only",
+                           "declare the tensor among the outputs after '->'")
+        items = self.index_items(index, target.value)
+        value = self.value(expr)
+        self.store(target.value, items, value, node)
+
+    def store(self, target: Value, items, value, node) -> None:
+        with self.b.at(self.span(node)):
+            try:
+                self.b.store(value, target, items)
+            except BuildError as e:
+                raise KfcError(e.message, self.span(node), e.hint) from None
+
+    def stmt_parallel(self, node) -> None:
+        *ranges, body = node.children
+        bounds, names = [], []
+        for r in ranges:
+            name, lo, hi = r.children
+            if str(name) in names:
+                raise self.err(name, f"index '{name}' appears twice")
+            names.append(str(name))
+            with self.b.at(self.span(r)):
+                bounds.append((self.index_value(lo, "lower bound"), self.index_value(hi, "upper bound")))
+        with self.b.at(self.span(node)):
+            with self.b.parallel(bounds, names) as ivs:
+                frame = _Frame("parallel", dict(zip(names, ivs)))
+                self.frames.append(frame)
+                self.block(body)
+                self.frames.pop()
+
+    def stmt_for_loop(self, node) -> None:
+        name, lo, hi, step, carry, body = node.children
+        lo_v = self.index_value(lo, "lower bound")
+        hi_v = self.index_value(hi, "upper bound")
+        step_v = self.index_value(step, "step") if step is not None else 1
+        if isinstance(step_v, int) and step_v <= 0:
+            raise self.err(step, f"the step must be positive, not {step_v}")
+        carry_names = [str(c) for c in carry.children] if carry is not None else []
+        inits = []
+        for tok in carry.children if carry is not None else []:
+            if carry_names.count(str(tok)) > 1:
+                raise self.err(tok, f"'{tok}' is carried twice")
+            v = self.lookup(str(tok), tok)
+            if not isinstance(v, Value) or v.ttype.space is not MemSpace.REG:
+                raise self.err(tok, f"only values can be carried; '{tok}' is a tensor",
+                               "load it into a value first, e.g. S = h0[n, :, :]")
+            inits.append(v)
+        with self.b.at(self.span(node)):
+            with self.b.for_(lo_v, hi_v, step_v, inits, iv_name=str(name)) as loop:
+                frame = _Frame("for", {str(name): loop.iv, **dict(zip(carry_names, loop.carried))},
+                               tuple(carry_names))
+                self.frames.append(frame)
+                self.block(body)
+                self.frames.pop()
+                yielded = [frame.names[n] for n in carry_names]
+                for n, init, y in zip(carry_names, inits, yielded):
+                    if init.type != y.type:
+                        raise KfcError(f"carried value '{n}' changes type in the loop: {init.type} before, "
+                                       f"{y.type} after an iteration", frame.assigned_at.get(n, self.span(node)),
+                                       f"a carried value keeps its dtype and shape; convert back, e.g. "
+                                       f"{n} = {init.ttype.dtype}(...)")
+                loop.yield_(yielded, self.span(node))
+        for n, r in zip(carry_names, loop.results):
+            frame = self.frames[-1]
+            owner = next(f for f in reversed(self.frames) if n in f.names)
+            if owner is not frame:
+                self.assign(n, r, node)
+            else:
+                frame.names[n] = r
+
+    # --- expressions --------------------------------------------------------------------------
+    def index_value(self, node, what: str):
+        v = self.value(node)
+        with self.b.at(self.span(node)):
+            try:
+                return v if isinstance(v, int) and not isinstance(v, bool) else self.b.as_index(v, what)
+            except BuildError as e:
+                raise KfcError(e.message, self.span(node), e.hint) from None
+
+    def value(self, node) -> Value | int | float | bool:
+        """Lower an expression. Python numbers stay numbers until they meet a value."""
+        try:
+            with self.b.at(self.span(node)):
+                v = self._value(node)
+        except BuildError as e:
+            raise KfcError(e.message, e.span or self.span(node), e.hint) from None
+        if isinstance(v, Tensor):
+            with self.b.at(self.span(node)):
+                return self.b.load(v.value, [ALL] * v.value.ttype.rank)
+        return v
+
+    def _value(self, node):
+        kind = node.data if isinstance(node, lark.Tree) else None
+        if kind == "int_lit":
+            return int(node.children[0])
+        if kind == "float_lit":
+            return float(node.children[0])
+        if kind == "true_lit":
+            return True
+        if kind == "false_lit":
+            return False
+        if kind == "name":
+            name = str(node.children[0])
+            return self.lookup(name, node)
+        if kind in _BINOPS:
+            return self.binop(node)
+        if kind in _CMPS:
+            a, b = (self.value(c) for c in node.children)
+            if _is_num(a) and _is_num(b):
+                return bool(_CMP_PY[kind](a, b))
+            with self.b.at(self.span(node)):
+                return self.b.cmp(_CMPS[kind], a, b)
+        if kind == "neg":
+            a = self.value(node.children[0])
+            if _is_num(a):
+                return -a
+            return self.b.unary("neg", a)
+        if kind == "invert":
+            a = self.value(node.children[0])
+            if isinstance(a, bool):
+                return not a
+            if _is_num(a):
+                raise self.err(node, "~ applies to bool masks and integers, not to a literal number")
+            return self.b.unary("not", a)
+        if kind == "pow":
+            return self.power(node)
+        if kind == "call":
+            return self.call(node)
+        if kind == "subscript":
+            return self.subscript(node)
+        if kind == "attribute":
+            base, attr = node.children
+            if str(attr) != "T":
+                raise self.err(attr, f"unknown attribute .{attr}", "the only attribute is .T (transpose)")
+            v = self.value(base)
+            if not isinstance(v, Value):
+                raise self.err(node, ".T needs a tile")
+            with self.b.at(self.span(node)):
+                return self.b.transpose(v)
+        if kind == "list_lit":
+            raise self.err(node, "a list is only allowed as a shape or permutation argument",
+                           "e.g. zeros([K, V]) or transpose(x, [1, 0])")
+        raise self.err(node, f"unsupported expression ({kind})")
+
+    def binop(self, node):
+        kind = node.data
+        a, b = (self.value(c) for c in node.children)
+        if _is_num(a) and _is_num(b):
+            if kind == "truediv" and isinstance(a, int) and isinstance(b, int):
+                raise self.err(node, "'/' of two integers", "use // for integer division")
+            try:
+                return _BINOP_PY[kind](a, b)
+            except ZeroDivisionError:
+                raise self.err(node, "division by zero in a constant") from None
+        fn = _BINOPS[kind]
+        if kind in ("truediv", "floordiv"):
+            dts = [x.ttype.dtype for x in (a, b) if isinstance(x, Value)]
+            is_int = all(d.is_int for d in dts) and not any(isinstance(x, float) for x in (a, b))
+            if kind == "truediv" and is_int:
+                raise self.err(node, "'/' of integers", "use // for integer (floor) division, or convert with f32(...)")
+            if kind == "floordiv" and not is_int:
+                raise self.err(node, "'//' is integer division; these operands are floating point",
+                               "use / for floating-point division")
+        with self.b.at(self.span(node)):
+            return self.b.binary(fn, a, b)
+
+    def power(self, node):
+        base, exp = node.children
+        a = self.value(base)
+        e = self.value(exp)
+        if _is_num(a) and _is_num(e):
+            return a ** e
+        with self.b.at(self.span(node)):
+            if _is_num(e):
+                # exact and cheaper forms for the exponents people write
+                if e == 1:
+                    return a
+                if e == 2:
+                    return self.b.binary("mul", a, a)
+                if e == 0.5:
+                    return self.b.unary("sqrt", a)
+                if e == -0.5:
+                    return self.b.unary("rsqrt", a)
+            return self.b.binary("pow", a, e)
+
+    # --- indexing -----------------------------------------------------------------------------
+    def subscript(self, node):
+        base, index = node.children
+        if isinstance(base, lark.Tree) and base.data == "name":
+            target = self.lookup(str(base.children[0]), base)
+        else:
+            target = self.value(base)
+        if isinstance(target, Tensor):
+            items = self.index_items(index, target.value)
+            with self.b.at(self.span(node)):
+                return self.b.load(target.value, items)
+        if not isinstance(target, Value):
+            raise self.err(node, "only tensors and tiles can be indexed")
+        # tiles: ':' keeps a dim, None inserts one
+        axes, pos = [], 0
+        for i, item in enumerate(index.children):
+            if item.data == "idx_new":
+                axes.append(i)
+            elif item.data == "idx_slice" and all(c is None for c in item.children):
+                pos += 1
+            else:
+                raise self.err(item, "a tile can only be indexed with ':' and None",
+                               "to pick elements use where(...) with a mask; to pick a row of a tensor index the tensor")
+        if pos + len(axes) != len(index.children) or pos > target.ttype.rank:
+            raise self.err(index, f"too many ':' for a rank-{target.ttype.rank} tile")
+        if not axes:
+            return target
+        with self.b.at(self.span(node)):
+            return self.b.expand_dims(target, axes)
+
+    def index_items(self, index, tensor: Value) -> list:
+        items = []
+        rank = tensor.ttype.rank
+        if len(index.children) > rank:
+            raise self.err(index, f"{len(index.children)} indices for '{tensor.name}', which has {rank} dims "
+                                  f"({tensor.type})")
+        for dim, item in enumerate(index.children):
+            if item.data == "idx_new":
+                raise self.err(item, "None (a new axis) applies to tiles, not to tensors",
+                               "load first, then add the axis: t = x[m, :]; t[None, :]")
+            if item.data == "idx_point":
+                items.append(self.index_value(item.children[0], "index"))
+                continue
+            lo, hi, limit = item.children
+            if lo is None and hi is None:
+                if limit is not None:
+                    raise self.err(item, "'limit' needs a sized slice", "e.g. t:t+64 limit eos")
+                items.append(ALL)
+                continue
+            if hi is None:
+                raise self.err(item, "an open-ended slice 'lo:' has no compile-time size",
+                               "write lo:lo+SIZE (with 'limit' for a partial tile), or ':' for the whole dim")
+            size = self.slice_size(lo, hi, item)
+            start = self.index_value(lo, "slice start") if lo is not None else 0
+            lim = self.index_value(limit, "slice limit") if limit is not None else None
+            items.append(Slice(start, size, lim))
+        return items
+
+    def slice_size(self, lo, hi, node) -> int:
+        a = _affine(lo) if lo is not None else ({}, 0)
+        b = _affine(hi)
+        if a is None or b is None:
+            raise self.err(node, "the slice's size must be a compile-time constant",
+                           "write it as lo:lo+SIZE, e.g. t:t+64 (add 'limit eos' for a partial tile)")
+        terms = {k: b[0].get(k, 0) - a[0].get(k, 0) for k in set(a[0]) | set(b[0])}
+        if any(terms.values()):
+            raise self.err(node, "the slice's size must be a compile-time constant",
+                           "write it as lo:lo+SIZE, e.g. t:t+64 (add 'limit eos' for a partial tile)")
+        size = b[1] - a[1]
+        if size <= 0:
+            raise self.err(node, f"the slice is empty or reversed (size {size})")
+        return size
+
+    # --- calls --------------------------------------------------------------------------------
+    def call(self, node):
+        fname, args_node = node.children
+        name = str(fname)
+        args = [a for a in (args_node.children if args_node is not None else [])]
+        positional = [a for a in args if not (isinstance(a, lark.Tree) and a.data == "kwarg")]
+        kwargs = {}
+        for a in args:
+            if isinstance(a, lark.Tree) and a.data == "kwarg":
+                key = str(a.children[0])
+                if key in kwargs:
+                    raise self.err(a, f"argument '{key}' is given twice")
+                kwargs[key] = a.children[1]
+        if args and any(isinstance(a, lark.Tree) and a.data == "kwarg" for a in args[:len(positional)]) \
+                and positional and args.index(positional[-1]) > min(
+                    i for i, a in enumerate(args) if isinstance(a, lark.Tree) and a.data == "kwarg"):
+            raise self.err(node, "positional argument after a keyword argument")
+        dtype = parse_dtype(name)
+        if dtype is not None:
+            if kwargs or len(positional) != 1:
+                raise self.err(node, f"{name}(...) converts one value; got {len(positional)} argument(s)"
+                                     + (" and keywords" if kwargs else ""))
+            v = self.value(positional[0])
+            with self.b.at(self.span(node)):
+                if _is_num(v):
+                    return self.b.const(v, dtype)
+                if not isinstance(v, Value):
+                    raise self.err(node, f"{name}(...) needs a value")
+                return self.b.cast(v, dtype)
+        spec = _BUILTINS.get(name)
+        if spec is None:
+            close = [b for b in _BUILTINS if b.startswith(name[:3])] if len(name) >= 3 else []
+            raise self.err(fname, f"unknown function '{name}'",
+                           f"did you mean {close[0]}?" if close else "see the language reference in README.md for the builtins")
+        handler, params, min_pos, max_pos = spec
+        if not min_pos <= len(positional) <= max_pos:
+            want = str(min_pos) if min_pos == max_pos else f"{min_pos} to {max_pos}"
+            raise self.err(node, f"{name} takes {want} positional argument(s), got {len(positional)}",
+                           _SIGNATURES.get(name))
+        for k in kwargs:
+            if k not in params:
+                raise self.err(args[[i for i, a in enumerate(args) if isinstance(a, lark.Tree) and a.data == 'kwarg'
+                                     and str(a.children[0]) == k][0]],
+                               f"{name} has no argument '{k}'",
+                               f"it takes {', '.join(params)}" if params else f"{name} takes no keywords")
+        with self.b.at(self.span(node)):
+            return handler(self, node, positional, kwargs)
+
+    # helpers for builtins
+    def const_int(self, node, what: str) -> int:
+        v = self.value(node)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.err(node, f"{what} must be a constant integer")
+        return v
+
+    def const_bool(self, node, what: str) -> bool:
+        v = self.value(node)
+        if not isinstance(v, bool):
+            raise self.err(node, f"{what} must be true or false")
+        return v
+
+    def const_axes(self, node, what: str):
+        if isinstance(node, lark.Tree) and node.data == "list_lit":
+            return [self.const_int(c, what) for c in node.children if c is not None]
+        return self.const_int(node, what)
+
+    def tile_value(self, node, what: str) -> Value:
+        v = self.value(node)
+        if not isinstance(v, Value):
+            raise self.err(node, f"{what} must be a tile, not the constant {v!r}")
+        return v
+
+    def shape_arg(self, node):
+        if not (isinstance(node, lark.Tree) and node.data == "list_lit"):
+            raise self.err(node, "a shape is a list of sizes, e.g. [64, K]")
+        dims = []
+        for c in node.children:
+            if c is None:
+                continue
+            if isinstance(c, lark.Tree) and c.data == "name" and str(c.children[0]) in self.symbols:
+                dims.append(SymDim(str(c.children[0])))
+            else:
+                n = self.const_int(c, "a shape entry")
+                if n <= 0:
+                    raise self.err(c, f"a shape entry must be positive, not {n}")
+                dims.append(n)
+        return dims
+
+    def dtype_arg(self, node) -> DType:
+        if isinstance(node, lark.Tree) and node.data == "name":
+            d = parse_dtype(str(node.children[0]))
+            if d is not None:
+                return d
+        raise self.err(node, "dtype= takes a dtype name", f"one of {', '.join(DTYPE_NAMES)}")
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, Value)
+
+
+def _affine(node):
+    """An expression as ({atom: coefficient}, constant), or None when it is not linear.
+    Atoms are names; anything else non-constant makes it non-affine."""
+    if not isinstance(node, lark.Tree):
+        return None
+    if node.data == "int_lit":
+        return {}, int(node.children[0])
+    if node.data == "name":
+        return {str(node.children[0]): 1}, 0
+    if node.data in ("add", "sub"):
+        a, b = _affine(node.children[0]), _affine(node.children[1])
+        if a is None or b is None:
+            return None
+        sign = 1 if node.data == "add" else -1
+        terms = dict(a[0])
+        for k, v in b[0].items():
+            terms[k] = terms.get(k, 0) + sign * v
+        return terms, a[1] + sign * b[1]
+    if node.data == "mul":
+        a, b = _affine(node.children[0]), _affine(node.children[1])
+        if a is None or b is None:
+            return None
+        if not a[0]:
+            return {k: a[1] * v for k, v in b[0].items()}, a[1] * b[1]
+        if not b[0]:
+            return {k: b[1] * v for k, v in a[0].items()}, a[1] * b[1]
+        return None
+    if node.data == "neg":
+        a = _affine(node.children[0])
+        return None if a is None else ({k: -v for k, v in a[0].items()}, -a[1])
+    # an opaque subexpression (a load, a call) counts as one atom, keyed by its shape in the tree
+    return {repr(node): 1}, 0
+
+
+_BINOPS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "div", "mod": "rem",
+           "and_": "and", "or_": "or"}
+_BINOP_PY: dict[str, Callable] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "truediv": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
+    "and_": lambda a, b: a & b, "or_": lambda a, b: a | b,
+}
+_CMPS = {"lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
+_CMP_PY = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+           "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+
+
+# --- builtins: name -> (handler, keyword names, min positional, max positional) ----------------
+
+def _unary(fn):
+    def h(lw: Lowerer, node, pos, kw):
+        v = lw.value(pos[0])
+        if _is_num(v):
+            v = lw.b.literal(float(v) if not isinstance(v, bool) else v, None)
+        return lw.b.unary(fn, v)
+    return h
+
+
+def _minmax(fn):
+    def h(lw: Lowerer, node, pos, kw):
+        if len(pos) == 2:
+            if kw:
+                raise lw.err(node, f"{fn}(a, b) is elementwise and takes no keywords",
+                             f"for a reduction write {fn}(x, axis=...)")
+            return lw.b.binary(fn, lw.value(pos[0]), lw.value(pos[1]))
+        return _reduce(fn)(lw, node, pos, kw)
+    return h
+
+
+def _reduce(kind):
+    def h(lw: Lowerer, node, pos, kw):
+        x = lw.tile_value(pos[0], f"{kind}'s operand")
+        axis = lw.const_axes(kw["axis"], "axis") if "axis" in kw else None
+        keep = lw.const_bool(kw["keepdims"], "keepdims") if "keepdims" in kw else False
+        return lw.b.reduce(kind, x, axis, keep)
+    return h
+
+
+def _cumsum(lw: Lowerer, node, pos, kw):
+    x = lw.tile_value(pos[0], "cumsum's operand")
+    axis = lw.const_int(kw["axis"], "axis") if "axis" in kw else 0
+    excl = lw.const_bool(kw["exclusive"], "exclusive") if "exclusive" in kw else False
+    rev = lw.const_bool(kw["reverse"], "reverse") if "reverse" in kw else False
+    return lw.b.scan("sum", x, axis, excl, rev)
+
+
+def _where(lw: Lowerer, node, pos, kw):
+    c, a, b = (lw.value(p) for p in pos)
+    return lw.b.where(c, a, b)
+
+
+def _dot(lw: Lowerer, node, pos, kw):
+    a = lw.tile_value(pos[0], "dot's lhs")
+    b = lw.tile_value(pos[1], "dot's rhs")
+    ta = lw.const_bool(kw["trans_a"], "trans_a") if "trans_a" in kw else False
+    tb = lw.const_bool(kw["trans_b"], "trans_b") if "trans_b" in kw else False
+    return lw.b.dot(a, b, ta, tb)
+
+
+def _iota(lw: Lowerer, node, pos, kw):
+    n = lw.const_int(pos[0], "iota's length")
+    if n <= 0:
+        raise lw.err(pos[0], f"iota needs a positive length, not {n}")
+    dtype = lw.dtype_arg(kw["dtype"]) if "dtype" in kw else DType.I32
+    if not dtype.is_int:
+        raise lw.err(kw["dtype"], "iota makes integers", "convert afterwards, e.g. f32(iota(64))")
+    return lw.b.iota(n, dtype)
+
+
+def _tri(lower: bool):
+    def h(lw: Lowerer, node, pos, kw):
+        rows = lw.const_int(pos[0], "the row count")
+        cols = lw.const_int(pos[1], "the column count") if len(pos) > 1 else rows
+        k = lw.const_int(kw["k"], "k") if "k" in kw else 0
+        if rows <= 0 or cols <= 0:
+            raise lw.err(node, "a triangular mask needs positive sizes")
+        return lw.b.tri(rows, cols, lower, k)
+    return h
+
+
+def _fill(value):
+    def h(lw: Lowerer, node, pos, kw):
+        shape = lw.shape_arg(pos[0])
+        v = value
+        if v is None:
+            v = lw.value(pos[1])
+            if not _is_num(v):
+                raise lw.err(pos[1], "full's value must be a constant number")
+        dtype = lw.dtype_arg(kw["dtype"]) if "dtype" in kw else (DType.BOOL if isinstance(v, bool) else DType.F32)
+        return lw.b.const(v, dtype, shape)
+    return h
+
+
+def _transpose(lw: Lowerer, node, pos, kw):
+    x = lw.tile_value(pos[0], "transpose's operand")
+    perm = None
+    if len(pos) > 1:
+        perm = lw.const_axes(pos[1], "a permutation entry")
+        if isinstance(perm, int):
+            raise lw.err(pos[1], "the permutation is a list, e.g. [1, 0]")
+    return lw.b.transpose(x, perm)
+
+
+def _reshape(lw: Lowerer, node, pos, kw):
+    x = lw.tile_value(pos[0], "reshape's operand")
+    return lw.b.reshape(x, lw.shape_arg(pos[1]))
+
+
+_BUILTINS: dict[str, tuple[Callable, tuple[str, ...], int, int]] = {
+    **{fn: (_unary(fn), (), 1, 1) for fn in
+       ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "softplus", "tanh", "abs")},
+    "max": (_minmax("max"), ("axis", "keepdims"), 1, 2),
+    "min": (_minmax("min"), ("axis", "keepdims"), 1, 2),
+    "sum": (_reduce("sum"), ("axis", "keepdims"), 1, 1),
+    "mean": (_reduce("mean"), ("axis", "keepdims"), 1, 1),
+    "prod": (_reduce("prod"), ("axis", "keepdims"), 1, 1),
+    "cumsum": (_cumsum, ("axis", "exclusive", "reverse"), 1, 1),
+    "where": (_where, (), 3, 3),
+    "dot": (_dot, ("trans_a", "trans_b"), 2, 2),
+    "iota": (_iota, ("dtype",), 1, 1),
+    "tril": (_tri(True), ("k",), 1, 2),
+    "triu": (_tri(False), ("k",), 1, 2),
+    "zeros": (_fill(0), ("dtype",), 1, 1),
+    "ones": (_fill(1), ("dtype",), 1, 1),
+    "full": (_fill(None), ("dtype",), 2, 2),
+    "transpose": (_transpose, (), 1, 2),
+    "reshape": (_reshape, (), 2, 2),
+}
+
+_SIGNATURES = {
+    **{fn: f"{fn}(x)" for fn in ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "softplus", "tanh", "abs")},
+    "max": "max(a, b) elementwise, or max(x, axis=..., keepdims=...) to reduce",
+    "min": "min(a, b) elementwise, or min(x, axis=..., keepdims=...) to reduce",
+    "sum": "sum(x, axis=..., keepdims=...)", "mean": "mean(x, axis=..., keepdims=...)",
+    "prod": "prod(x, axis=..., keepdims=...)",
+    "cumsum": "cumsum(x, axis=0, exclusive=false, reverse=false)", "where": "where(cond, a, b)",
+    "dot": "dot(a, b, trans_a=false, trans_b=false)", "iota": "iota(n, dtype=i32)",
+    "tril": "tril(rows, cols=rows, k=0)", "triu": "triu(rows, cols=rows, k=0)",
+    "zeros": "zeros([dims], dtype=f32)", "ones": "ones([dims], dtype=f32)",
+    "full": "full([dims], value, dtype=f32)", "transpose": "transpose(x, [perm])",
+    "reshape": "reshape(x, [dims])",
+}
+
+BUILTIN_NAMES = tuple(_BUILTINS)

@@ -1,0 +1,286 @@
+"""The whole `.kfc` file as data: the op (as tile IR), its check block, metric and targets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+import lark
+
+from ..diagnostics import KfcError, Span, read_source, register_source
+from ..grammar_files import lalr_parser, syntax_error
+from ..ir import constexpr
+from ..ir.dtypes import DTYPE_NAMES, parse_dtype
+from ..ir.func import FuncOp
+from ..ir.types import MemSpace
+from .lower import Lowerer, span_of
+
+GRAMMAR = "kfc.lark"
+METRICS = ("time", "bandwidth", "flops")
+TARGETS = ("sm_90", "sm_90a", "sm_100", "sm_100a")
+CHECK_KEYS = {
+    "reference": "a torch expression over the inputs, or \"module:function\"",
+    "shapes": "a list of {DIM: size} dicts, one per case",
+    "tolerance": "{dtype: relative tolerance}",
+    "seeds": "a list of integer seeds",
+    "inputs": "{input: generator(...)} to draw inputs other than from normal()",
+}
+DEFAULT_TOLERANCE = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-5, "f64": 1e-10, "e4m3": 1.3e-1, "e5m2": 2.5e-1,
+                     "i8": 0.0, "i32": 0.0, "i64": 0.0, "bool": 0.0, "index": 0.0}
+
+
+@attrs.frozen
+class GeneratorSpec:
+    """How to draw one input: a generator's name and its arguments (numbers or dim names)."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    span: Span | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class CheckSpec:
+    reference: str | None = None
+    reference_span: Span | None = attrs.field(default=None, eq=False)
+    shapes: tuple[dict[str, int], ...] = ()
+    tolerance: dict[str, float] = attrs.Factory(dict)
+    seeds: tuple[int, ...] = (0,)
+    inputs: dict[str, GeneratorSpec] = attrs.Factory(dict)
+
+    @property
+    def reference_is_function(self) -> bool:
+        return self.reference is not None and bool(re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.reference))
+
+    def tolerance_for(self, dtype: str) -> float:
+        return self.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, 1e-5))
+
+
+@attrs.frozen
+class MetricSpec:
+    kind: str = "time"
+    formula: str | None = None  # flops: constant expression over dims; bandwidth: bytes (optional)
+
+
+@attrs.frozen
+class OpSpec:
+    func: FuncOp
+    path: str
+    check: CheckSpec | None = None
+    metric: MetricSpec = MetricSpec()
+    targets: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.func.sym_name
+
+
+def parse_kfc(text: str, file: str = "<kfc>") -> OpSpec:
+    register_source(file, text)
+    parser = lalr_parser(GRAMMAR)
+    try:
+        tree = parser.parse(text)
+    except lark.exceptions.UnexpectedInput as e:
+        raise syntax_error(e, parser, file, text) from None
+    except lark.exceptions.VisitError as e:  # pragma: no cover - no callbacks are registered
+        raise KfcError(str(e.orig_exc), None) from None
+    op_node, *sections = tree.children
+    func = Lowerer(file, text).lower_op(op_node)
+    return _Sections(file, func).build(sections)
+
+
+def load_kfc(path: str | Path) -> OpSpec:
+    return parse_kfc(read_source(path), str(path))
+
+
+class _Sections:
+    def __init__(self, file: str, func: FuncOp) -> None:
+        self.file = file
+        self.func = func
+        self.symbols = set(func.symbols)
+
+    def err(self, node, message: str, hint: str | None = None) -> KfcError:
+        return KfcError(message, span_of(self.file, node), hint)
+
+    def build(self, sections) -> OpSpec:
+        check, metric, targets = None, MetricSpec(), ()
+        seen: dict[str, Any] = {}
+        for s in sections:
+            if s.data in seen:
+                raise self.err(s, f"a second {s.data.replace('_section', '')} section",
+                               "merge it into the first one")
+            seen[s.data] = s
+            if s.data == "check_section":
+                check = self.check(s)
+            elif s.data == "metric_section":
+                metric = self.metric(s)
+            else:
+                targets = self.targets(s)
+        return OpSpec(self.func, self.file, check, metric, targets)
+
+    # --- metric and targets -------------------------------------------------------------------
+    def metric(self, node) -> MetricSpec:
+        name, formula = node.children
+        if str(name) not in METRICS:
+            raise self.err(name, f"unknown metric '{name}'", f"metrics are {', '.join(METRICS)}")
+        text = None
+        if formula is not None:
+            text = _string(formula)
+            try:
+                unknown = constexpr.symbols_of(text) - self.symbols
+            except constexpr.ConstExprError as e:
+                raise self.err(formula, str(e)) from None
+            if unknown:
+                raise self.err(formula, f"the formula uses {sorted(unknown)[0]}, which is not a dimension of the op")
+        elif str(name) == "flops":
+            raise self.err(node, "metric flops needs a count", 'e.g. metric flops = "2 * M * N * K"')
+        return MetricSpec(str(name), text)
+
+    def targets(self, node) -> tuple[str, ...]:
+        out = []
+        for tok in node.children:
+            if str(tok) not in TARGETS:
+                raise self.err(tok, f"unknown target '{tok}'", f"targets are {', '.join(TARGETS)}")
+            out.append(str(tok))
+        return tuple(out)
+
+    # --- check --------------------------------------------------------------------------------
+    def check(self, node) -> CheckSpec:
+        fields: dict[str, Any] = {}
+        for entry in node.children:
+            key, value = entry.children
+            k = str(key)
+            if k not in CHECK_KEYS:
+                raise self.err(key, f"unknown check key '{k}'",
+                               "check keys are " + ", ".join(CHECK_KEYS))
+            if k in fields:
+                raise self.err(key, f"check key '{k}' is given twice")
+            fields[k] = getattr(self, "check_" + k)(value)
+        if "reference" in fields:
+            fields["reference"], fields["reference_span"] = fields["reference"]
+        return CheckSpec(**fields)
+
+    def check_reference(self, node):
+        if node.data != "c_string":
+            raise self.err(node, "reference must be a string", 'e.g. reference = "torch.softmax(x.float(), -1)"')
+        text = _string(node.children[0])
+        span = span_of(self.file, node)
+        spec = CheckSpec(reference=text)
+        if not spec.reference_is_function:
+            try:
+                compile(text, "<reference>", "eval")
+            except SyntaxError as e:
+                raise KfcError(f"the reference is not a valid Python expression: {e.msg}", span,
+                               "write a torch expression over the input names, or \"package.module:function\"") from None
+        return text, span
+
+    def check_shapes(self, node):
+        if node.data != "c_list" or not [c for c in node.children if c is not None]:
+            raise self.err(node, "shapes must be a non-empty list of {DIM: size} dicts", "e.g. [{M: 4, N: 7}]")
+        out = []
+        for case in node.children:
+            if case is None:
+                continue
+            if case.data != "c_dict":
+                raise self.err(case, "each shape is a {DIM: size} dict", "e.g. {M: 4, N: 7}")
+            d: dict[str, int] = {}
+            for pair in case.children:
+                if pair is None:
+                    continue
+                k, v = pair.children
+                name = _string(k) if k.type == "STRING" else str(k)
+                if name not in self.symbols:
+                    raise self.err(k, f"'{name}' is not a dimension of {self.func.sym_name}",
+                                   f"its dimensions are {', '.join(self.func.symbols) or 'none'}")
+                if name in d:
+                    raise self.err(k, f"dimension '{name}' is given twice")
+                if v.data != "c_int" or int(v.children[0]) < 1:
+                    raise self.err(v, f"the size of {name} must be a positive integer")
+                d[name] = int(v.children[0])
+            missing = [s for s in self.func.symbols if s not in d]
+            if missing:
+                raise self.err(case, f"this shape does not give {', '.join(missing)}",
+                               f"every case sizes all dimensions: {', '.join(self.func.symbols)}")
+            out.append(d)
+        return tuple(out)
+
+    def check_tolerance(self, node):
+        if node.data != "c_dict":
+            raise self.err(node, "tolerance must be a {dtype: number} dict", "e.g. {bf16: 1e-2, f32: 1e-5}")
+        out = {}
+        for pair in node.children:
+            if pair is None:
+                continue
+            k, v = pair.children
+            name = _string(k) if k.type == "STRING" else str(k)
+            if parse_dtype(name) is None:
+                raise self.err(k, f"unknown dtype '{name}' in tolerance", f"dtypes are {', '.join(DTYPE_NAMES)}")
+            if v.data not in ("c_int", "c_float"):
+                raise self.err(v, f"the tolerance for {name} must be a non-negative number")
+            out[name] = float(v.children[0])
+        return out
+
+    def check_seeds(self, node):
+        if node.data != "c_list":
+            raise self.err(node, "seeds must be a list of integers", "e.g. [0, 1, 2]")
+        seeds = []
+        for c in node.children:
+            if c is None:
+                continue
+            if c.data != "c_int":
+                raise self.err(c, "a seed must be a non-negative integer")
+            seeds.append(int(c.children[0]))
+        if not seeds:
+            raise self.err(node, "seeds is empty")
+        return tuple(seeds)
+
+    def check_inputs(self, node):
+        from ..check.generators import GENERATORS
+
+        if node.data != "c_dict":
+            raise self.err(node, "inputs must be a {input: generator(...)} dict", "e.g. {g: logsigmoid()}")
+        inputs = {v.name: v for v in self.func.inputs if v.ttype.space is not MemSpace.REG}
+        out = {}
+        for pair in node.children:
+            if pair is None:
+                continue
+            k, v = pair.children
+            name = _string(k) if k.type == "STRING" else str(k)
+            if name not in inputs:
+                raise self.err(k, f"'{name}' is not a tensor input of {self.func.sym_name}",
+                               f"its tensor inputs are {', '.join(inputs)}")
+            if v.data == "c_name":
+                gname, args = str(v.children[0]), []
+            elif v.data == "c_call":
+                gname, *args = v.children
+                gname = str(gname)
+                args = [a for a in args if a is not None]
+            else:
+                raise self.err(v, "a generator is a name or a call", "e.g. uniform(0, 1)")
+            gen = GENERATORS.get(gname)
+            if gen is None:
+                raise self.err(v, f"unknown generator '{gname}'", f"generators are {', '.join(GENERATORS)}")
+            values = tuple(self.gen_arg(a) for a in args)
+            problem = gen.check_args(values, inputs[name].ttype, self.symbols)
+            if problem:
+                raise self.err(v, f"{gname}: {problem}", gen.usage)
+            out[name] = GeneratorSpec(gname, values, span_of(self.file, v))
+        return out
+
+    def gen_arg(self, node):
+        kinds = {"c_int": lambda c: int(c.children[0]), "c_float": lambda c: float(c.children[0]),
+                 "c_neg_int": lambda c: -int(c.children[0]), "c_neg_float": lambda c: -float(c.children[0]),
+                 "c_true": lambda c: True, "c_false": lambda c: False, "c_name": lambda c: str(c.children[0])}
+        if node.data not in kinds:
+            raise self.err(node, "generator arguments are numbers or dimension names")
+        value = kinds[node.data](node)
+        if node.data == "c_name" and value not in self.symbols:
+            raise self.err(node, f"'{value}' is not a dimension of {self.func.sym_name}")
+        return value
+
+
+def _string(tok) -> str:
+    import ast
+
+    return ast.literal_eval(str(tok))

@@ -1,0 +1,74 @@
+"""Load the lark grammars, from the source tree's `grammars/` or the installed package."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+import lark
+
+_SOURCE_DIR = Path(__file__).resolve().parent.parent / "grammars"
+
+
+def grammar_text(name: str) -> str:
+    path = _SOURCE_DIR / name
+    if path.is_file():
+        return path.read_text()
+    return resources.files("kfc.grammars").joinpath(name).read_text()
+
+
+@functools.cache
+def lalr_parser(name: str, postlex=None) -> lark.Lark:
+    """An LALR parser for the grammar file `name`, built once per process."""
+    return lark.Lark(grammar_text(name), parser="lalr", lexer="contextual", propagate_positions=True,
+                     maybe_placeholders=True, postlex=postlex)
+
+
+_FRIENDLY = {
+    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "FLOAT": "a number",
+    "SIGNED_INT": "an integer", "SIGNED_FLOAT": "a number", "STRING": "a string",
+    "VALUE": "a %value", "OPNAME": "an op name", "$END": "the end of the file",
+}
+
+
+def describe_terminal(parser: lark.Lark, name: str) -> str:
+    if name in _FRIENDLY:
+        return _FRIENDLY[name]
+    try:
+        term = parser.get_terminal(name)
+    except KeyError:
+        return name.lower()
+    if term.pattern.type == "str":
+        return repr(term.pattern.value)
+    return name.lower().replace("_", " ")
+
+
+def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: str, text: str):
+    """Turn a lark error into a KfcError pointing at the offending token."""
+    from .diagnostics import KfcError, Span
+
+    line = getattr(e, "line", None) or 1
+    col = getattr(e, "column", None) or 1
+    if line < 1:  # lark reports -1 at end of input
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+    expected = sorted({describe_terminal(parser, t) for t in (getattr(e, "expected", None) or getattr(e, "allowed", None) or [])})
+    if isinstance(e, lark.exceptions.UnexpectedCharacters):
+        ch = text.splitlines()[line - 1][col - 1] if line - 1 < len(text.splitlines()) else "?"
+        msg = f"unexpected character {ch!r}"
+        span = Span(file, line, col, line, col + 1)
+    elif isinstance(e, lark.exceptions.UnexpectedEOF) or getattr(getattr(e, "token", None), "type", "") == "$END":
+        msg = "unexpected end of file"
+        span = Span(file, line, col, line, col + 1)
+    else:
+        tok = e.token
+        shown = str(tok) if str(tok) else tok.type
+        msg = f"unexpected {shown!r}"
+        span = Span(file, line, col, getattr(tok, "end_line", line) or line,
+                    getattr(tok, "end_column", col + len(shown)) or col + len(shown))
+    hint = None
+    if expected:
+        shown = expected if len(expected) <= 8 else expected[:8] + ["..."]
+        hint = "expected " + (shown[0] if len(shown) == 1 else "one of " + ", ".join(shown))
+    return KfcError(f"syntax error: {msg}", span, hint)

@@ -1,0 +1,59 @@
+"""Constant expressions over shape symbols, e.g. a default `scale = K ** -0.5`.
+
+Evaluated with Python's own parser, restricted to numbers, symbol names, arithmetic and a few
+math functions, so nothing but arithmetic can run.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_FUNCS = {
+    "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x), "exp": math.exp, "log": math.log,
+    "min": min, "max": max, "abs": abs, "f32": float, "f64": float, "float": float, "int": int,
+}
+
+
+class ConstExprError(ValueError):
+    pass
+
+
+def symbols_of(text: str) -> set[str]:
+    tree = _parse(text)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in _FUNCS}
+
+
+def evaluate(text: str, env: dict[str, int | float]) -> int | float:
+    return _eval(_parse(text).body, env)
+
+
+def _parse(text: str) -> ast.Expression:
+    try:
+        return ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ConstExprError(f"not a constant expression: {text!r} ({e.msg})") from None
+
+
+def _eval(node, env):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in env:
+            raise ConstExprError(f"unknown name {node.id!r} in a constant expression")
+        return env[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval(node.operand, env)
+        return -v if isinstance(node.op, ast.USub) else v
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
+            and not node.keywords):
+        return _FUNCS[node.func.id](*[_eval(a, env) for a in node.args])
+    raise ConstExprError(f"not allowed in a constant expression: {ast.unparse(node)!r}")

@@ -1,0 +1,117 @@
+"""The IR's building blocks: SSA values, blocks, and the frozen op base class.
+
+IR objects never change after construction: a pass builds new ops (see kfc.ir.rewrite). Values
+compare by identity. An op class declares its attributes as attrs fields; everything else an
+op has (operands, results, regions, the source span) lives on this base class, so the generic
+printer and parser handle every op the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Iterator
+
+import attrs
+
+from ..diagnostics import Span, VerifyError
+from .types import TensorType, Type
+
+
+@attrs.frozen(eq=False)
+class Value:
+    """An SSA value. `name` is a hint for printing; identity is the object."""
+
+    type: Type
+    name: str | None = None
+
+    @property
+    def ttype(self) -> TensorType:
+        assert isinstance(self.type, TensorType), self.type
+        return self.type
+
+    def __repr__(self) -> str:
+        return f"<Value %{self.name or '?'}: {self.type}>"
+
+
+@attrs.frozen(eq=False)
+class Block:
+    """A single-block region: arguments and a straight-line list of ops."""
+
+    args: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
+    ops: tuple["Op", ...] = attrs.field(default=(), converter=tuple)
+
+
+OP_REGISTRY: dict[str, type["Op"]] = {}
+
+_BASE_FIELDS = ("operands", "results", "regions", "loc")
+
+
+def register_op(cls: type["Op"]) -> type["Op"]:
+    if cls.NAME in OP_REGISTRY:
+        raise ValueError(f"op {cls.NAME} registered twice")
+    OP_REGISTRY[cls.NAME] = cls
+    return cls
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class Op:
+    NAME: ClassVar[str] = ""
+    # pure: no side effects; elementwise: acts per element; terminator: ends a block;
+    # loop: owns a region that runs many times; writes_memory: stores to a tensor
+    TRAITS: ClassVar[frozenset[str]] = frozenset()
+
+    operands: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
+    results: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
+    regions: tuple[Block, ...] = attrs.field(default=(), converter=tuple)
+    loc: Span | None = None
+
+    # --- schema -------------------------------------------------------------------------
+    @classmethod
+    def attr_fields(cls) -> list[attrs.Attribute]:
+        return [f for f in attrs.fields(cls) if f.name not in _BASE_FIELDS]
+
+    def attributes(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in self.attr_fields()}
+
+    @classmethod
+    def infer_result_types(cls, operand_types: list[Type], attributes: dict[str, Any]) -> list[Type] | None:
+        """Result types implied by operands and attributes, or None when the op's result
+        type is a free choice (a constant's, a cast's). Builders use it; the verifier
+        checks parsed IR against it."""
+        return None
+
+    def verify_(self) -> None:
+        """Op-specific invariants; raise through `self.error`."""
+
+    # --- conveniences -------------------------------------------------------------------
+    @property
+    def result(self) -> Value:
+        if len(self.results) != 1:
+            raise ValueError(f"{self.NAME} has {len(self.results)} results")
+        return self.results[0]
+
+    def has_trait(self, trait: str) -> bool:
+        return trait in self.TRAITS
+
+    def error(self, message: str, hint: str | None = None) -> VerifyError:
+        return VerifyError(f"{self.NAME}: {message}", self.loc, hint)
+
+    def walk(self) -> Iterator["Op"]:
+        """This op, then every op nested in its regions, in program order."""
+        yield self
+        for region in self.regions:
+            for op in region.ops:
+                yield from op.walk()
+
+    def evolve(self, **changes) -> "Op":
+        return attrs.evolve(self, **changes)
+
+    def operand_types(self) -> list[TensorType]:
+        return [v.type for v in self.operands]
+
+    def __repr__(self) -> str:
+        return f"<{self.NAME} at {self.loc}>"
+
+
+def walk_block(block: Block) -> Iterator[Op]:
+    for op in block.ops:
+        yield from op.walk()

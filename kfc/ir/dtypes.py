@@ -1,0 +1,108 @@
+"""Element types: their names in `.kfc` and IR text, their numpy/torch counterparts, promotion."""
+
+from __future__ import annotations
+
+import enum
+
+import ml_dtypes
+import numpy as np
+
+
+class DType(enum.Enum):
+    BF16 = "bf16"
+    F16 = "f16"
+    F32 = "f32"
+    F64 = "f64"
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+    I8 = "i8"
+    I32 = "i32"
+    I64 = "i64"
+    INDEX = "index"
+    BOOL = "bool"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in (DType.I8, DType.I32, DType.I64, DType.INDEX)
+
+    @property
+    def is_bool(self) -> bool:
+        return self is DType.BOOL
+
+    @property
+    def bits(self) -> int:
+        return _BITS[self]
+
+    @property
+    def itemsize(self) -> int:
+        return max(self.bits // 8, 1)
+
+    @property
+    def np(self) -> np.dtype:
+        """The numpy dtype that holds values of this type exactly (ml_dtypes for bf16/fp8)."""
+        return _NUMPY[self]
+
+    @property
+    def compute_np(self) -> np.dtype:
+        """The numpy dtype arithmetic on this type is carried out in (fp32 for narrow floats)."""
+        if self in (DType.BF16, DType.F16, DType.E4M3, DType.E5M2):
+            return np.dtype(np.float32)
+        return self.np
+
+    @property
+    def torch(self):
+        import torch  # torch is heavy; only the check runner and runtime need it
+
+        return {
+            DType.BF16: torch.bfloat16,
+            DType.F16: torch.float16,
+            DType.F32: torch.float32,
+            DType.F64: torch.float64,
+            DType.E4M3: torch.float8_e4m3fn,
+            DType.E5M2: torch.float8_e5m2,
+            DType.I8: torch.int8,
+            DType.I32: torch.int32,
+            DType.I64: torch.int64,
+            DType.INDEX: torch.int64,
+            DType.BOOL: torch.bool,
+        }[self]
+
+
+_FLOATS = frozenset({DType.BF16, DType.F16, DType.F32, DType.F64, DType.E4M3, DType.E5M2})
+_BITS = {
+    DType.BF16: 16, DType.F16: 16, DType.F32: 32, DType.F64: 64, DType.E4M3: 8,
+    DType.E5M2: 8, DType.I8: 8, DType.I32: 32, DType.I64: 64, DType.INDEX: 64, DType.BOOL: 1,
+}
+_NUMPY = {
+    DType.BF16: np.dtype(ml_dtypes.bfloat16),
+    DType.F16: np.dtype(np.float16),
+    DType.F32: np.dtype(np.float32),
+    DType.F64: np.dtype(np.float64),
+    DType.E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
+    DType.E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    DType.I8: np.dtype(np.int8),
+    DType.I32: np.dtype(np.int32),
+    DType.I64: np.dtype(np.int64),
+    DType.INDEX: np.dtype(np.int64),
+    DType.BOOL: np.dtype(np.bool_),
+}
+
+DTYPE_NAMES = {d.value: d for d in DType}
+
+
+def parse_dtype(name: str) -> DType | None:
+    return DTYPE_NAMES.get(name)
+
+
+def promote_ints(a: DType, b: DType) -> DType:
+    """Integers mix freely, as in C: the wider wins and `index` counts as the widest."""
+    if a is DType.INDEX or b is DType.INDEX:
+        return DType.INDEX
+    return a if a.bits >= b.bits else b

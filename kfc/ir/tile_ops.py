@@ -1,0 +1,772 @@
+"""The `tile` dialect: hardware-agnostic tensor math over tiles, loads/stores of global tensors,
+parallel loops and sequential loops with carried values.
+
+Operands of elementwise ops have identical types (the builder inserts explicit broadcasts and
+integer promotions); everything a later pass or the interpreter needs is in the types and the
+attributes declared on each class.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar
+
+import attrs
+
+from .core import Op, Value, register_op
+from .dtypes import DType
+from .types import Dim, MemSpace, SymDim, TensorType, Type
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers shared by verify_ methods
+
+
+def _tt(op: Op, v: Value, what: str) -> TensorType:
+    if not isinstance(v.type, TensorType):
+        raise op.error(f"{what} must be a tensor or tile, not {v.type}")
+    return v.type
+
+
+def _reg(op: Op, v: Value, what: str) -> TensorType:
+    t = _tt(op, v, what)
+    if t.space is not MemSpace.REG:
+        raise op.error(f"{what} must be a register tile, not {t}",
+                       "load the tensor into a tile first, e.g. x[m, :]")
+    return t
+
+
+def _int_scalar(op: Op, v: Value, what: str) -> None:
+    t = _tt(op, v, what)
+    if not (t.is_scalar and t.dtype.is_int):
+        raise op.error(f"{what} must be an integer scalar, not {t}")
+
+
+def _same_shape(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
+    return tuple(a) == tuple(b)
+
+
+def _shape_str(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _check_results(op: Op, n: int) -> None:
+    if len(op.results) != n:
+        raise op.error(f"expects {n} result(s), has {len(op.results)}")
+
+
+def _check_operands(op: Op, n: int) -> None:
+    if len(op.operands) != n:
+        raise op.error(f"expects {n} operand(s), has {len(op.operands)}")
+
+
+def _norm_axis(op: Op, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise op.error(f"axis {axis} is out of range for a rank-{rank} tile")
+    return axis % rank
+
+
+# ---------------------------------------------------------------------------------------------
+# constants and generators
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ConstOp(Op):
+    """A tile (or scalar) whose every element is `value`."""
+
+    NAME: ClassVar[str] = "tile.const"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    value: bool | int | float
+
+    def verify_(self) -> None:
+        _check_operands(self, 0)
+        _check_results(self, 1)
+        t = _reg(self, self.result, "result")
+        v = self.value
+        if t.dtype.is_bool and not isinstance(v, bool):
+            raise self.error(f"a bool constant needs true or false, not {v!r}")
+        if t.dtype.is_int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise self.error(f"an {t.dtype} constant needs an integer value, not {v!r}")
+        if t.dtype.is_float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise self.error(f"a {t.dtype} constant needs a number, not {v!r}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class DimOp(Op):
+    """The run-time value of a symbolic dimension (specialisation turns it into a constant)."""
+
+    NAME: ClassVar[str] = "tile.dim"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    sym: str
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        return [TensorType(DType.INDEX)]
+
+    def verify_(self) -> None:
+        _check_operands(self, 0)
+        _check_results(self, 1)
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class IotaOp(Op):
+    """0, 1, ..., n-1 as a 1-D integer tile."""
+
+    NAME: ClassVar[str] = "tile.iota"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 0)
+        _check_results(self, 1)
+        t = _reg(self, self.result, "result")
+        if t.rank != 1 or not t.dtype.is_int:
+            raise self.error(f"result must be a 1-D integer tile, not {t}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class TriOp(Op):
+    """A triangular boolean mask: lower keeps (i, j) with j <= i + k, upper j >= i + k."""
+
+    NAME: ClassVar[str] = "tile.tri"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    lower: bool = True
+    k: int = 0
+
+    def verify_(self) -> None:
+        _check_operands(self, 0)
+        _check_results(self, 1)
+        t = _reg(self, self.result, "result")
+        if t.rank != 2 or t.dtype is not DType.BOOL:
+            raise self.error(f"result must be a 2-D bool tile, not {t}")
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise
+
+
+class OperandKind(enum.Enum):
+    FLOAT = "float"          # floating point only
+    NUMERIC = "numeric"      # float or integer
+    LOGICAL = "logical"      # bool or integer
+    ANY = "any"
+
+
+def _kind_ok(kind: OperandKind, d: DType) -> bool:
+    if kind is OperandKind.FLOAT:
+        return d.is_float
+    if kind is OperandKind.NUMERIC:
+        return d.is_float or d.is_int
+    if kind is OperandKind.LOGICAL:
+        return d.is_bool or d.is_int
+    return True
+
+
+_KIND_WORDS = {
+    OperandKind.FLOAT: "a floating-point",
+    OperandKind.NUMERIC: "a numeric",
+    OperandKind.LOGICAL: "a bool or integer",
+    OperandKind.ANY: "any",
+}
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class UnaryOp(Op):
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure", "elementwise"})
+    OPERAND_KIND: ClassVar[OperandKind] = OperandKind.FLOAT
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        return [operand_types[0]]
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        t = _reg(self, self.operands[0], "operand")
+        if not _kind_ok(self.OPERAND_KIND, t.dtype):
+            raise self.error(f"needs {_KIND_WORDS[self.OPERAND_KIND]} operand, not {t.dtype}",
+                             "cast it first, e.g. f32(x)")
+        if self.result.type != t:
+            raise self.error(f"result type {self.result.type} differs from operand type {t}")
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class BinaryOp(Op):
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure", "elementwise"})
+    OPERAND_KIND: ClassVar[OperandKind] = OperandKind.NUMERIC
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        return [operand_types[0]]
+
+    def verify_(self) -> None:
+        _check_operands(self, 2)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "lhs")
+        b = _reg(self, self.operands[1], "rhs")
+        if a.dtype != b.dtype:
+            raise self.error(f"operand dtypes differ: {a.dtype} and {b.dtype}")
+        if not _same_shape(a.shape, b.shape):
+            raise self.error(f"operand shapes differ: {_shape_str(a.shape)} and {_shape_str(b.shape)}")
+        if not _kind_ok(self.OPERAND_KIND, a.dtype):
+            raise self.error(f"needs {_KIND_WORDS[self.OPERAND_KIND]} operands, not {a.dtype}")
+        if self.result.type != a:
+            raise self.error(f"result type {self.result.type} differs from operand type {a}")
+
+
+# name -> operand kind; declared as data, one class each
+UNARY_OPS: dict[str, OperandKind] = {
+    "neg": OperandKind.NUMERIC, "abs": OperandKind.NUMERIC, "not": OperandKind.LOGICAL,
+    "exp": OperandKind.FLOAT, "exp2": OperandKind.FLOAT, "log": OperandKind.FLOAT,
+    "log2": OperandKind.FLOAT, "sqrt": OperandKind.FLOAT, "rsqrt": OperandKind.FLOAT,
+    "sigmoid": OperandKind.FLOAT, "softplus": OperandKind.FLOAT, "tanh": OperandKind.FLOAT,
+}
+BINARY_OPS: dict[str, OperandKind] = {
+    "add": OperandKind.NUMERIC, "sub": OperandKind.NUMERIC, "mul": OperandKind.NUMERIC,
+    "div": OperandKind.NUMERIC, "rem": OperandKind.NUMERIC, "max": OperandKind.NUMERIC,
+    "min": OperandKind.NUMERIC, "pow": OperandKind.FLOAT, "and": OperandKind.LOGICAL,
+    "or": OperandKind.LOGICAL, "xor": OperandKind.LOGICAL,
+}
+COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "xor"})
+
+
+def _make_elementwise(base: type, name: str, kind: OperandKind) -> type:
+    traits = base.TRAITS | ({"commutative"} if name in COMMUTATIVE else set())
+    cls = type(f"{name.capitalize()}Op", (base,), {
+        "NAME": f"tile.{name}", "OPERAND_KIND": kind, "TRAITS": frozenset(traits),
+        "__doc__": f"Elementwise {name}.", "__slots__": (),
+    })
+    return register_op(cls)
+
+
+UNARY_CLASSES = {n: _make_elementwise(UnaryOp, n, k) for n, k in UNARY_OPS.items()}
+BINARY_CLASSES = {n: _make_elementwise(BinaryOp, n, k) for n, k in BINARY_OPS.items()}
+
+
+class CmpPred(enum.Enum):
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    EQ = "eq"
+    NE = "ne"
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class CmpOp(Op):
+    NAME: ClassVar[str] = "tile.cmp"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure", "elementwise"})
+    pred: CmpPred = attrs.field(converter=CmpPred)
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        return [operand_types[0].with_dtype(DType.BOOL)]
+
+    def verify_(self) -> None:
+        _check_operands(self, 2)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "lhs")
+        b = _reg(self, self.operands[1], "rhs")
+        if a != b:
+            raise self.error(f"operand types differ: {a} and {b}")
+        if self.result.type != a.with_dtype(DType.BOOL):
+            raise self.error(f"result must be {a.with_dtype(DType.BOOL)}, not {self.result.type}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class WhereOp(Op):
+    """where(cond, a, b): a where cond holds, else b."""
+
+    NAME: ClassVar[str] = "tile.where"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure", "elementwise"})
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        return [operand_types[1]]
+
+    def verify_(self) -> None:
+        _check_operands(self, 3)
+        _check_results(self, 1)
+        c = _reg(self, self.operands[0], "condition")
+        a = _reg(self, self.operands[1], "true value")
+        b = _reg(self, self.operands[2], "false value")
+        if c.dtype is not DType.BOOL:
+            raise self.error(f"condition must be bool, not {c.dtype}", "compare to get a mask, e.g. x > 0")
+        if a != b:
+            raise self.error(f"the two values differ in type: {a} and {b}")
+        if not _same_shape(c.shape, a.shape):
+            raise self.error(f"condition shape {_shape_str(c.shape)} differs from value shape {_shape_str(a.shape)}")
+        if self.result.type != a:
+            raise self.error(f"result type {self.result.type} differs from {a}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class CastOp(Op):
+    """Convert element type; floats round to nearest even, floats to ints truncate."""
+
+    NAME: ClassVar[str] = "tile.cast"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure", "elementwise"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "operand")
+        r = _reg(self, self.result, "result")
+        if not _same_shape(a.shape, r.shape):
+            raise self.error(f"a cast keeps the shape: {_shape_str(a.shape)} became {_shape_str(r.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# shape manipulation
+
+
+def broadcast_compatible(src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> bool:
+    """numpy rules: align right; each source dim equals the target's or is 1."""
+    if len(src) > len(dst):
+        return False
+    for s, d in zip(reversed(src), reversed(dst)):
+        if s != d and s != 1:
+            return False
+    return True
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class BroadcastOp(Op):
+    NAME: ClassVar[str] = "tile.broadcast"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "operand")
+        r = _reg(self, self.result, "result")
+        if a.dtype != r.dtype:
+            raise self.error(f"broadcast keeps the dtype: {a.dtype} became {r.dtype}")
+        if not broadcast_compatible(a.shape, r.shape):
+            raise self.error(f"cannot broadcast {_shape_str(a.shape)} to {_shape_str(r.shape)}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ExpandDimsOp(Op):
+    """Insert size-1 dims at `axes` (positions in the result)."""
+
+    NAME: ClassVar[str] = "tile.expand_dims"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    axes: tuple[int, ...] = attrs.field(converter=tuple)
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        t = operand_types[0]
+        axes = sorted(attributes["axes"])
+        shape = list(t.shape)
+        for a in axes:
+            shape.insert(a, 1)
+        return [t.with_shape(shape)]
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "operand")
+        rank = a.rank + len(self.axes)
+        if len(set(self.axes)) != len(self.axes) or any(not 0 <= x < rank for x in self.axes):
+            raise self.error(f"axes {list(self.axes)} are invalid for a rank-{rank} result")
+        if self.result.type != self.infer_result_types([a], self.attributes())[0]:
+            raise self.error(f"result type {self.result.type} does not match the inserted axes")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ReshapeOp(Op):
+    NAME: ClassVar[str] = "tile.reshape"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "operand")
+        r = _reg(self, self.result, "result")
+        if a.dtype != r.dtype:
+            raise self.error(f"reshape keeps the dtype: {a.dtype} became {r.dtype}")
+        if a.is_static and r.is_static:
+            if a.numel() != r.numel():
+                raise self.error(f"cannot reshape {a.numel()} elements {_shape_str(a.shape)} "
+                                 f"into {r.numel()} {_shape_str(r.shape)}")
+        elif [d for d in a.shape if d != 1] != [d for d in r.shape if d != 1]:
+            raise self.error(f"a symbolic reshape may only add or drop size-1 dims: "
+                             f"{_shape_str(a.shape)} to {_shape_str(r.shape)}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class TransposeOp(Op):
+    NAME: ClassVar[str] = "tile.transpose"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    perm: tuple[int, ...] = attrs.field(converter=tuple)
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        t = operand_types[0]
+        return [t.with_shape([t.shape[p] for p in attributes["perm"]])]
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "operand")
+        if sorted(self.perm) != list(range(a.rank)):
+            raise self.error(f"perm {list(self.perm)} is not a permutation of {a.rank} axes")
+        if self.result.type != self.infer_result_types([a], self.attributes())[0]:
+            raise self.error(f"result type {self.result.type} does not match the permutation")
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions, scans, contractions
+
+
+class ReduceKind(enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+
+
+def reduced_shape(shape, axes, keepdims) -> list[Dim]:
+    out = []
+    for i, d in enumerate(shape):
+        if i in axes:
+            if keepdims:
+                out.append(1)
+        else:
+            out.append(d)
+    return out
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ReduceOp(Op):
+    """Reduce over `axes` (normalised, ascending). Floats accumulate in at least fp32."""
+
+    NAME: ClassVar[str] = "tile.reduce"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    kind: ReduceKind = attrs.field(converter=ReduceKind)
+    axes: tuple[int, ...] = attrs.field(converter=tuple)
+    keepdims: bool = False
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        t = operand_types[0]
+        return [t.with_shape(reduced_shape(t.shape, attributes["axes"], attributes.get("keepdims", False)))]
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "operand")
+        if not self.axes:
+            raise self.error("reduces over no axis")
+        if list(self.axes) != sorted(set(self.axes)) or any(not 0 <= x < a.rank for x in self.axes):
+            raise self.error(f"axes {list(self.axes)} must be distinct, ascending and within rank {a.rank}")
+        if self.kind in (ReduceKind.SUM, ReduceKind.MEAN, ReduceKind.PROD) and not (a.dtype.is_float or a.dtype.is_int):
+            raise self.error(f"{self.kind.value} needs a numeric operand, not {a.dtype}")
+        if self.kind is ReduceKind.MEAN and not a.dtype.is_float:
+            raise self.error(f"mean needs a floating-point operand, not {a.dtype}", "cast first, e.g. f32(x)")
+        if self.result.type != self.infer_result_types([a], self.attributes())[0]:
+            raise self.error(f"result type {self.result.type} does not match reducing {a} over {list(self.axes)}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ScanOp(Op):
+    """Prefix reduction along `axis` (cumsum for kind=sum)."""
+
+    NAME: ClassVar[str] = "tile.scan"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    kind: ReduceKind = attrs.field(converter=ReduceKind)
+    axis: int
+    exclusive: bool = False
+    reverse: bool = False
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        return [operand_types[0]]
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "operand")
+        if not 0 <= self.axis < a.rank:
+            raise self.error(f"axis {self.axis} is out of range for {a}")
+        if self.kind is ReduceKind.MEAN:
+            raise self.error("a scan cannot take the mean")
+        if self.result.type != a:
+            raise self.error(f"result type {self.result.type} differs from {a}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class DotOp(Op):
+    """Matrix product of 2-D tiles with fp32 accumulation (i32 for integer operands)."""
+
+    NAME: ClassVar[str] = "tile.dot"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    trans_a: bool = False
+    trans_b: bool = False
+
+    @staticmethod
+    def mnk(a: TensorType, b: TensorType, trans_a: bool, trans_b: bool):
+        m, ka = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+        return m, n, ka, kb
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        a, b = operand_types
+        m, n, _, _ = cls.mnk(a, b, attributes.get("trans_a", False), attributes.get("trans_b", False))
+        acc = DType.I32 if a.dtype.is_int else DType.F32
+        return [TensorType(acc, (m, n))]
+
+    def verify_(self) -> None:
+        _check_operands(self, 2)
+        _check_results(self, 1)
+        a = _reg(self, self.operands[0], "lhs")
+        b = _reg(self, self.operands[1], "rhs")
+        if a.rank != 2 or b.rank != 2:
+            raise self.error(f"operands must be 2-D, not {_shape_str(a.shape)} and {_shape_str(b.shape)}")
+        if a.dtype != b.dtype:
+            raise self.error(f"operand dtypes differ: {a.dtype} and {b.dtype}")
+        if not (a.dtype.is_float or a.dtype in (DType.I8,)):
+            raise self.error(f"operands must be floating point or i8, not {a.dtype}")
+        m, n, ka, kb = self.mnk(a, b, self.trans_a, self.trans_b)
+        if ka != kb:
+            raise self.error(f"contraction dims differ: {ka} and {kb} "
+                             f"({_shape_str(a.shape)}{'ᵀ' if self.trans_a else ''} · "
+                             f"{_shape_str(b.shape)}{'ᵀ' if self.trans_b else ''})")
+        if self.result.type != self.infer_result_types([a, b], self.attributes())[0]:
+            raise self.error(f"result type {self.result.type} must be {self.infer_result_types([a, b], self.attributes())[0]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+@attrs.frozen
+class IndexDim:
+    """How one dimension of a tensor is indexed by a load or store.
+
+    point: one index operand, the dim is dropped (`x[m, ...]`)
+    all:   the whole dim, no operand (`x[:, ...]`)
+    slice: `size` elements from a start operand (`x[t:t+64]`); with `limit`, a second operand
+           bounds the valid indices (`x[t:t+64 limit eos]`). Elements at or past the limit or
+           the tensor's extent read as the load's `other` and are not stored.
+    """
+
+    kind: str
+    size: int = 0
+    limit: bool = False
+
+    def to_attr(self) -> str:
+        if self.kind == "point":
+            return "i"
+        if self.kind == "all":
+            return ":"
+        return f"+{self.size}" + ("<" if self.limit else "")
+
+    @classmethod
+    def parse(cls, text) -> "IndexDim":
+        if isinstance(text, IndexDim):
+            return text
+        if text == "i":
+            return cls("point")
+        if text == ":":
+            return cls("all")
+        if isinstance(text, str) and text.startswith("+"):
+            limit = text.endswith("<")
+            body = text[1:-1] if limit else text[1:]
+            if body.isdigit() and int(body) > 0:
+                return cls("slice", int(body), limit)
+        raise ValueError(f"bad index entry {text!r}: expected \"i\", \":\", \"+N\" or \"+N<\"")
+
+    @property
+    def n_operands(self) -> int:
+        return {"point": 1, "all": 0}.get(self.kind, 2 if self.limit else 1)
+
+
+def _index_tuple(items) -> tuple[IndexDim, ...]:
+    return tuple(IndexDim.parse(x) for x in items)
+
+
+def indexed_shape(t: TensorType, index: tuple[IndexDim, ...]) -> list[Dim]:
+    shape = []
+    for d, ix in zip(t.shape, index):
+        if ix.kind == "all":
+            shape.append(d)
+        elif ix.kind == "slice":
+            shape.append(ix.size)
+    return shape
+
+
+def _verify_index(op: Op, tensor: TensorType, index: tuple[IndexDim, ...], idx_operands) -> None:
+    if tensor.space is MemSpace.REG:
+        raise op.error(f"indexes a register tile {tensor}; loads and stores address memory")
+    if len(index) != tensor.rank:
+        raise op.error(f"{len(index)} index entries for a rank-{tensor.rank} tensor")
+    need = sum(ix.n_operands for ix in index)
+    if len(idx_operands) != need:
+        raise op.error(f"index needs {need} operand(s), has {len(idx_operands)}")
+    for v in idx_operands:
+        _int_scalar(op, v, "index")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class LoadOp(Op):
+    """Read a tile from a tensor: operands are the tensor, then the index operands in order.
+    Reading an absent optional tensor gives a tile filled with `other`."""
+
+    NAME: ClassVar[str] = "tile.load"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"reads_memory"})
+    index: tuple[IndexDim, ...] = attrs.field(converter=_index_tuple)
+    other: bool | int | float = 0
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        t = operand_types[0]
+        return [TensorType(t.dtype, tuple(indexed_shape(t, _index_tuple(attributes["index"]))))]
+
+    def verify_(self) -> None:
+        _check_results(self, 1)
+        if not self.operands:
+            raise self.error("needs a tensor operand")
+        t = _tt(self, self.operands[0], "tensor")
+        _verify_index(self, t, self.index, self.operands[1:])
+        if self.result.type != self.infer_result_types([t], self.attributes())[0]:
+            raise self.error(f"result type {self.result.type} must be "
+                             f"{self.infer_result_types([t], self.attributes())[0]}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class StoreOp(Op):
+    """Write a tile into a tensor: operands are the value, the tensor, then index operands."""
+
+    NAME: ClassVar[str] = "tile.store"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory"})
+    index: tuple[IndexDim, ...] = attrs.field(converter=_index_tuple)
+
+    def verify_(self) -> None:
+        _check_results(self, 0)
+        if len(self.operands) < 2:
+            raise self.error("needs a value and a tensor operand")
+        v = _reg(self, self.operands[0], "stored value")
+        t = _tt(self, self.operands[1], "tensor")
+        _verify_index(self, t, self.index, self.operands[2:])
+        want = TensorType(t.dtype, tuple(indexed_shape(t, self.index)))
+        if v != want:
+            raise self.error(f"stores {v} where the indexed region is {want}")
+
+
+# ---------------------------------------------------------------------------------------------
+# control flow
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ParallelOp(Op):
+    """Independent iterations over a box of indices: operands are n lower then n upper bounds;
+    the region's n arguments are the indices."""
+
+    NAME: ClassVar[str] = "tile.parallel"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"loop"})
+
+    @property
+    def rank(self) -> int:
+        return len(self.operands) // 2
+
+    @property
+    def lowers(self) -> tuple[Value, ...]:
+        return self.operands[: self.rank]
+
+    @property
+    def uppers(self) -> tuple[Value, ...]:
+        return self.operands[self.rank:]
+
+    @property
+    def body(self):
+        return self.regions[0]
+
+    def verify_(self) -> None:
+        _check_results(self, 0)
+        if len(self.regions) != 1:
+            raise self.error("needs exactly one region")
+        n = len(self.body.args)
+        if n == 0 or len(self.operands) != 2 * n:
+            raise self.error(f"{n} indices need {2 * n} bound operands, has {len(self.operands)}")
+        for v in self.operands:
+            _int_scalar(self, v, "bound")
+        for a in self.body.args:
+            if a.type != TensorType(DType.INDEX):
+                raise self.error(f"index argument must be index, not {a.type}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ForOp(Op):
+    """Sequential loop: operands lower, upper, step, then the initial carried values; the
+    region's arguments are the induction variable and the carried values; it ends with a
+    tile.yield of the next carried values; the results are the final ones."""
+
+    NAME: ClassVar[str] = "tile.for"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"loop"})
+
+    @property
+    def body(self):
+        return self.regions[0]
+
+    @property
+    def inits(self) -> tuple[Value, ...]:
+        return self.operands[3:]
+
+    def verify_(self) -> None:
+        if len(self.regions) != 1:
+            raise self.error("needs exactly one region")
+        if len(self.operands) < 3:
+            raise self.error("needs lower, upper and step operands")
+        for v in self.operands[:3]:
+            _int_scalar(self, v, "bound")
+        inits = self.inits
+        args = self.body.args
+        if len(args) != len(inits) + 1:
+            raise self.error(f"region has {len(args)} arguments for {len(inits)} carried values")
+        if args[0].type != TensorType(DType.INDEX):
+            raise self.error(f"induction variable must be index, not {args[0].type}")
+        if len(self.results) != len(inits):
+            raise self.error(f"{len(inits)} carried values but {len(self.results)} results")
+        ops = self.body.ops
+        if not ops or not isinstance(ops[-1], YieldOp):
+            raise self.error("body must end with tile.yield")
+        yielded = ops[-1].operands
+        if len(yielded) != len(inits):
+            raise self.error(f"yields {len(yielded)} values for {len(inits)} carried values")
+        for i, (init, arg, y, r) in enumerate(zip(inits, args[1:], yielded, self.results)):
+            if not (init.type == arg.type == y.type == r.type):
+                raise self.error(f"carried value {i} changes type: starts as {init.type}, "
+                                 f"yields {y.type}",
+                                 "a carried value must keep its dtype and shape; cast it back")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class YieldOp(Op):
+    NAME: ClassVar[str] = "tile.yield"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"terminator"})
+
+    def verify_(self) -> None:
+        _check_results(self, 0)
+

@@ -1,0 +1,86 @@
+"""The verifier: SSA scoping, per-op invariants, and function-level rules.
+
+Every message carries the op's source span. Runs after the front end and after every pass.
+"""
+
+from __future__ import annotations
+
+from ..diagnostics import VerifyError
+from .core import Block, Op, Value
+from .func import FuncOp
+from .tile_ops import DimOp, ForOp, LoadOp, StoreOp, YieldOp
+from .types import MemSpace, SymDim, TensorType
+
+
+def _dims_known(op: Op, t, symbols: set[str], what: str) -> None:
+    if isinstance(t, TensorType):
+        for d in t.shape:
+            if isinstance(d, SymDim) and d.name not in symbols:
+                raise op.error(f"{what} type {t} uses symbol {d.name!r}, which no argument of the function declares",
+                               "shape symbols come from the signature")
+
+
+def verify(func: FuncOp) -> FuncOp:
+    """Check `func`; raise VerifyError at the first problem, return it unchanged otherwise."""
+    func.verify_()
+    _Verifier(func).run()
+    return func
+
+
+class _Verifier:
+    def __init__(self, func: FuncOp) -> None:
+        self.func = func
+        self.symbols = set(func.symbols)
+        self.inputs = {id(v) for v in func.inputs}
+        self.outputs = {id(v) for v in func.outputs}
+        self.tensors = {id(v) for v in func.args if v.ttype.space is not MemSpace.REG}
+
+    def run(self) -> None:
+        self.block(self.func.body, [set(id(a) for a in self.func.args)], owner=self.func)
+
+    def block(self, block: Block, scopes: list[set[int]], owner: Op) -> None:
+        scope: set[int] = set(id(a) for a in block.args)
+        scopes = scopes + [scope]
+        for i, op in enumerate(block.ops):
+            for v in op.operands:
+                if not any(id(v) in s for s in scopes):
+                    raise op.error(f"operand %{v.name or '?'} is not defined before this use",
+                                   "every value must be defined above its use, in this region or an enclosing one")
+            if op.has_trait("terminator"):
+                if i != len(block.ops) - 1:
+                    raise op.error("a terminator must be the last op of its block")
+                if isinstance(op, YieldOp) and not isinstance(owner, ForOp):
+                    raise op.error(f"tile.yield ends a tile.for body, not a {owner.NAME} region")
+            if isinstance(op, FuncOp):
+                raise op.error("functions do not nest")
+            op.verify_()
+            inferred = op.infer_result_types([v.type for v in op.operands], op.attributes())
+            if inferred is not None and [r.type for r in op.results] != list(inferred):
+                got = ", ".join(str(r.type) for r in op.results)
+                want = ", ".join(str(t) for t in inferred)
+                raise op.error(f"result type {got} should be {want}")
+            for r in op.results:
+                _dims_known(op, r.type, self.symbols, "result")
+                if id(r) in scope or any(id(r) in s for s in scopes):
+                    raise op.error(f"value %{r.name or '?'} is defined twice")
+            self.op_rules(op)
+            for region in op.regions:
+                for a in region.args:
+                    _dims_known(op, a.type, self.symbols, "region argument")
+                self.block(region, scopes, owner=op)
+            scope.update(id(r) for r in op.results)
+
+    def op_rules(self, op: Op) -> None:
+        if isinstance(op, DimOp) and op.sym not in self.symbols:
+            raise op.error(f"unknown shape symbol {op.sym!r}", f"the signature declares {sorted(self.symbols)}")
+        if isinstance(op, LoadOp) and id(op.operands[0]) not in self.tensors:
+            raise op.error("loads from a tensor that is not an argument of the function")
+        if isinstance(op, StoreOp):
+            target = op.operands[1]
+            if id(target) in self.inputs:
+                raise op.error(f"stores into the input %{target.name}; inputs are read-only",
+                               "declare the tensor among the outputs after '->'")
+            if id(target) not in self.outputs:
+                raise op.error("stores into a tensor that is not an output of the function")
+
+

@@ -1,0 +1,1 @@
+"""Plain torch reference implementations, used as correctness oracles for generated kernels."""

@@ -1,0 +1,146 @@
+"""Kimi Delta Attention (KDA) forward as the plain per-token recurrence.
+
+This is the correctness oracle for the chunked KDA kernel, so it favours being
+obviously right over being fast: one token at a time, in float64 by default.
+Per sequence and head, with state S in R^{K x V}:
+
+    S   <- S * exp(g_t)[:, None]        per-channel decay, g_t in log space
+    u_t  = v_t - S^T k_t                delta-rule residual against the decayed state
+    S   <- S + beta_t k_t u_t^T
+    o_t  = S^T (scale * q_t)
+
+Layouts follow flash-linear-attention: either packed variable length
+(batch 1 plus ``cu_seqlens``) or fixed length (batch B, ``cu_seqlens=None``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["kda_recurrent"]
+
+
+def kda_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    h0: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    acc_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the KDA recurrence token by token.
+
+    Args:
+        q, k: [B, T, H, K]. v: [B, T, H, V]. g: [B, T, H, K] log-space decay.
+            beta: [B, T, H]. Any floating dtype; all upcast to ``acc_dtype``.
+        cu_seqlens: int32/int64 [N+1] sequence boundaries into the T axis
+            (then B must be 1), or None for B independent fixed-length rows.
+        h0: initial states [N, H, K, V] (or [B, H, K, V]); None means zeros.
+        scale: query scale; None means K ** -0.5.
+        acc_dtype: floating dtype all arithmetic is done in.
+
+    Returns:
+        (o, ht): o [B, T, H, V] float32, ht [N or B, H, K, V] float32.
+    """
+    B, T, H, K, V = _check_shapes(q, k, v, g, beta)
+    if not acc_dtype.is_floating_point:
+        raise ValueError(f"acc_dtype must be a floating dtype, got {acc_dtype}")
+    device = q.device
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("h0", h0)):
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+    bounds = _check_cu_seqlens(cu_seqlens, B, T)
+    N = B if bounds is None else len(bounds) - 1
+    if h0 is not None:
+        if not h0.is_floating_point():
+            raise ValueError(f"h0 must be floating point, got {h0.dtype}")
+        if tuple(h0.shape) != (N, H, K, V):
+            raise ValueError(f"h0 must have shape {(N, H, K, V)} (sequences, H, K, V), got {tuple(h0.shape)}")
+    if scale is None:
+        scale = K**-0.5
+
+    # Upcast once up front so every step below is pure acc_dtype arithmetic.
+    q = q.to(acc_dtype) * scale
+    k, v, g, beta = (t.to(acc_dtype) for t in (k, v, g, beta))
+    decay = g.exp()
+    S = (
+        h0.to(acc_dtype).clone()
+        if h0 is not None
+        else torch.zeros(N, H, K, V, dtype=acc_dtype, device=device)
+    )
+    o = torch.empty(B, T, H, V, dtype=acc_dtype, device=device)
+
+    if bounds is None:
+        # Fixed length: the B rows are independent, so step them together.
+        _recur(q, k, v, decay, beta, S, o)
+    else:
+        for n, (bos, eos) in enumerate(zip(bounds[:-1], bounds[1:])):
+            sl = slice(bos, eos)
+            # S[n : n + 1] is a view, so the recurrence updates S in place.
+            _recur(q[:, sl], k[:, sl], v[:, sl], decay[:, sl], beta[:, sl], S[n : n + 1], o[:, sl])
+    return o.float(), S.float()
+
+
+def _recur(q, k, v, decay, beta, S, o) -> None:
+    """Step the recurrence over axis 1, vectorised over batch and heads.
+
+    q, k, decay: [b, t, H, K]; v: [b, t, H, V]; beta: [b, t, H];
+    S: [b, H, K, V], updated in place; o: [b, t, H, V], written in place.
+    q is already scaled.
+    """
+    for t in range(q.shape[1]):
+        k_t = k[:, t]
+        S.mul_(decay[:, t].unsqueeze(-1))
+        # S^T k_t as a [.., 1, K] @ [.., K, V] row-vector product.
+        u = v[:, t] - (k_t.unsqueeze(-2) @ S).squeeze(-2)
+        S.add_(k_t.unsqueeze(-1) * (beta[:, t].unsqueeze(-1) * u).unsqueeze(-2))
+        o[:, t] = (q[:, t].unsqueeze(-2) @ S).squeeze(-2)
+
+
+def _check_shapes(q, k, v, g, beta) -> tuple[int, int, int, int, int]:
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {t.dtype}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, T, H, K], got shape {tuple(q.shape)}")
+    B, T, H, K = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if g.shape != q.shape:
+        raise ValueError(f"g must have q's shape {tuple(q.shape)}, got {tuple(g.shape)}")
+    if v.dim() != 4 or tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(f"v must be [B, T, H, V] = [{B}, {T}, {H}, V], got {tuple(v.shape)}")
+    if tuple(beta.shape) != (B, T, H):
+        raise ValueError(f"beta must be [B, T, H] = {(B, T, H)}, got {tuple(beta.shape)}")
+    return B, T, H, K, v.shape[3]
+
+
+def _check_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int] | None:
+    """Return the sequence boundaries as python ints, or None for fixed length."""
+    if cu_seqlens is None:
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens must be an int tensor or None, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
+    if B != 1:
+        raise ValueError(f"with cu_seqlens the inputs must be packed with batch size 1, got B={B}")
+    # One host sync: the boundaries drive python-level loops anyway.
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[0]}")
+    if bounds[-1] != T:
+        raise ValueError(f"cu_seqlens must end at T={T}, got {bounds[-1]}")
+    for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if b < a:
+            raise ValueError(f"cu_seqlens must be nondecreasing, but cu_seqlens[{n + 1}]={b} < cu_seqlens[{n}]={a}")
+    return bounds
