@@ -20,9 +20,14 @@ def grammar_text(name: str) -> str:
 
 @functools.cache
 def lalr_parser(name: str, postlex=None) -> lark.Lark:
-    """An LALR parser for the grammar file `name`, built once per process."""
-    return lark.Lark(grammar_text(name), parser="lalr", lexer="contextual", propagate_positions=True,
-                     maybe_placeholders=True, postlex=postlex)
+    """An LALR parser for the grammar file `name`, built once per process (and its tables cached
+    on disk by lark, keyed by the grammar's hash, so a new process starts fast)."""
+    options = dict(parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=True,
+                   postlex=postlex)
+    try:
+        return lark.Lark(grammar_text(name), cache=True, **options)
+    except OSError:  # an unwritable temp dir only costs the cache
+        return lark.Lark(grammar_text(name), **options)
 
 
 _FRIENDLY = {

@@ -1,0 +1,1 @@
+"""Benchmarks: kfc against its peers, and kfc's own compile-time costs."""

@@ -1,0 +1,51 @@
+"""What every stored benchmark result records about where and how it was measured."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    info = {
+        "host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+        "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+    }
+    try:
+        import lark
+        import numpy
+
+        info["numpy"] = numpy.__version__
+        info["lark"] = lark.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def save(name: str, payload: dict) -> Path:
+    """Write `payload` with provenance to bench/results/NAME-<UTC timestamp>.json."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    doc = {"benchmark": name, "utc": stamp, "kfc_commit": git_commit(), "machine": machine(), **payload}
+    path = RESULTS / f"{name}-{stamp}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,85 @@
+"""The command line: exit codes, outputs, help that teaches, and no tracebacks."""
+
+import subprocess
+import sys
+
+import pytest
+
+from kfc.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "kfc.cli", *args], capture_output=True, text=True)
+
+
+def test_check_passes_and_prints_a_table(capsys):
+    assert main(["check", "kernels/softmax.kfc", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "rel RMSE" in out and "passed" in out and "softmax" in out
+
+
+def test_check_with_explicit_shape(capsys):
+    assert main(["check", "kernels/rmsnorm.kfc", "--shape", "M=2,N=33", "--seed", "1"]) == 0
+    assert "M=2, N=33" in capsys.readouterr().out
+
+
+def test_failing_check_exits_1(tmp_path, capsys):
+    bad = tmp_path / "bad.kfc"
+    bad.write_text(open("kernels/rmsnorm.kfc").read().replace("rsqrt(mean(xr * xr) + eps)", "rsqrt(mean(xr * xr) + 1.0)"))
+    assert main(["check", str(bad), "--seed", "0"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_opt_round_trips_through_a_file(tmp_path, capsys):
+    out = tmp_path / "kda.kir"
+    assert main(["opt", "kernels/kda_fwd.kfc", "-o", str(out)]) == 0
+    assert main(["opt", str(out)]) == 0
+    assert capsys.readouterr().out == out.read_text()
+
+
+def test_opt_specialises(capsys):
+    assert main(["opt", "kernels/gemm.kfc", "--shape", "M=4,N=8,K=16"]) == 0
+    text = capsys.readouterr().out
+    assert "bf16[4, 16] @global" in text and "tile.dim" not in text
+
+
+def test_bad_shape_flag_is_reported():
+    r = run_cli("opt", "kernels/gemm.kfc", "--shape", "Q=3")
+    assert r.returncode == 2 and "not a dimension" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["check", "--help"], ["opt", "--help"]])
+def test_help_teaches(args):
+    r = run_cli(*args)
+    assert r.returncode == 0
+    assert "example" in r.stdout
+
+
+def test_no_command_prints_help_and_exits_2():
+    r = run_cli()
+    assert r.returncode == 2 and "COMMAND" in r.stdout
+
+
+def test_missing_file_is_one_clear_message():
+    r = run_cli("check", "kernels/nope.kfc")
+    assert r.returncode == 2
+    assert r.stderr.startswith("kfc: error: no such file: kernels/nope.kfc")
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_program_exits_2_with_location(tmp_path):
+    f = tmp_path / "bad.kfc"
+    f.write_text("op f(x: f32[N]) -> (y: f32[N]) {\n  y = x +\n}\n")
+    r = run_cli("opt", str(f))
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"{f}:3:1: error: syntax error")
+    assert "^" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_output_file_not_left_half_written_on_error(tmp_path):
+    f = tmp_path / "bad.kfc"
+    f.write_text("op f(x: f32[N]) -> (y: f32[N]) { y = exp(x, x) }\n")
+    out = tmp_path / "out.kir"
+    r = run_cli("opt", str(f), "-o", str(out))
+    assert r.returncode == 2 and not out.exists()
+    assert list(tmp_path.iterdir()) == [f]
