@@ -36,6 +36,16 @@ def _parse_shape(text: str) -> dict[str, int]:
     return out
 
 
+def _parse_dtypes(text: str) -> dict[str, str]:
+    out = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if not name.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"bad --dtype {text!r}: write PARAM=DTYPE[,...], e.g. T=f16")
+        out[name.strip()] = value.strip()
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kfc", description="kfc, the kernel factory compiler: turns a .kfc op description into a "
@@ -59,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", type=_parse_shape, action="append", metavar="M=..,N=..",
                    help="check this shape instead of the block's (repeatable)")
     c.add_argument("--full", action="store_true", help="do not scale huge shapes down (slow)")
+    c.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16",
+                   help="check only this instance of the op's type parameters (default: every combination)")
     c.add_argument("--budget", type=int, default=None, metavar="ELEMS",
                    help="scale a case down until its tensors hold at most this many elements (default 1048576)")
     c.set_defaults(run=cmd_check)
@@ -71,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     o.add_argument("file", help="a .kfc file or IR text")
     o.add_argument("-o", "--output", metavar="PATH", help="write the IR here instead of to stdout")
+    o.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16", help="bind the op's type parameters")
     o.add_argument("--shape", type=_parse_shape, metavar="M=..,N=..",
                    help="specialise: bind these dims to sizes (all dims of the op)")
     o.set_defaults(run=cmd_opt)
@@ -86,7 +99,7 @@ def cmd_opt(args) -> int:
     from .ir.specialize import specialize
     from .ir.verifier import verify
 
-    func, _ = load_func(args.file)
+    func, _ = load_func(args.file, args.dtype)
     if args.shape:
         unknown = sorted(set(args.shape) - set(func.symbols))
         if unknown:
@@ -108,7 +121,7 @@ def cmd_check(args) -> int:
     from .check.runner import DEFAULT_BUDGET, check_op
     from .frontend import load_kfc
 
-    spec = load_kfc(args.file)
+    spec = load_kfc(args.file, args.dtype)
     if spec.check is None:
         raise KfcError(f"{args.file} has no check block", hint='add check { reference = "..." shapes = [{...}] }')
     if args.shape:
@@ -132,14 +145,18 @@ def cmd_check(args) -> int:
 
     if status is not None:
         status.start()
+    instances = [spec] if args.dtype else spec.instances()
     try:
-        results = check_op(spec, seeds=args.seed, full=args.full, budget=args.budget or DEFAULT_BUDGET,
-                           shapes=args.shape, on_result=progress)
+        results = []
+        for inst in instances:
+            results += check_op(inst, seeds=args.seed, full=args.full, budget=args.budget or DEFAULT_BUDGET,
+                                shapes=args.shape, on_result=progress)
     finally:
         if status is not None:
             status.stop()
     table = Table(title=f"kfc check {args.file}: {spec.name} (interpreter vs reference)")
-    for col, just in [("case", "right"), ("shape", "left"), ("variant", "left"), ("seed", "right"),
+    several = len(instances) > 1
+    for col, just in ([("op", "left")] if several else []) + [("case", "right"), ("shape", "left"), ("variant", "left"), ("seed", "right"),
                       ("output", "left"), ("max abs err", "right"), ("rel RMSE", "right"), ("tol", "right"),
                       ("", "left")]:
         table.add_column(col, justify=just)
@@ -148,7 +165,7 @@ def cmd_check(args) -> int:
         if r.scaled_from:
             shape += " (scaled)"
         verdict = "[green]ok[/]" if r.ok else f"[red]FAIL[/] {r.note}"
-        table.add_row(str(r.case), shape, r.variant, str(r.seed), f"{r.output}: {r.dtype}", f"{r.max_abs:.3g}",
+        table.add_row(*([r.instance] if several else []), str(r.case), shape, r.variant, str(r.seed), f"{r.output}: {r.dtype}", f"{r.max_abs:.3g}",
                       f"{r.rel_rmse:.3g}", f"{r.tol:g}", verdict)
     console.print(table)
     failed = [r for r in results if not r.ok]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: st
         span = Span(file, line, col, line, col + 1)
     elif isinstance(e, lark.exceptions.UnexpectedEOF) or getattr(getattr(e, "token", None), "type", "") == "$END":
         msg = "unexpected end of file"
+        # point just past the last thing written, not at the last token or a trailing blank line
+        body = text.rstrip()
+        line = body.count("\n") + 1
+        col = len(body) - (body.rfind("\n") + 1) + 1
         span = Span(file, line, col, line, col + 1)
     else:
         tok = e.token
@@ -76,4 +81,14 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: st
     if expected:
         shown = expected if len(expected) <= 8 else expected[:8] + ["..."]
         hint = "expected " + (shown[0] if len(shown) == 1 else "one of " + ", ".join(shown))
+        if msg == "unexpected end of file" and "'}'" in expected:
+            hint = "is a closing '}' missing? " + hint
+    if isinstance(e, lark.exceptions.UnexpectedCharacters):
+        rest = text.splitlines()[line - 1][col - 1:] if line - 1 < len(text.splitlines()) else ""
+        foreign = not any(re.match(t.pattern.to_regexp(), rest) for t in parser.terminals)
+        if foreign and ch in "\"'":
+            msg = "unterminated string"
+            hint = f"close it with {ch} on the same line (\"\"\"...\"\"\" may span lines)"
+        elif foreign:
+            hint = f"{ch!r} is not part of the language; remove or replace it" + (f" ({hint})" if hint else "")
     return KfcError(f"syntax error: {msg}", span, hint)

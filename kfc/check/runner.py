@@ -43,6 +43,7 @@ class OutputResult:
     tol: float
     ok: bool
     note: str = ""
+    instance: str = ""  # the op with its type arguments, e.g. rmsnorm_f16
 
 
 def case_elements(spec: OpSpec, dims: dict[str, int]) -> int:
@@ -66,12 +67,18 @@ def scale_down(spec: OpSpec, dims: dict[str, int], budget: int) -> dict[str, int
 
 
 def make_inputs(spec: OpSpec, dims: dict[str, int], rng: np.random.Generator, with_optional: bool) -> dict[str, Any]:
-    check = spec.check or CheckSpec()
+    return draw_inputs(spec.func, spec.check, dims, rng, with_optional)
+
+
+def draw_inputs(func, check: CheckSpec | None, dims: dict[str, int], rng: np.random.Generator,
+                with_optional: bool = True) -> dict[str, Any]:
+    """Fresh random arguments for `func` at `dims`, drawn as the check block says."""
+    check = check or CheckSpec()
     args: dict[str, Any] = {}
-    for v in spec.func.inputs:
+    for v in func.inputs:
         t = v.ttype
         if t.space is MemSpace.REG:
-            default = spec.func.default_of(v.name)
+            default = func.default_of(v.name)
             if default is None:  # a scalar with no default: a benign positive value
                 args[v.name] = float(rng.uniform(0.5, 1.5)) if t.dtype.is_float else int(rng.integers(1, 10))
             continue
@@ -220,7 +227,8 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
                     max_abs, rel, ok, note = compare(outs[v.name], ref, tol)
                     if changed:
                         ok, note = False, f"input {changed[0]} was modified"
-                    res = OutputResult(ci, run_dims, scaled, label, seed, v.name, dtype, max_abs, rel, tol, ok, note)
+                    res = OutputResult(ci, run_dims, scaled, label, seed, v.name, dtype, max_abs, rel, tol, ok, note,
+                                       spec.instance_name)
                     results.append(res)
                     if on_result is not None:
                         on_result(res)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..diagnostics import read_source
+from ..diagnostics import KfcError, read_source
 from ..ir.func import FuncOp
 from ..ir.parser import parse_ir
 from ..ir.verifier import verify
@@ -20,10 +20,12 @@ def is_ir_text(text: str) -> bool:
     return body.startswith("kfc.func")
 
 
-def load_func(path: str | Path) -> tuple[FuncOp, OpSpec | None]:
+def load_func(path: str | Path, dtypes: dict[str, str] | None = None) -> tuple[FuncOp, OpSpec | None]:
     """Read a `.kfc` file or IR text; return the verified function and, for `.kfc`, its spec."""
     text = read_source(path, "a .kfc file or of IR text")
     if is_ir_text(text):
+        if dtypes:
+            raise KfcError("--dtype applies to .kfc files; IR text has its types fixed")
         return verify(parse_ir(text, str(path))), None
-    spec = parse_kfc(text, str(path))
+    spec = parse_kfc(text, str(path), dtypes)
     return spec.func, spec

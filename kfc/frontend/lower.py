@@ -4,6 +4,7 @@ language's own rules (what may be assigned where, what a slice may be)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable
 
 import attrs
@@ -54,9 +55,12 @@ class Tensor:
 
 
 class Lowerer:
-    def __init__(self, file: str, text: str) -> None:
+    def __init__(self, file: str, text: str, dtypes: dict[str, str] | None = None) -> None:
         self.file = file
         self.text = text
+        self.requested_dtypes = dict(dtypes or {})
+        self.type_vars: dict[str, DType] = {}      # T -> the dtype it is instantiated with
+        self.type_params: list[tuple[str, tuple[str, ...]]] = []
         self.b = Builder()
         self.frames: list[_Frame] = []
         self.symbols: dict[str, Span] = {}
@@ -72,8 +76,45 @@ class Lowerer:
         return KfcError(message, self.span(node), hint)
 
     # --- signature ----------------------------------------------------------------------------
+    def dtype_named(self, name: str) -> DType | None:
+        """A dtype name, or a type parameter of the op bound to its dtype."""
+        return self.type_vars.get(name) or parse_dtype(name)
+
+    def bind_type_params(self, node) -> None:
+        """`op f<T: bf16 | f16>(...)`: T takes the requested dtype, else the first listed."""
+        if node is None:
+            unknown = sorted(self.requested_dtypes)
+            if unknown:
+                raise KfcError(f"the op has no type parameter {unknown[0]}", None,
+                               "declare one, e.g. op f<T: bf16 | f16>(x: T[N]) -> (y: T[N])")
+            return
+        for tp in node.children:
+            name, *options = tp.children
+            n = str(name)
+            if n in self.type_vars:
+                raise self.err(name, f"type parameter {n} is declared twice")
+            if parse_dtype(n) is not None:
+                raise self.err(name, f"'{n}' is a dtype; a type parameter needs another name, e.g. T")
+            opts = []
+            for o in options:
+                if parse_dtype(str(o)) is None:
+                    raise self.err(o, f"unknown dtype '{o}' for type parameter {n}",
+                                   f"dtypes are {', '.join(DTYPE_NAMES)}")
+                opts.append(str(o))
+            want = self.requested_dtypes.get(n, opts[0])
+            if want not in opts:
+                raise KfcError(f"type parameter {n} takes {' | '.join(opts)}, not {want}", self.span(tp),
+                               f"choose one of {', '.join(opts)}")
+            self.type_vars[n] = parse_dtype(want)
+            self.type_params.append((n, tuple(opts)))
+        unknown = sorted(set(self.requested_dtypes) - set(self.type_vars))
+        if unknown:
+            raise KfcError(f"the op has no type parameter {unknown[0]}", self.span(node),
+                           f"its type parameters are {', '.join(self.type_vars)}")
+
     def lower_op(self, node) -> FuncOp:
-        name_tok, ins_node, outs_node, body = node.children
+        name_tok, tparams, ins_node, outs_node, body = node.children
+        self.bind_type_params(tparams)
         ins = [p for p in ins_node.children if p is not None]
         outs = [p for p in outs_node.children if p is not None]
         inputs, outputs, defaults = [], [], {}
@@ -84,7 +125,7 @@ class Lowerer:
                 raise self.err(pname, f"parameter {pname!s} is declared twice",
                                "give each input and output its own name")
             seen[str(pname)] = pname
-            t = self.param_type(tspec, is_out)
+            t = self.param_type(tspec, is_out, str(pname))
             if is_out:
                 if default is not None:
                     raise self.err(default, f"output {pname!s} cannot have a default")
@@ -99,6 +140,10 @@ class Lowerer:
                         raise self.err(default, f"tensor input {pname!s} cannot have a default",
                                        "make it optional with '?' instead: it then reads as zeros when absent")
                     defaults[str(pname)] = self.default_value(default)
+                    dv = defaults[str(pname)]
+                    if t.dtype.is_int and isinstance(dv, float) and not dv.is_integer():
+                        raise self.err(default, f"the default of {pname} is {dv}, but {pname} is {t.dtype}",
+                                       f"give an integer default, or declare {pname}: f32")
             self.param_spans[str(pname)] = self.span(p)
         for n in seen:
             if n in self.symbols:
@@ -132,16 +177,18 @@ class Lowerer:
                                f"store into it, e.g. {n}[...] = ..., or assign the whole tensor with {n} = ...")
         return verify(func)
 
-    def param_type(self, node, is_out: bool) -> TensorType:
+    def param_type(self, node, is_out: bool, pname: str = "x") -> TensorType:
         name_tok, dims_node, opt = node.children
-        dtype = parse_dtype(str(name_tok))
+        dtype = self.dtype_named(str(name_tok))
         if dtype is None:
-            close = [d for d in DTYPE_NAMES if d[0] == str(name_tok)[:1]]
+            close = difflib.get_close_matches(str(name_tok), list(DTYPE_NAMES), 1, 0.5) \
+                or [d for d in DTYPE_NAMES if d[0] == str(name_tok)[:1]]
             raise self.err(name_tok, f"unknown dtype '{name_tok}'",
-                           f"dtypes are {', '.join(DTYPE_NAMES)}" + (f"; did you mean {close[0]}?" if close else ""))
+                           (f"did you mean {close[0]}? " if close else "") + f"dtypes are {', '.join(DTYPE_NAMES)}")
         if dims_node is None:
             if opt is not None:
-                raise self.err(opt, "a scalar cannot be optional", "give it a default instead")
+                raise self.err(opt, "a scalar cannot be optional",
+                               f"drop the '?' and give it a default instead, e.g. {pname}: {name_tok} = 0")
             return TensorType(dtype)
         shape = []
         for d in dims_node.children:
@@ -151,7 +198,7 @@ class Lowerer:
                 shape.append(int(d.children[0]))
                 continue
             sym = str(d.children[0])
-            if sym in KEYWORDS or parse_dtype(sym) is not None:
+            if sym in KEYWORDS or self.dtype_named(sym) is not None:
                 raise self.err(d, f"'{sym}' cannot name a dimension")
             self.symbols.setdefault(sym, self.span(d))
             off = 0 if d.data == "sym_dim" else int(d.children[1]) * (1 if d.data == "add_dim" else -1)
@@ -189,12 +236,17 @@ class Lowerer:
                 return self.b.dim(name)
         hint = None
         known = [n for f in self.frames for n in f.names] + list(self.params) + list(self.symbols)
-        close = [k for k in known if k.lower() == name.lower() or (len(name) > 2 and k.startswith(name[:3]))]
+        close = [k for k in known if k.lower() == name.lower() or (len(name) > 2 and k.startswith(name[:3]))] \
+            or difflib.get_close_matches(name, known, 1, 0.6)
         if close:
             hint = f"did you mean {close[0]}?"
         elif name in _BUILTINS:
             hint = f"{name} is a function; call it, e.g. {name}(...)"
-        raise self.err(node, f"unknown name '{name}'", hint or "names must be assigned before use")
+        if hint is None:
+            shown = list(dict.fromkeys(known))
+            hint = "assign it before use" + (f"; in scope here: {', '.join(shown[:12])}" if shown else "") \
+                + (", ..." if len(shown) > 12 else "")
+        raise self.err(node, f"unknown name '{name}'", hint)
 
     def assign(self, name: str, value: Value, node) -> None:
         if name in self.params:
@@ -204,7 +256,8 @@ class Lowerer:
             raise self.err(node, f"cannot assign to the input {kind} '{name}'; inputs are read-only",
                            "choose a new name for the value")
         if name in self.symbols:
-            raise self.err(node, f"cannot assign to the dimension '{name}'")
+            raise self.err(node, f"cannot assign to the dimension '{name}'",
+                           "dimensions are fixed by the input shapes; choose a new name for the value")
         frame = self.frames[-1]
         if name not in frame.names:
             for outer in reversed(self.frames[:-1]):
@@ -281,7 +334,8 @@ class Lowerer:
         hi_v = self.index_value(hi, "upper bound")
         step_v = self.index_value(step, "step") if step is not None else 1
         if isinstance(step_v, int) and step_v <= 0:
-            raise self.err(step, f"the step must be positive, not {step_v}")
+            raise self.err(step, f"the step must be positive, not {step_v}",
+                           "loops count up; to walk backwards, loop up and index with hi - 1 - i")
         carry_names = [str(c) for c in carry.children] if carry is not None else []
         inits = []
         for tok in carry.children if carry is not None else []:
@@ -450,6 +504,9 @@ class Lowerer:
                 axes.append(i)
             elif item.data == "idx_slice" and all(c is None for c in item.children):
                 pos += 1
+            elif target.ttype.rank == 0:
+                raise self.err(item, f"cannot index the scalar '{target.name or 'value'}'",
+                               "a scalar has no dims; use it as it is (it broadcasts)")
             else:
                 raise self.err(item, "a tile can only be indexed with ':' and None",
                                "to pick elements use where(...) with a mask; to pick a row of a tensor index the tensor")
@@ -465,7 +522,8 @@ class Lowerer:
         rank = tensor.ttype.rank
         if len(index.children) > rank:
             raise self.err(index, f"{len(index.children)} indices for '{tensor.name}', which has {rank} dims "
-                                  f"({tensor.type})")
+                                  f"({tensor.type})",
+                           f"give at most one index per dim, e.g. {tensor.name}[{', '.join([':'] * rank)}]")
         for dim, item in enumerate(index.children):
             if item.data == "idx_new":
                 raise self.err(item, "None (a new axis) applies to tiles, not to tensors",
@@ -476,7 +534,8 @@ class Lowerer:
             lo, hi, limit = item.children
             if lo is None and hi is None:
                 if limit is not None:
-                    raise self.err(item, "'limit' needs a sized slice", "e.g. t:t+64 limit eos")
+                    raise self.err(item, "'limit' needs a sized slice",
+                                   "write lo:lo+SIZE limit END, e.g. t:t+64 limit eos; a plain ':' needs no limit")
                 items.append(ALL)
                 continue
             if hi is None:
@@ -519,8 +578,9 @@ class Lowerer:
         if args and any(isinstance(a, lark.Tree) and a.data == "kwarg" for a in args[:len(positional)]) \
                 and positional and args.index(positional[-1]) > min(
                     i for i, a in enumerate(args) if isinstance(a, lark.Tree) and a.data == "kwarg"):
-            raise self.err(node, "positional argument after a keyword argument")
-        dtype = parse_dtype(name)
+            raise self.err(node, "positional argument after a keyword argument",
+                           f"put the positional arguments first, e.g. {_SIGNATURES.get(name, name + '(x, k=...)')}")
+        dtype = self.dtype_named(name)
         if dtype is not None:
             if kwargs or len(positional) != 1:
                 raise self.err(node, f"{name}(...) converts one value; got {len(positional)} argument(s)"
@@ -534,20 +594,24 @@ class Lowerer:
                 return self.b.cast(v, dtype)
         spec = _BUILTINS.get(name)
         if spec is None:
-            close = [b for b in _BUILTINS if b.startswith(name[:3])] if len(name) >= 3 else []
+            close = ([b for b in _BUILTINS if b.startswith(name[:3])] if len(name) >= 3 else []) \
+                or difflib.get_close_matches(name, list(_BUILTINS), 1, 0.6)
             raise self.err(fname, f"unknown function '{name}'",
                            f"did you mean {close[0]}?" if close else "see the language reference in README.md for the builtins")
         handler, params, min_pos, max_pos = spec
         if not min_pos <= len(positional) <= max_pos:
             want = str(min_pos) if min_pos == max_pos else f"{min_pos} to {max_pos}"
-            raise self.err(node, f"{name} takes {want} positional argument(s), got {len(positional)}",
-                           _SIGNATURES.get(name))
+            want += " positional argument" + ("" if max_pos == 1 else "s")
+            raise self.err(node, f"{name} takes {want}, got {len(positional)}",
+                           f"call it as {_SIGNATURES[name]}" if name in _SIGNATURES else None)
         for k in kwargs:
             if k not in params:
+                close = difflib.get_close_matches(k, params, 1, 0.6)
                 raise self.err(args[[i for i, a in enumerate(args) if isinstance(a, lark.Tree) and a.data == 'kwarg'
                                      and str(a.children[0]) == k][0]],
                                f"{name} has no argument '{k}'",
-                               f"it takes {', '.join(params)}" if params else f"{name} takes no keywords")
+                               (f"did you mean {close[0]}? " if close else "")
+                               + (f"{name} takes {', '.join(params)}" if params else f"{name} takes no keywords"))
         with self.b.at(self.span(node)):
             return handler(self, node, positional, kwargs)
 
@@ -593,7 +657,7 @@ class Lowerer:
 
     def dtype_arg(self, node) -> DType:
         if isinstance(node, lark.Tree) and node.data == "name":
-            d = parse_dtype(str(node.children[0]))
+            d = self.dtype_named(str(node.children[0]))
             if d is not None:
                 return d
         raise self.err(node, "dtype= takes a dtype name", f"one of {', '.join(DTYPE_NAMES)}")

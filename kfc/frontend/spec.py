@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,35 @@ class OpSpec:
     check: CheckSpec | None = None
     metric: MetricSpec = MetricSpec()
     targets: tuple[str, ...] = ()
+    type_params: tuple[tuple[str, tuple[str, ...]], ...] = ()   # (T, (bf16, f16, f32)), ...
+    dtypes: dict[str, str] = attrs.Factory(dict)                 # what this instance binds them to
+    text: str = attrs.field(default="", repr=False, eq=False)
 
     @property
     def name(self) -> str:
         return self.func.sym_name
 
+    @property
+    def instance_name(self) -> str:
+        """The op's name with its type arguments, e.g. rmsnorm_f16."""
+        return "_".join([self.name] + [self.dtypes[n] for n, _ in self.type_params])
 
-def parse_kfc(text: str, file: str = "<kfc>") -> OpSpec:
+    def instantiate(self, dtypes: dict[str, str]) -> "OpSpec":
+        """The same op with other type arguments."""
+        return parse_kfc(self.text, self.path, {**self.dtypes, **dtypes})
+
+    def instances(self) -> list["OpSpec"]:
+        """Every combination of the type parameters' dtypes."""
+        import itertools
+
+        if not self.type_params:
+            return [self]
+        names = [n for n, _ in self.type_params]
+        return [self.instantiate(dict(zip(names, combo)))
+                for combo in itertools.product(*(opts for _, opts in self.type_params))]
+
+
+def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = None) -> OpSpec:
     register_source(file, text)
     parser = lalr_parser(GRAMMAR)
     try:
@@ -86,12 +109,15 @@ def parse_kfc(text: str, file: str = "<kfc>") -> OpSpec:
     except lark.exceptions.VisitError as e:  # pragma: no cover - no callbacks are registered
         raise KfcError(str(e.orig_exc), None) from None
     op_node, *sections = tree.children
-    func = Lowerer(file, text).lower_op(op_node)
-    return _Sections(file, func).build(sections)
+    lowerer = Lowerer(file, text, dtypes)
+    func = lowerer.lower_op(op_node)
+    spec = _Sections(file, func).build(sections)
+    return attrs.evolve(spec, type_params=tuple(lowerer.type_params),
+                        dtypes={n: str(d) for n, d in lowerer.type_vars.items()}, text=text)
 
 
-def load_kfc(path: str | Path) -> OpSpec:
-    return parse_kfc(read_source(path), str(path))
+def load_kfc(path: str | Path, dtypes: dict[str, str] | None = None) -> OpSpec:
+    return parse_kfc(read_source(path), str(path), dtypes)
 
 
 class _Sections:
@@ -132,9 +158,10 @@ class _Sections:
             except constexpr.ConstExprError as e:
                 raise self.err(formula, str(e)) from None
             if unknown:
-                raise self.err(formula, f"the formula uses {sorted(unknown)[0]}, which is not a dimension of the op")
+                raise self.err(formula, f"the formula uses {sorted(unknown)[0]}, which is not a dimension of the op",
+                               f"write it over the op's dimensions: {', '.join(self.func.symbols) or 'none'}")
         elif str(name) == "flops":
-            raise self.err(node, "metric flops needs a count", 'e.g. metric flops = "2 * M * N * K"')
+            raise self.err(node, "metric flops needs a formula for the operation count", 'e.g. metric flops = "2 * M * N * K"')
         return MetricSpec(str(name), text)
 
     def targets(self, node) -> tuple[str, ...]:
@@ -152,8 +179,9 @@ class _Sections:
             key, value = entry.children
             k = str(key)
             if k not in CHECK_KEYS:
+                close = difflib.get_close_matches(k, list(CHECK_KEYS), 1, 0.6)
                 raise self.err(key, f"unknown check key '{k}'",
-                               "check keys are " + ", ".join(CHECK_KEYS))
+                               (f"did you mean {close[0]}? " if close else "") + "check keys are " + ", ".join(CHECK_KEYS))
             if k in fields:
                 raise self.err(key, f"check key '{k}' is given twice")
             fields[k] = getattr(self, "check_" + k)(value)
@@ -215,7 +243,9 @@ class _Sections:
             k, v = pair.children
             name = _string(k) if k.type == "STRING" else str(k)
             if parse_dtype(name) is None:
-                raise self.err(k, f"unknown dtype '{name}' in tolerance", f"dtypes are {', '.join(DTYPE_NAMES)}")
+                close = difflib.get_close_matches(name, list(DTYPE_NAMES), 1, 0.5)
+                raise self.err(k, f"unknown dtype '{name}' in tolerance",
+                               (f"did you mean {close[0]}? " if close else "") + f"dtypes are {', '.join(DTYPE_NAMES)}")
             if v.data not in ("c_int", "c_float"):
                 raise self.err(v, f"the tolerance for {name} must be a non-negative number")
             out[name] = float(v.children[0])

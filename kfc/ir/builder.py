@@ -64,6 +64,11 @@ def _shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def _a(word) -> str:
+    """`word` with its article, as it is read out: an f32, an i32, an index, a bf16, a bool."""
+    return ("an " if str(word)[:1] in "aefhilmnorsx" else "a ") + str(word)
+
+
 class Builder:
     def __init__(self) -> None:
         self._blocks: list[list[Op]] = []
@@ -195,13 +200,15 @@ class Builder:
         d = like.dtype
         if isinstance(value, bool):
             if not d.is_bool:
-                raise self.error(f"a boolean literal meets a {d} operand")
+                raise self.error(f"dtype mismatch: a boolean literal meets {_a(d)} operand",
+                                 "use a number of the operand's dtype, or convert the mask, e.g. f32(mask)")
             return self.const(value, d)
         if isinstance(value, float) and not d.is_float:
-            raise self.error(f"dtype mismatch: the float literal {value} meets a {d} operand",
+            raise self.error(f"dtype mismatch: the float literal {value} meets {_a(d)} operand",
                              f"write an integer, or cast the other side, e.g. f32(...)")
         if d.is_bool:
-            raise self.error(f"dtype mismatch: the number {value} meets a bool operand")
+            raise self.error(f"dtype mismatch: the number {value} meets a bool operand",
+                             "use true or false, or compare to get a mask, e.g. x > 0")
         return self.const(value, d)
 
     def as_index(self, v: Operand, what: str = "index") -> Value:
@@ -298,7 +305,8 @@ class Builder:
         from .tile_ops import _kind_ok, _KIND_WORDS
 
         if not _kind_ok(cls.OPERAND_KIND, a.ttype.dtype):
-            raise self.error(f"{fn} needs {_KIND_WORDS[cls.OPERAND_KIND]} operands, not {a.ttype.dtype}")
+            raise self.error(f"{fn} needs {_KIND_WORDS[cls.OPERAND_KIND].removeprefix('a ')} operands, "
+                             f"not {a.ttype.dtype}")
         return self.create(cls, [a, b], name=name).result
 
     def cmp(self, pred: str, a: Operand, b: Operand, name: str | None = None) -> Value:
@@ -353,7 +361,9 @@ class Builder:
         out = []
         for a in axes:
             if not -t.rank <= a < t.rank:
-                raise self.error(f"axis {a} is out of range for a rank-{t.rank} tile {_shape(t.shape)}")
+                raise self.error(f"axis {a} is out of range for a rank-{t.rank} tile {_shape(t.shape)}",
+                                 "its only axis is 0 (or -1)" if t.rank == 1 else
+                                 f"its axes are 0 to {t.rank - 1} (or -{t.rank} to -1 from the end)")
             out.append(a % t.rank)
         if len(set(out)) != len(out):
             raise self.error(f"axis listed twice in {list(axes)}")
@@ -442,12 +452,14 @@ class Builder:
             value = self.literal(value, TensorType(t.dtype))
         vt = self.tile_of(value, "stored value")
         if vt.dtype != t.dtype:
-            raise self.error(f"dtype mismatch in store: a {vt.dtype} tile into {tensor.name or 'a'} "
-                             f"{t.dtype} tensor", f"convert it, e.g. {t.dtype}(...)")
+            raise self.error(f"dtype mismatch in store: {_a(vt.dtype)} tile into the {t.dtype} tensor "
+                             f"{tensor.name or ''}".rstrip(), f"convert it, e.g. {t.dtype}(...)")
         if vt.shape != shape:
             if not broadcast_compatible(vt.shape, shape):
                 raise self.error(f"shape mismatch in store: a {_shape(vt.shape)} tile into a "
-                                 f"{_shape(shape)} region of {tensor.name or 'the tensor'}")
+                                 f"{_shape(shape)} region of {tensor.name or 'the tensor'}",
+                                 "the value must have the region's shape (or broadcast to it); "
+                                 "index the target or the value so the two agree")
             value = self.broadcast_to(value, shape)
         return self.create(StoreOp, [value, tensor] + operands, [], index=dims)
 

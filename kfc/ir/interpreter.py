@@ -29,7 +29,8 @@ from .types import MemSpace, SymDim, TensorType, bind_dim
 
 
 def _sigmoid(x):
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large |x|
+    e = np.exp(-np.abs(x))  # never overflows; keeps relative precision for x << 0
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _rsqrt(x):
@@ -149,6 +150,11 @@ def bind_arguments(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | No
             raise KfcError(f"cannot size output {v.name!r}: symbol {missing[0]} is not bound by any input",
                            hint="pass it in dims=")
         shape = tuple(bind_dim(d, dims) for d in t.shape)
+        if v.name in outputs and outputs[v.name] is None:  # an absent optional output: stores skip it
+            if not t.optional:
+                raise KfcError(f"output {v.name!r} is not optional; it cannot be None")
+            env[v] = None
+            continue
         if v.name in outputs:
             arr = outputs[v.name]
             if arr.shape != shape or arr.dtype != t.dtype.np:
@@ -167,6 +173,18 @@ def run(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | None = None,
     return {v.name: env[v] for v in func.outputs}
 
 
+def run_tracked(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | None = None):
+    """Like run, and also which op last wrote each output element: returns (outputs, writers)
+    where writers[name] holds indices into writers["__ops__"] (-1: never written)."""
+    dims, env = bind_arguments(func, args, dims)
+    interp = Interpreter(func, dims)
+    interp.writers = {v: np.full(env[v].shape, -1, dtype=np.int64) for v in func.outputs if env[v] is not None}
+    interp.exec_block(func.body, env)
+    writers: dict[str, Any] = {v.name: w for v, w in interp.writers.items()}
+    writers["__ops__"] = interp.writer_ops
+    return {v.name: env[v] for v in func.outputs}, writers
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -174,7 +192,9 @@ class Interpreter:
     def __init__(self, func: FuncOp, dims: dict[str, int]) -> None:
         self.func = func
         self.dims = dims
-        self.dispatch: dict[type, Callable[[Op, list], Any]] = {}
+        self.writers: dict[Value, np.ndarray] | None = None  # set by run_tracked
+        self.writer_ops: list[Op] = []
+        self._writer_index: dict[int, int] = {}
 
     def shape_of(self, t: TensorType) -> tuple[int, ...]:
         shape = tuple(bind_dim(d, self.dims) for d in t.shape)
@@ -204,7 +224,11 @@ class Interpreter:
             return [self.unary(op, ins[0])]
         if isinstance(op, BinaryOp):
             return [self.binary(op, *ins)]
-        method = getattr(self, "op_" + type(op).__name__, None)
+        method = None
+        for cls in type(op).__mro__:  # a refined op (ptx.ld) runs as the op it refines (tile.load)
+            method = getattr(self, "op_" + cls.__name__, None)
+            if method is not None:
+                break
         if method is None:
             raise InterpretError(f"the interpreter has no semantics for {op.NAME}", op.loc,
                                  "add them in kfc/ir/interpreter.py; every op needs an oracle")
@@ -219,7 +243,8 @@ class Interpreter:
     def unary(self, op: UnaryOp, x: np.ndarray) -> np.ndarray:
         ct = op.operands[0].ttype.dtype.compute_np
         with np.errstate(all="ignore"):
-            return self._out(op, UNARY_FNS[op.NAME.split(".")[1]](x.astype(ct, copy=False)))
+            fn = getattr(op, "FN", None) or op.NAME.split(".")[1]
+            return self._out(op, UNARY_FNS[fn](x.astype(ct, copy=False)))
 
     def binary(self, op: BinaryOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         ct = op.operands[0].ttype.dtype.compute_np
@@ -318,10 +343,10 @@ class Interpreter:
             r, ident = np.cumsum(x, axis=axis, dtype=acc), 0
         elif kind == "prod":
             r, ident = np.cumprod(x, axis=axis, dtype=acc), 1
-        elif kind == "max":
-            r, ident = np.maximum.accumulate(x, axis=axis), (-np.inf if d.is_float else np.iinfo(acc).min)
+        elif kind == "max":  # identities of the operand's own type (the accumulator's would wrap)
+            r, ident = np.maximum.accumulate(x, axis=axis), (-np.inf if d.is_float else False if d.is_bool else np.iinfo(d.np).min)
         else:
-            r, ident = np.minimum.accumulate(x, axis=axis), (np.inf if d.is_float else np.iinfo(acc).max)
+            r, ident = np.minimum.accumulate(x, axis=axis), (np.inf if d.is_float else True if d.is_bool else np.iinfo(d.np).max)
         if op.exclusive:
             pad = np.full_like(np.take(r, [0], axis=axis), ident)
             r = np.concatenate([pad, np.take(r, np.arange(r.shape[axis] - 1), axis=axis)], axis=axis)
@@ -397,6 +422,11 @@ class Interpreter:
         block = v[np.ix_(*src)] if src else v
         target_shape = tuple(len(d) for d in dst)
         arr[np.ix_(*dst)] = np.reshape(block, target_shape)
+        if self.writers is not None and op.operands[1] in self.writers:
+            if id(op) not in self._writer_index:
+                self._writer_index[id(op)] = len(self.writer_ops)
+                self.writer_ops.append(op)
+            self.writers[op.operands[1]][np.ix_(*dst)] = self._writer_index[id(op)]
         return None
 
     # --- control flow -----------------------------------------------------------------------
@@ -424,3 +454,84 @@ class Interpreter:
             carried = self.exec_block(body, env)
             i += step
         return carried
+
+    # --- gpu dialect: the mapping does not change meaning; reductions follow the generated
+    # code's order of operations exactly ------------------------------------------------------
+    def op_LaunchOp(self, op, ins, env):
+        body = op.body
+        for i in range(int(ins[0]), int(ins[1])):
+            env[body.args[0]] = np.asarray(i, dtype=np.int64)
+            self.exec_block(body, env)
+        return None
+
+    @staticmethod
+    def _combine(kind: str):
+        return {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[kind]
+
+    @staticmethod
+    def _identity(kind: str) -> float:
+        return {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}[kind]
+
+    def op_ThreadReduceOp(self, op, ins, env):
+        layout = op.operands[0].ttype.layout
+        t, v, c = layout.get("threads"), layout.get("vec"), layout.get("cluster")
+        p = t * c
+        n = ins[0].shape[0]
+        e = max(1, -(-n // (v * p)))
+        kind = op.kind.value
+
+        def per_thread(x, fill):
+            pad = np.full(e * p * v, fill, dtype=np.float32)
+            pad[:n] = x.astype(np.float32)
+            return pad.reshape(e, p, v).transpose(1, 0, 2).reshape(p, e * v)  # [thread, its elements in order]
+
+        valid = per_thread(np.ones(n, dtype=np.float32), 0.0) > 0
+        acc = np.full(p, self._identity(kind), dtype=np.float32)
+        if op.map == "mul":
+            a, b = per_thread(ins[0], 0.0), per_thread(ins[1], 0.0)
+            for i in range(e * v):  # acc = fma(a, b, acc): one rounding, as __fmaf_rn
+                fused = (a[:, i].astype(np.float64) * b[:, i] + acc).astype(np.float32)
+                acc = np.where(valid[:, i], fused, acc)
+        else:
+            x = per_thread(ins[0], self._identity(kind))
+            f = self._combine(kind)
+            for i in range(e * v):
+                acc = np.where(valid[:, i], f(acc, x[:, i]), acc).astype(np.float32)
+        return [acc]
+
+    def op_WarpReduceOp(self, op, ins, env):
+        x = ins[0].astype(np.float32)
+        f = self._combine(op.kind.value)
+        idx = np.arange(x.shape[0])
+        k = op.width // 2
+        while k >= 1:  # the xor butterfly of shfl.sync.bfly
+            x = f(x, x[idx ^ k]).astype(np.float32)
+            k //= 2
+        return [x]
+
+    def op_CtaReduceOp(self, op, ins, env):
+        layout = op.operands[0].ttype.layout
+        t, c = layout.get("threads"), layout.get("cluster")
+        x = ins[0].reshape(c, t // 32, 32)[:, :, 0]  # lane 0 of each warp, per CTA
+        f = self._combine(op.kind.value)
+        acc = x[:, 0]
+        for w in range(1, t // 32):  # read back from shared memory in warp order
+            acc = f(acc, x[:, w]).astype(np.float32)
+        return [np.repeat(acc, t).astype(np.float32)]
+
+    def op_ClusterReduceOp(self, op, ins, env):
+        layout = op.operands[0].ttype.layout
+        t, c = layout.get("threads"), layout.get("cluster")
+        x = ins[0].reshape(c, t)[:, 0]
+        f = self._combine(op.kind.value)
+        acc = x[0]
+        for r in range(1, c):  # the slots in cluster-rank order
+            acc = f(acc, x[r])
+        return [np.full(c * t, acc, dtype=np.float32)]
+
+    def op_UniformOp(self, op, ins, env):
+        x = ins[0]
+        if not (np.all(x == x[0]) or np.all(np.isnan(x))):
+            raise InterpretError("gpu.uniform: the lanes hold different values; the reduction steps above do "
+                                 "not reach every lane", op.loc)
+        return [np.asarray(x[0]).astype(op.result.ttype.dtype.np)]

@@ -11,9 +11,11 @@ from .tile_ops import ConstOp, DimOp
 from .types import TensorType
 
 
-def specialize(func: FuncOp, dims: dict[str, int]) -> FuncOp:
+def specialize(func: FuncOp, dims: dict[str, int], partial: bool = False) -> FuncOp:
+    """Bind `dims`; with `partial`, symbols not in `dims` stay symbolic (run-time sizes)."""
+    dims = {k: v for k, v in dims.items() if k in func.symbols}
     missing = [s for s in func.symbols if s not in dims]
-    if missing:
+    if missing and not partial:
         from ..diagnostics import KfcError
 
         raise KfcError(f"cannot specialise {func.sym_name}: no size for {', '.join(missing)}")
@@ -29,12 +31,17 @@ def specialize(func: FuncOp, dims: dict[str, int]) -> FuncOp:
         return Block(tuple(val(a) for a in b.args), tuple(op_(o) for o in b.ops))
 
     def op_(o: Op) -> Op:
-        if isinstance(o, DimOp):
+        if isinstance(o, DimOp) and o.sym in dims:
             return ConstOp(operands=(), results=(val(o.result),), loc=o.loc, value=int(dims[o.sym]))
         return attrs.evolve(o, operands=tuple(val(v) for v in o.operands),
                             results=tuple(val(r) for r in o.results),
                             regions=tuple(block(r) for r in o.regions))
 
     # defaults written over dims become numbers once the dims are known
-    defaults = tuple((k, constexpr.evaluate(v, dims) if isinstance(v, str) else v) for k, v in func.defaults)
+    def resolve(v):
+        if isinstance(v, str) and constexpr.symbols_of(v) <= set(dims):
+            return constexpr.evaluate(v, dims)
+        return v
+
+    defaults = tuple((k, resolve(v)) for k, v in func.defaults)
     return attrs.evolve(func, regions=(block(func.body),), defaults=defaults)

@@ -122,6 +122,10 @@ class TensorType(Type):
     def with_dtype(self, dtype: DType) -> "TensorType":
         return attrs.evolve(self, dtype=dtype)
 
+    def without_layout(self) -> "TensorType":
+        """The type with its layout slot empty: what type inference speaks of."""
+        return attrs.evolve(self, layout=None) if self.layout is not None else self
+
     def as_tile(self) -> "TensorType":
         """The register tile a load of this whole tensor would give."""
         return TensorType(self.dtype, self.shape)

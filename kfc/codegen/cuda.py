@@ -1,0 +1,690 @@
+"""CUDA C++ from a mapped, PTX-lowered row program (see kfc.passes.rows for its shape).
+
+Each thread runs the row body for its rows. A `#row` tile becomes a per-thread register array
+of E·vec elements (E = ceil(N / (vec·threads·cluster)); element i = e·vec + v of thread g is
+row element (e·threads·cluster + g)·vec + v); a scalar is one variable every thread holds; a
+`#lanes` value is one variable per thread. Loads, stores, shuffles, shared and distributed
+shared memory, and the approximate functions are inline PTX from kfc.codegen.ptx.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..diagnostics import KfcError
+from ..ir.core import Op, Value
+from ..ir.dtypes import DType
+from ..ir.func import FuncOp
+from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp
+from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
+from ..ir.tile_ops import (
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, ReduceKind, UnaryOp, WhereOp,
+)
+from ..ir.types import MemSpace, SymDim, TensorType
+from . import ptx
+
+C_TYPES = {
+    DType.F32: "float", DType.F64: "double", DType.BF16: "__nv_bfloat16", DType.F16: "__half",
+    DType.I8: "signed char", DType.I32: "int", DType.I64: "long long", DType.INDEX: "long long",
+    DType.BOOL: "bool",
+}
+# 16-bit floats travel through registers as raw bits
+BITS_TO = {DType.BF16: "__ushort_as_bfloat16", DType.F16: "__ushort_as_half"}
+TO_BITS = {DType.BF16: "__bfloat16_as_ushort", DType.F16: "__half_as_ushort"}
+
+
+class CodegenError(KfcError):
+    pass
+
+
+@attrs.frozen
+class KernelParam:
+    name: str
+    kind: str        # "tensor" | "scalar" | "dim"
+    ctype: str
+    dtype: str
+    optional: bool = False
+    is_output: bool = False
+
+
+@attrs.frozen
+class LaunchPlan:
+    """What the runtime needs to launch the kernel."""
+
+    kernel: str
+    params: tuple[KernelParam, ...]
+    block: int
+    cluster: int
+    rows_per_cta: int
+    persistent: bool
+    rows_expr: str       # a Python expression of the dims giving the number of rows
+    smem_static: int
+
+
+def _f32_literal(v: float) -> str:
+    if math.isnan(v):
+        return "__int_as_float(0x7fc00000)"
+    if math.isinf(v):
+        return "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
+    return f"{float(v)!r}f".replace("ef", "e0f") if "e" in repr(float(v)) and repr(float(v)).endswith("e") else f"{float(v)!r}f"
+
+
+def literal(value, dtype: DType) -> str:
+    if dtype.is_float:
+        text = _f32_literal(float(value))
+        if dtype is DType.F32:
+            return text
+        if dtype is DType.F64:
+            return text[:-1] if text.endswith("f") else f"(double){text}"
+        return f"({C_TYPES[dtype]})({text})"
+    if dtype.is_bool:
+        return "true" if value else "false"
+    return f"({C_TYPES[dtype]})({int(value)}LL)"
+
+
+class RowKernelEmitter:
+    def __init__(self, func: FuncOp, kernel_name: str) -> None:
+        self.func = func
+        self.kernel_name = kernel_name
+        launches = [op for op in func.body.ops if isinstance(op, LaunchOp)]
+        if len(launches) != 1:
+            raise CodegenError(f"codegen needs one gpu.launch at the top of {func.sym_name}; run the tile pass",
+                               func.loc, "use the default pipeline, or include tile{...} in -p")
+        self.launch = launches[0]
+        self.names: dict[Value, str] = {}
+        self.lines: list[str] = []
+        self.indent = 1
+        self.counter = 0
+        self.smem_decls: list[str] = []
+        self.smem_bytes = 0
+        self.cluster_ops: list[Op] = [op for op in self.launch.body.ops if isinstance(op, ClusterReduceOp)]
+        L = self.launch
+        self.T, self.V, self.C, self.R = L.threads, L.vec, L.cluster, L.rows_per_cta
+        self.P = self.T * self.C
+        self.N = self._row_length()
+        self.E = max(1, math.ceil(self.N / (self.V * self.P))) if self.N else 1
+        self.EV = self.E * self.V
+        self.exact = self.N % (self.V * self.P) == 0
+
+    # --- naming -------------------------------------------------------------------------------
+    def _row_length(self) -> int:
+        for op in self.launch.body.ops:
+            for r in op.results:
+                t = r.type
+                if isinstance(t, TensorType) and t.layout is not None and t.layout.kind == "row":
+                    return int(t.shape[0])
+        return 0
+
+    def fresh(self, hint: str = "v") -> str:
+        self.counter += 1
+        return f"{hint}{self.counter}"
+
+    def name(self, v: Value) -> str:
+        if v not in self.names:
+            self.names[v] = self.fresh()
+        return self.names[v]
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.indent + line)
+
+    def kind(self, v: Value) -> str:
+        t = v.ttype
+        if t.space is not MemSpace.REG:
+            return "tensor"
+        if t.layout is not None and t.layout.kind == "row":
+            return "row"
+        if t.layout is not None and t.layout.kind == "lanes":
+            return "lanes"
+        if t.rank == 0:
+            return "scalar"
+        raise CodegenError(f"a rank-{t.rank} tile {t} without a row layout reached codegen", None,
+                           "run tile before lower-reductions and lower-ptx")
+
+    def elem(self, v: Value, i: str) -> str:
+        """Element i of a row value, or the value itself for scalars and lanes."""
+        return f"{self.name(v)}[{i}]" if self.kind(v) == "row" else self.name(v)
+
+    def as_float(self, expr: str, dtype: DType) -> str:
+        if dtype in (DType.BF16,):
+            return f"__bfloat162float({expr})"
+        if dtype is DType.F16:
+            return f"__half2float({expr})"
+        return expr
+
+    def from_float(self, expr: str, dtype: DType) -> str:
+        if dtype is DType.BF16:
+            return f"__float2bfloat16_rn({expr})"
+        if dtype is DType.F16:
+            return f"__float2half_rn({expr})"
+        return expr
+
+    # --- the kernel ---------------------------------------------------------------------------
+    def generate(self) -> tuple[str, LaunchPlan]:
+        params = self.params()
+        sig = ", ".join(self.param_decl(p) for p in params)
+        for v in self.func.args:
+            self.names[v] = v.name
+        self.emit(f"const int kfc_t = threadIdx.x % {self.T};")
+        self.emit(f"const int kfc_r = threadIdx.x / {self.T};")
+        self.emit(f"const int kfc_lane = threadIdx.x % 32;")
+        if self.C > 1:
+            self.emit(f"const unsigned kfc_crank = {ptx.cluster_ctarank()};")
+        else:
+            self.emit("const unsigned kfc_crank = 0;")
+        self.emit(f"const int kfc_g = (int)kfc_crank * {self.T} + kfc_t;")
+        for op in self.func.body.ops:
+            if op is self.launch:
+                self.emit_launch()
+            else:
+                self.emit_op(op, top=True)
+        body = "\n".join(self.lines)
+        smem = "\n".join("  " + d for d in self.smem_decls)
+        block = self.R * self.T
+        code = (f'extern "C" __global__ void __launch_bounds__({block}) {self.kernel_name}({sig}) {{\n'
+                f"{smem}\n{body}\n}}\n")
+        lo, hi = self.launch.operands
+        plan = LaunchPlan(self.kernel_name, tuple(params), block, self.C, self.R, self.launch.persistent,
+                          self.rows_expr(), self.smem_bytes)
+        return code, plan
+
+    def params(self) -> list[KernelParam]:
+        out = []
+        outputs = set(self.func.outputs)
+        for v in self.func.args:
+            t = v.ttype
+            if t.space is MemSpace.REG:
+                out.append(KernelParam(v.name, "scalar", C_TYPES[t.dtype], str(t.dtype)))
+            else:
+                out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
+        for s in self.func.symbols:
+            out.append(KernelParam(f"dim_{s}", "dim", "long long", "index"))
+        return out
+
+    @staticmethod
+    def param_decl(p: KernelParam) -> str:
+        if p.kind == "tensor":
+            const = "" if p.is_output else "const "
+            return f"{const}{p.ctype}* __restrict__ {p.name}"
+        return f"{p.ctype} {p.name}"
+
+    def rows_expr(self) -> str:
+        """The number of rows as Python over the dims (for the runtime's grid size)."""
+        lo, hi = self.launch.operands
+        return f"({self._py_expr(hi)}) - ({self._py_expr(lo)})"
+
+    def _py_expr(self, v: Value) -> str:
+        d = next((op for op in self.func.body.ops if v in op.results), None)
+        if isinstance(d, ConstOp):
+            return str(int(d.value))
+        if isinstance(d, DimOp):
+            return d.sym
+        if isinstance(d, BinaryOp) and d.NAME in ("tile.add", "tile.sub", "tile.mul"):
+            sym = {"tile.add": "+", "tile.sub": "-", "tile.mul": "*"}[d.NAME]
+            return f"({self._py_expr(d.operands[0])} {sym} {self._py_expr(d.operands[1])})"
+        if isinstance(d, CastOp):
+            return self._py_expr(d.operands[0])
+        raise CodegenError("the row loop's bounds must be dims and constants", self.launch.loc)
+
+    def emit_launch(self) -> None:
+        L = self.launch
+        lo, hi = (self.name(v) for v in L.operands)
+        row = L.body.args[0]
+        self.names[row] = "kfc_m"
+        if self.cluster_ops:
+            self.emit_cluster_setup()
+        self.emit(f"const long long kfc_rows = (long long)({hi}) - (long long)({lo});")
+        self.emit(f"const long long kfc_stride = (long long)(gridDim.x / {self.C}) * {self.R};")
+        self.emit(f"unsigned kfc_phase = 0;")
+        self.emit(f"for (long long kfc_base = (long long)(blockIdx.x / {self.C}) * {self.R}; kfc_base < kfc_rows; "
+                  f"kfc_base += kfc_stride) {{")
+        self.indent += 1
+        self.emit(f"const long long kfc_m = (long long)({lo}) + kfc_base + kfc_r;")
+        self.emit("const bool kfc_rowvalid = kfc_base + kfc_r < kfc_rows;")
+        first_cluster = self.cluster_ops[0] if self.cluster_ops else None
+        for op in L.body.ops:
+            if op is first_cluster:
+                self.emit(ptx.cluster_wait())
+            self.emit_op(op)
+        if self.cluster_ops:
+            self.emit(ptx.cluster_arrive())
+        self.emit("kfc_phase ^= 1;")
+        self.indent -= 1
+        self.emit("}")
+        if self.cluster_ops:
+            self.emit("// no CTA leaves while a peer may still write into its shared memory")
+            self.emit(ptx.cluster_wait())
+
+    def emit_cluster_setup(self) -> None:
+        for k, op in enumerate(self.cluster_ops):
+            self.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_cbar{k};")
+            self.smem_decls.append(f"__shared__ float kfc_cslot{k}[{self.C}];")
+            self.smem_bytes += 8 + 4 * self.C
+        self.emit("if (threadIdx.x == 0) {")
+        self.indent += 1
+        for k in range(len(self.cluster_ops)):
+            self.emit(ptx.mbarrier_init(ptx.smem_addr(f"kfc_cbar{k}"), 1))
+        self.emit(ptx.fence_mbarrier_init())
+        self.indent -= 1
+        self.emit("}")
+        self.emit(ptx.cluster_arrive())
+
+    # --- ops ----------------------------------------------------------------------------------
+    def declare(self, v: Value) -> str:
+        """Declare the C variable for result v; returns its name."""
+        n = self.name(v)
+        k = self.kind(v)
+        ct = C_TYPES[v.ttype.dtype]
+        if k == "row":
+            self.emit(f"{ct} {n}[{self.EV}];")
+        else:
+            self.emit(f"{ct} {n};")
+        return n
+
+    def loop(self, body: str) -> None:
+        self.emit(f"#pragma unroll")
+        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {body} }}")
+
+    def emit_op(self, op: Op, top: bool = False) -> None:
+        handler = getattr(self, "op_" + type(op).__name__, None)
+        if handler is None:
+            for base in type(op).__mro__[1:]:
+                handler = getattr(self, "op_" + base.__name__, None)
+                if handler is not None:
+                    break
+        if handler is None:
+            raise CodegenError(f"codegen has no rule for {op.NAME}", op.loc,
+                               "this op must be lowered by a pass before codegen")
+        handler(op)
+
+    def assign(self, op: Op, expr_of_i) -> None:
+        """Result = f(element i) over a row, or once for scalars/lanes."""
+        r = op.result
+        n = self.declare(r)
+        if self.kind(r) == "row":
+            self.loop(f"{n}[i] = {expr_of_i('i')};")
+        else:
+            self.emit(f"{n} = {expr_of_i(None)};")
+
+    def operand(self, v: Value, i):
+        return self.elem(v, i) if i is not None else self.name(v)
+
+    def op_ConstOp(self, op: ConstOp) -> None:
+        t = op.result.ttype
+        lit = literal(op.value, t.dtype)
+        if self.kind(op.result) == "row":
+            n = self.declare(op.result)
+            self.loop(f"{n}[i] = {lit};")
+        else:
+            self.emit(f"const {C_TYPES[t.dtype]} {self.name(op.result)} = {lit};")
+
+    def op_DimOp(self, op: DimOp) -> None:
+        self.emit(f"const long long {self.name(op.result)} = dim_{op.sym};")
+
+    def op_UnaryOp(self, op: UnaryOp) -> None:
+        fn = op.NAME.split(".")[1]
+        d = op.operands[0].ttype.dtype
+        x = op.operands[0]
+
+        def expr(i):
+            a = self.operand(x, i)
+            if d.is_float:
+                f = self.as_float(a, d)
+                if isinstance(op, RsqrtApproxOp):
+                    return ptx.rsqrt_approx(f)
+                if isinstance(op, Ex2ApproxOp):
+                    return ptx.ex2_approx(f)
+                e = {
+                    "neg": f"(-{f})", "abs": f"fabsf({f})", "exp": f"expf({f})", "exp2": f"exp2f({f})",
+                    "log": f"logf({f})", "log2": f"log2f({f})", "sqrt": f"sqrtf({f})",
+                    "rsqrt": f"(1.0f / sqrtf({f}))", "sigmoid": f"(1.0f / (1.0f + expf(-{f})))",
+                    "softplus": f"({f} > 20.0f ? {f} : log1pf(expf({f})))", "tanh": f"tanhf({f})",
+                }[fn]
+                if d is DType.F64:
+                    e = e.replace("f(", "(").replace("1.0f", "1.0").replace("20.0f", "20.0")
+                return self.from_float(e, d)
+            e = {"neg": f"(-{a})", "abs": f"({a} < 0 ? -{a} : {a})",
+                 "not": f"(!{a})" if d.is_bool else f"(~{a})"}[fn]
+            return e
+
+        self.assign(op, expr)
+
+    def op_BinaryOp(self, op: BinaryOp) -> None:
+        fn = op.NAME.split(".")[1]
+        d = op.operands[0].ttype.dtype
+        a_v, b_v = op.operands
+
+        def expr(i):
+            a, b = self.operand(a_v, i), self.operand(b_v, i)
+            if d.is_float:
+                fa, fb = self.as_float(a, d), self.as_float(b, d)
+                if d is DType.F64:
+                    e = {"add": f"({fa} + {fb})", "sub": f"({fa} - {fb})", "mul": f"({fa} * {fb})",
+                         "div": f"({fa} / {fb})", "max": f"fmax({fa}, {fb})", "min": f"fmin({fa}, {fb})",
+                         "pow": f"pow({fa}, {fb})", "rem": f"({fa} - floor({fa} / {fb}) * {fb})"}[fn]
+                    return e
+                e = {"add": f"({fa} + {fb})", "sub": f"({fa} - {fb})", "mul": f"({fa} * {fb})",
+                     "div": f"({fa} / {fb})", "max": ptx.max_nan(fa, fb), "min": ptx.min_nan(fa, fb),
+                     "pow": f"powf({fa}, {fb})", "rem": f"({fa} - floorf({fa} / {fb}) * {fb})"}[fn]
+                return self.from_float(e, d)
+            if d.is_bool:
+                return {"and": f"({a} && {b})", "or": f"({a} || {b})", "xor": f"({a} != {b})",
+                        "max": f"({a} || {b})", "min": f"({a} && {b})"}[fn]
+            return {"add": f"({a} + {b})", "sub": f"({a} - {b})", "mul": f"({a} * {b})",
+                    "div": f"kfc_floordiv({a}, {b})", "rem": f"kfc_floormod({a}, {b})",
+                    "max": f"({a} > {b} ? {a} : {b})", "min": f"({a} < {b} ? {a} : {b})",
+                    "and": f"({a} & {b})", "or": f"({a} | {b})", "xor": f"({a} ^ {b})"}[fn]
+
+        self.assign(op, expr)
+
+    def op_CmpOp(self, op: CmpOp) -> None:
+        sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op.pred.value]
+        d = op.operands[0].ttype.dtype
+
+        def expr(i):
+            a, b = (self.as_float(self.operand(v, i), d) for v in op.operands)
+            return f"({a} {sym} {b})"
+
+        self.assign(op, expr)
+
+    def op_WhereOp(self, op: WhereOp) -> None:
+        c, a, b = op.operands
+        self.assign(op, lambda i: f"({self.operand(c, i)} ? {self.operand(a, i)} : {self.operand(b, i)})")
+
+    def op_CastOp(self, op: CastOp) -> None:
+        src, dst = op.operands[0].ttype.dtype, op.result.ttype.dtype
+        x = op.operands[0]
+
+        def expr(i):
+            a = self.operand(x, i)
+            if src.is_float and dst.is_float:
+                return self.from_float(self.as_float(a, src), dst) if DType.F64 not in (src, dst) else \
+                    f"({C_TYPES[dst]})({self.as_float(a, src)})"
+            if src.is_float:
+                return f"({C_TYPES[dst]})({self.as_float(a, src)})"
+            if dst.is_float:
+                return self.from_float(f"(float)({a})", dst)
+            return f"({C_TYPES[dst]})({a})"
+
+        self.assign(op, expr)
+
+    def op_CvtPackOp(self, op: CvtPackOp) -> None:
+        dst = op.result.ttype.dtype
+        n = self.declare(op.result)
+        x = self.name(op.operands[0])
+        conv = BITS_TO[dst]
+        self.emit("#pragma unroll")
+        self.emit(f"for (int i = 0; i + 1 < {self.EV}; i += 2) {{ const unsigned w = "
+                  f"{ptx.cvt_pack(f'{x}[i + 1]', f'{x}[i]', str(dst))}; "
+                  f"{n}[i] = {conv}((unsigned short)(w & 0xffffu)); {n}[i + 1] = {conv}((unsigned short)(w >> 16)); }}")
+        if self.EV % 2:
+            self.emit(f"{n}[{self.EV - 1}] = {self.from_float(f'{x}[{self.EV - 1}]', dst)};")
+
+    def op_BroadcastOp(self, op: BroadcastOp) -> None:
+        if self.kind(op.operands[0]) != "scalar":
+            raise CodegenError(f"codegen broadcasts scalars to rows, not {op.operands[0].type}", op.loc)
+        s = self.name(op.operands[0])
+        self.assign(op, lambda i: s)
+
+    # --- memory -------------------------------------------------------------------------------
+    def _address(self, op, tensor: Value, index: tuple[IndexDim, ...], idx_operands, elem_offset: str) -> str:
+        """Element offset of the access in the tensor (row-major, contiguous)."""
+        t = tensor.ttype
+        strides = []
+        acc = "1"
+        for d in reversed(t.shape):
+            strides.append(acc)
+            acc = f"({acc} * {self._dim(d)})"
+        strides.reverse()
+        it = iter(idx_operands)
+        terms = []
+        for dim, (ix, stride) in enumerate(zip(index, strides)):
+            if ix.kind == "point":
+                terms.append(f"(long long)({self.name(next(it))}) * {stride}")
+            elif ix.kind == "all":
+                if dim != len(index) - 1:
+                    raise CodegenError("a row access takes the whole last dim only", op.loc)
+                terms.append(f"({elem_offset})")
+            else:
+                raise CodegenError("slices do not reach row codegen", op.loc, "row programs index x[m, :]")
+        return " + ".join(terms) if terms else "0"
+
+    def _dim(self, d) -> str:
+        if isinstance(d, int):
+            return f"{d}LL"
+        if isinstance(d, SymDim):
+            return f"(dim_{d.name} + {d.offset}LL)" if d.offset else f"dim_{d.name}"
+        raise CodegenError(f"bad dim {d}")
+
+    def _chunk_pred(self, e: str) -> str | None:
+        """Whether chunk e of this thread lies inside the row (None when it always does)."""
+        if self.exact:
+            return None
+        return f"(({e}) * {self.P} + kfc_g) * {self.V} < {self.N}"
+
+    def op_LdOp(self, op: LdOp) -> None:
+        tensor = op.operands[0]
+        t = tensor.ttype
+        r = op.result
+        d = t.dtype
+        n = self.declare(r)
+        other = literal(op.other, d)
+        row_dep = any(v is self.launch.body.args[0] for v in op.operands[1:]) or True
+        guard = f"{tensor.name} != nullptr" if t.optional else None
+        if self.kind(r) != "row":
+            addr = self._address(op, tensor, op.index, op.operands[1:], "0")
+            load = f"{n} = {tensor.name}[{addr}];"
+            self.emit(f"{n} = {other};")
+            self.emit(f"if ({guard or 'true'}) {{ {load} }}" if guard else load)
+            return
+        esize = d.itemsize
+        acc_bytes = op.vec * esize
+        word = 4 if acc_bytes >= 4 else 2
+        nwords = max(1, acc_bytes // word)
+        per_word = word // esize if esize < word else 1
+        accesses = self.V // op.vec
+        self.emit("#pragma unroll")
+        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
+        self.indent += 1
+        base = f"((e * {self.P} + kfc_g) * {self.V})"
+        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
+        if (p := self._chunk_pred("e")) is not None:
+            conds.append(p)
+        if guard:
+            conds.append(f"({guard})")
+        pred = " && ".join(conds) if conds else None
+        for a in range(accesses):
+            words = [self.fresh("w") for _ in range(nwords)]
+            wt = "unsigned" if word == 4 else "unsigned short"
+            fill = self._other_bits(op.other, d, word)
+            self.emit(f"{wt} {', '.join(f'{w} = {fill}' for w in words)};")
+            addr = f"{tensor.name} + {self._address(op, tensor, op.index, op.operands[1:], f'{base} + {a * op.vec}')}"
+            self.emit(ptx.ld_global(words, addr, pred, op.cache, word))
+            for wi, w in enumerate(words):
+                for k in range(per_word):
+                    idx = f"e * {self.V} + {a * op.vec + wi * per_word + k}"
+                    self.emit(f"{n}[{idx}] = {self._from_bits(w, d, k, word)};")
+        self.indent -= 1
+        self.emit("}")
+
+    def row_dependent(self, op) -> bool:
+        idx = op.operands[1:] if isinstance(op, LdOp) else op.operands[2:]
+        dep = self._row_deps()
+        return any(v in dep for v in idx)
+
+    def _row_deps(self):
+        if not hasattr(self, "_deps"):
+            dep = {self.launch.body.args[0]}
+            for o in self.launch.body.ops:
+                if any(v in dep for v in o.operands):
+                    dep.update(o.results)
+            self._deps = dep
+        return self._deps
+
+    def _other_bits(self, value, d: DType, word: int) -> str:
+        import numpy as np
+
+        raw = np.asarray(value).astype(d.np).tobytes()
+        per = word // len(raw) if len(raw) < word else 1
+        bits = int.from_bytes(raw * per, "little")
+        return f"{bits}u"
+
+    def _from_bits(self, w: str, d: DType, k: int, word: int) -> str:
+        if d in (DType.BF16, DType.F16):
+            part = f"(unsigned short)(({w} >> {16 * k}) & 0xffffu)" if word == 4 else w
+            return f"{BITS_TO[d]}({part})"
+        if d is DType.F32:
+            return f"__uint_as_float({w})"
+        if d is DType.I32:
+            return f"(int)({w})"
+        raise CodegenError(f"row loads of {d} are not supported yet")
+
+    def _to_bits(self, x: str, d: DType) -> str:
+        if d in (DType.BF16, DType.F16):
+            return f"(unsigned){TO_BITS[d]}({x})"
+        if d is DType.F32:
+            return f"__float_as_uint({x})"
+        if d is DType.I32:
+            return f"(unsigned)({x})"
+        raise CodegenError(f"row stores of {d} are not supported yet")
+
+    def op_StOp(self, op: StOp) -> None:
+        value, tensor = op.operands[0], op.operands[1]
+        t = tensor.ttype
+        d = t.dtype
+        guard = f"{tensor.name} != nullptr" if t.optional else None
+        if self.kind(value) != "row":
+            addr = self._address(op, tensor, op.index, op.operands[2:], "0")
+            cond = ["kfc_t == 0", "kfc_crank == 0"] + (["kfc_rowvalid"] if self.row_dependent(op) else [])
+            if guard:
+                cond.append(guard)
+            self.emit(f"if ({' && '.join(cond)}) {tensor.name}[{addr}] = {self.name(value)};")
+            return
+        esize = d.itemsize
+        acc_bytes = op.vec * esize
+        word = 4 if acc_bytes >= 4 else 2
+        nwords = max(1, acc_bytes // word)
+        per_word = word // esize if esize < word else 1
+        accesses = self.V // op.vec
+        x = self.name(value)
+        self.emit("#pragma unroll")
+        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
+        self.indent += 1
+        base = f"((e * {self.P} + kfc_g) * {self.V})"
+        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
+        if (p := self._chunk_pred("e")) is not None:
+            conds.append(p)
+        if guard:
+            conds.append(f"({guard})")
+        pred = " && ".join(conds) if conds else None
+        for a in range(accesses):
+            words = []
+            for wi in range(nwords):
+                parts = []
+                for k in range(per_word):
+                    idx = f"e * {self.V} + {a * op.vec + wi * per_word + k}"
+                    bits = self._to_bits(f"{x}[{idx}]", d)
+                    parts.append(f"({bits} << {16 * k})" if per_word > 1 else bits)
+                w = self.fresh("s")
+                wt = "unsigned" if word == 4 else "unsigned short"
+                self.emit(f"const {wt} {w} = ({wt})({' | '.join(parts)});")
+                words.append(w)
+            addr = f"{tensor.name} + {self._address(op, tensor, op.index, op.operands[2:], f'{base} + {a * op.vec}')}"
+            self.emit(ptx.st_global(words, addr, pred, op.cache, word))
+        self.indent -= 1
+        self.emit("}")
+
+    # --- reductions ---------------------------------------------------------------------------
+    def combine(self, kind: ReduceKind, a: str, b: str) -> str:
+        return {ReduceKind.SUM: f"({a} + {b})", ReduceKind.PROD: f"({a} * {b})",
+                ReduceKind.MAX: ptx.max_nan(a, b), ReduceKind.MIN: ptx.min_nan(a, b)}[kind]
+
+    @staticmethod
+    def identity(kind: ReduceKind) -> str:
+        return {ReduceKind.SUM: "0.0f", ReduceKind.PROD: "1.0f", ReduceKind.MAX: "__int_as_float(0xff800000)",
+                ReduceKind.MIN: "__int_as_float(0x7f800000)"}[kind]
+
+    def _check_f32(self, op) -> None:
+        if op.operands[0].ttype.dtype is not DType.F32:
+            raise CodegenError(f"row reductions run in f32; this one is {op.operands[0].ttype.dtype}", op.loc,
+                               "convert the row to f32 before reducing it")
+
+    def op_ThreadReduceOp(self, op: ThreadReduceOp) -> None:
+        self._check_f32(op)
+        n = self.name(op.result)
+        self.emit(f"float {n} = {self.identity(op.kind)};")
+        if op.map == "mul":
+            a, b = (self.name(v) for v in op.operands)
+            step = f"{n} = __fmaf_rn({a}[i], {b}[i], {n});"
+        else:
+            x = self.name(op.operands[0])
+            step = f"{n} = {self.combine(op.kind, n, f'{x}[i]')};"
+        if not self.exact:
+            step = f"if (((i / {self.V}) * {self.P} + kfc_g) * {self.V} + (i % {self.V}) < {self.N}) {{ {step} }}"
+        self.loop(step)
+
+    def op_WarpReduceOp(self, op: WarpReduceOp) -> None:
+        n = self.name(op.result)
+        x = self.name(op.operands[0])
+        self.emit(f"float {n} = {x};")
+        k = op.width // 2
+        while k >= 1:
+            self.emit(f"{n} = {self.combine(op.kind, n, ptx.shfl_bfly(n, k))};")
+            k //= 2
+
+    def op_CtaReduceOp(self, op: CtaReduceOp) -> None:
+        warps = self.T // 32
+        k = self.fresh("kfc_red")
+        self.smem_decls.append(f"__shared__ float {k}[2][{self.R}][{warps}];")
+        self.smem_bytes += 2 * self.R * warps * 4
+        x = self.name(op.operands[0])
+        n = self.name(op.result)
+        self.emit(f"if (kfc_lane == 0) {ptx.st_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][kfc_t / 32]'), x)}")
+        self.emit(ptx.bar_sync(0))
+        self.emit(f"float {n} = {ptx.ld_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][0]'))};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int w = 1; w < {warps}; ++w) {n} = "
+                  f"{self.combine(op.kind, n, ptx.ld_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][w]')))};")
+
+    def op_ClusterReduceOp(self, op: ClusterReduceOp) -> None:
+        k = self.cluster_ops.index(op)
+        x = self.name(op.operands[0])
+        n = self.name(op.result)
+        bar, slot = f"kfc_cbar{k}", f"kfc_cslot{k}"
+        self.emit(f"if (threadIdx.x == 0) {ptx.mbarrier_arrive_expect_tx(ptx.smem_addr(bar), 4 * self.C)}")
+        self.emit(f"if (threadIdx.x < {self.C}) {{")
+        self.indent += 1
+        self.emit(ptx.st_async_f32(ptx.mapa(ptx.smem_addr(f"{slot}[kfc_crank]"), "threadIdx.x"), x,
+                                   ptx.mapa(ptx.smem_addr(bar), "threadIdx.x")))
+        self.indent -= 1
+        self.emit("}")
+        self.emit(ptx.mbarrier_wait_parity(ptx.smem_addr(bar), "kfc_phase"))
+        self.emit(f"float {n} = {slot}[0];")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int c = 1; c < {self.C}; ++c) {n} = {self.combine(op.kind, n, f'{slot}[c]')};")
+
+    def op_UniformOp(self, op: UniformOp) -> None:
+        self.emit(f"const float {self.name(op.result)} = {self.name(op.operands[0])};")
+
+
+HEADER = """// generated by kfc: do not edit; regenerate with `kfc compile`
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+"""
+
+HELPERS = r"""
+static __device__ __forceinline__ long long kfc_floordiv(long long a, long long b) {
+  long long q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static __device__ __forceinline__ long long kfc_floormod(long long a, long long b) {
+  long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+"""
+
+
+def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, LaunchPlan]:
+    name = kernel_name or f"kfc_{func.sym_name}"
+    emitter = RowKernelEmitter(func, name)
+    code, plan = emitter.generate()
+    return HEADER + ptx.PRELUDE + HELPERS + "\n" + code, plan

@@ -1,0 +1,172 @@
+"""Every PTX instruction kfc emits, in one place, as inline-asm templates.
+
+Each function returns a C++ statement (or expression) string; operands are C++ expressions.
+Golden tests pin the exact text. Facts (operand order, qualifiers) are from the PTX ISA:
+- `cvt.rn.bf16x2.f32 d, a, b` puts a in the upper half of d and b in the lower;
+- `shfl.sync.bfly.b32 d, a, lane_mask, clamp, membermask`: with clamp 0x1f the xor stays within
+  the warp; a butterfly over the low bits stays within aligned lane groups;
+- `st.async` to a peer CTA's shared memory completes `bytes` of transaction count on the peer's
+  mbarrier; `mapa` turns a local shared address into the same variable's address in CTA `rank`;
+- `barrier.cluster.arrive.release` / `wait.acquire` order shared-memory traffic across the cluster.
+"""
+
+from __future__ import annotations
+
+# cache hint -> the ld / st qualifier string
+LD_HINTS = {"": "", "cs": ".cs", "lu": ".lu", "nc_na": ".nc.L1::no_allocate", "evict_last": ".L1::evict_last"}
+ST_HINTS = {"": "", "cs": ".cs", "lu": "", "nc_na": "", "evict_last": ".L1::evict_last"}
+
+_WORD_TYPES = {4: "b32", 2: "b16", 1: "b8"}
+
+
+def _regs(n: int, first: int = 0) -> str:
+    return ", ".join(f"%{i}" for i in range(first, first + n))
+
+
+def ld_global(words: list[str], addr: str, pred: str | None, hint: str = "", word_bytes: int = 4) -> str:
+    """Load len(words) words of `word_bytes` each from global `addr` into the given lvalues
+    (which keep their prior value where `pred` is false). One instruction: .v2/.v4 when > 1."""
+    n = len(words)
+    vec = f".v{n}" if n > 1 else ""
+    typ = _WORD_TYPES[word_bytes]
+    dst = "{" + _regs(n) + "}" if n > 1 else "%0"
+    con = "h" if word_bytes == 2 else "r"
+    outs = ", ".join(f'"+{con}"({w})' for w in words)
+    if word_bytes == 1:
+        raise ValueError("byte loads go through 16-bit registers; widen the access")
+    if pred is None:
+        return (f'asm volatile("ld.global{LD_HINTS[hint]}{vec}.{typ} {dst}, [%{n}];" : {outs} : "l"({addr}));')
+    return (f'asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{n + 1}, 0;\\n'
+            f' @p ld.global{LD_HINTS[hint]}{vec}.{typ} {dst}, [%{n}];\\n}}" : {outs} : "l"({addr}), "r"((int)({pred})));')
+
+
+def st_global(words: list[str], addr: str, pred: str | None, hint: str = "", word_bytes: int = 4) -> str:
+    n = len(words)
+    vec = f".v{n}" if n > 1 else ""
+    typ = _WORD_TYPES[word_bytes]
+    src = "{" + _regs(n, 1) + "}" if n > 1 else "%1"
+    con = "h" if word_bytes == 2 else "r"
+    ins = ", ".join(f'"{con}"({w})' for w in words)
+    if pred is None:
+        return f'asm volatile("st.global{ST_HINTS[hint]}{vec}.{typ} [%0], {src};" :: "l"({addr}), {ins} : "memory");'
+    return (f'asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{n + 1}, 0;\\n'
+            f' @p st.global{ST_HINTS[hint]}{vec}.{typ} [%0], {src};\\n}}" :: "l"({addr}), {ins}, "r"((int)({pred})) : "memory");')
+
+
+def shfl_bfly(value: str, lane_mask: int) -> str:
+    """An expression: `value` from the lane whose index differs in the bits of lane_mask."""
+    return f"kfc_shfl_bfly({value}, {lane_mask})"
+
+
+def bar_sync(barrier: int = 0) -> str:
+    return f'asm volatile("bar.sync {barrier};" ::: "memory");'
+
+
+def st_shared_f32(addr_u32: str, value: str) -> str:
+    return f'asm volatile("st.shared.f32 [%0], %1;" :: "r"({addr_u32}), "f"({value}) : "memory");'
+
+
+def ld_shared_f32(addr_u32: str) -> str:
+    return f"kfc_ld_shared_f32({addr_u32})"
+
+
+def smem_addr(lvalue: str) -> str:
+    return f"(unsigned)__cvta_generic_to_shared(&{lvalue})"
+
+
+def rsqrt_approx(x: str) -> str:
+    return f"kfc_rsqrt_approx({x})"
+
+
+def ex2_approx(x: str) -> str:
+    return f"kfc_ex2_approx({x})"
+
+
+def max_nan(a: str, b: str) -> str:
+    """max that propagates NaN, as numpy's maximum does."""
+    return f"kfc_max_nan({a}, {b})"
+
+
+def min_nan(a: str, b: str) -> str:
+    return f"kfc_min_nan({a}, {b})"
+
+
+def cvt_pack(hi: str, lo: str, dtype: str) -> str:
+    """Round two floats into one 32-bit register of two 16-bit values (lo in the low half)."""
+    return f"kfc_cvt_pack_{dtype}({hi}, {lo})"
+
+
+def cluster_ctarank() -> str:
+    return "kfc_cluster_ctarank()"
+
+
+def mapa(addr_u32: str, rank: str) -> str:
+    return f"kfc_mapa({addr_u32}, {rank})"
+
+
+def st_async_f32(remote_addr: str, value: str, remote_mbar: str) -> str:
+    return (f'asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" '
+            f':: "r"({remote_addr}), "r"(__float_as_uint({value})), "r"({remote_mbar}) : "memory");')
+
+
+def mbarrier_init(mbar_u32: str, count: int) -> str:
+    return f'asm volatile("mbarrier.init.shared::cta.b64 [%0], {count};" :: "r"({mbar_u32}) : "memory");'
+
+
+def fence_mbarrier_init() -> str:
+    return 'asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");'
+
+
+def mbarrier_arrive_expect_tx(mbar_u32: str, nbytes: int) -> str:
+    return (f'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], {nbytes};" '
+            f':: "r"({mbar_u32}) : "memory");')
+
+
+def mbarrier_wait_parity(mbar_u32: str, parity: str) -> str:
+    """Spin until the mbarrier's phase with the given parity has completed."""
+    return (f'asm volatile("{{\\n .reg .pred done;\\n waitloop:\\n'
+            f' mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\\n @!done bra waitloop;\\n}}" '
+            f':: "r"({mbar_u32}), "r"({parity}) : "memory");')
+
+
+def cluster_arrive() -> str:
+    return 'asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");'
+
+
+def cluster_wait() -> str:
+    return 'asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");'
+
+
+# Device functions for the instructions used as expressions; emitted once at the top of a .cu.
+PRELUDE = r"""
+static __device__ __forceinline__ float kfc_shfl_bfly(float v, int lane_mask) {
+  float r; asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(lane_mask)); return r;
+}
+static __device__ __forceinline__ float kfc_ld_shared_f32(unsigned addr) {
+  float r; asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(addr) : "memory"); return r;
+}
+static __device__ __forceinline__ float kfc_rsqrt_approx(float x) {
+  float r; asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+static __device__ __forceinline__ float kfc_ex2_approx(float x) {
+  float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+static __device__ __forceinline__ float kfc_max_nan(float a, float b) {
+  float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+static __device__ __forceinline__ float kfc_min_nan(float a, float b) {
+  float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+static __device__ __forceinline__ unsigned kfc_cvt_pack_bf16(float hi, float lo) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+static __device__ __forceinline__ unsigned kfc_cvt_pack_f16(float hi, float lo) {
+  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+static __device__ __forceinline__ unsigned kfc_cluster_ctarank() {
+  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+static __device__ __forceinline__ unsigned kfc_mapa(unsigned addr, unsigned rank) {
+  unsigned r; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank)); return r;
+}
+"""

@@ -1,0 +1,162 @@
+"""`kfc compile`: an op description to CUDA C++, PTX, a cubin and a report.
+
+    spec ──specialise (all dims but the row count)──▶ pipeline (verified pass by pass)
+         ──▶ CUDA C++ with inline PTX ──nvcc/ptxas──▶ .ptx, .cubin, ptxas report ──▶ report.json
+
+The row count stays a run-time argument, so one cubin serves every number of rows; the other
+dims are fixed (from --shape, else from the check block's first shape).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from . import __version__
+from .codegen.cuda import LaunchPlan, generate_cuda
+from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
+from .diagnostics import KfcError
+from .frontend.spec import OpSpec
+from .ir.func import FuncOp
+from .ir.printer import print_ir
+from .ir.specialize import specialize
+from .ir.tile_ops import DimOp, ParallelOp
+from .passes import PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline
+from .passes.base import PassError
+from .target import Target
+
+
+@attrs.frozen
+class CompileResult:
+    op: str
+    target: Target
+    arch: str
+    pipeline: str
+    dims: dict[str, int]
+    dynamic_dims: tuple[str, ...]
+    ir: str
+    kernel: CompiledKernel
+    plan: LaunchPlan
+    report: dict[str, Any]
+
+
+def row_dims(func: FuncOp) -> list[str]:
+    """Dims that only bound the top-level row loop: they stay run-time arguments."""
+    loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
+    if len(loops) != 1 or loops[0].rank != 1:
+        return []
+    defs = {r: op for op in func.body.ops for r in op.results}
+    out = []
+    for v in loops[0].operands:
+        d = defs.get(v)
+        if isinstance(d, DimOp):
+            out.append(d.sym)
+    return out
+
+
+def op_kind(func: FuncOp) -> str:
+    from .passes.rows import find_row_loop, row_length
+
+    try:
+        loop = find_row_loop(func)
+        row_length(loop, func)
+        return "row"
+    except PassError:
+        return "other"
+
+
+def choose_dims(spec: OpSpec, shape: dict[str, int] | None) -> dict[str, int]:
+    func = spec.func
+    dims: dict[str, int] = {}
+    if spec.check is not None and spec.check.shapes:
+        dims.update(spec.check.shapes[0])
+    if shape:
+        unknown = sorted(set(shape) - set(func.symbols))
+        if unknown:
+            raise KfcError(f"--shape names {unknown[0]}, which is not a dimension of {func.sym_name}",
+                           hint=f"its dimensions are {', '.join(func.symbols) or 'none'}")
+        dims.update(shape)
+    return dims
+
+
+def ir_hash(func: FuncOp) -> str:
+    return hashlib.sha256(print_ir(func).encode()).hexdigest()[:16]
+
+
+def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape: dict[str, int] | None = None,
+               verify_each: bool = False, print_ir_after_all: bool = False, print_ir_before=(), timing: bool = False,
+               out=None) -> CompileResult:
+    started = time.perf_counter()
+    func = spec.func
+    dynamic = row_dims(func)
+    dims = choose_dims(spec, shape)
+    fixed = {k: v for k, v in dims.items() if k not in dynamic}
+    missing = [s for s in func.symbols if s not in dims and s not in dynamic]
+    if missing:
+        raise KfcError(f"no size for {', '.join(missing)}: kfc compile fixes every dim but the row count",
+                       hint=f"pass --shape {','.join(f'{m}=...' for m in missing)}")
+    special = specialize(func, fixed, partial=True)
+    kind = op_kind(special)
+    text = pipeline if pipeline is not None else default_pipeline(kind)
+    pipe = parse_pipeline(text)
+    sample = {k: min(v, 5) for k, v in dims.items() if k in dynamic}
+    ctx_kwargs = dict(target=target, check=spec.check, print_ir_after_all=print_ir_after_all, print_ir_before=frozenset(print_ir_before),
+                      timing=timing, verify_each=VerifyEach({**fixed, **sample}, spec.check) if verify_each else None)
+    if out is not None:
+        ctx_kwargs["out"] = out
+    ctx = PassContext(**ctx_kwargs)
+    t0 = time.perf_counter()
+    lowered = PassManager(pipe, ctx).run(special)
+    t_passes = time.perf_counter() - t0
+    if kind != "row":
+        raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: it is not a row program "
+                       "(one parallel loop over rows whose tiles are rows)", func.loc,
+                       "`kfc opt` still parses, verifies and lowers it; code generation covers row ops such as "
+                       "rmsnorm, layernorm and softmax")
+    code, plan = generate_cuda(lowered)
+    arch = target.name  # row kernels use no arch-specific ('a') instructions
+    t1 = time.perf_counter()
+    kernel = compile_cuda(code, arch)
+    t_nvcc = time.perf_counter() - t1
+    tc = find_toolchain()
+    report = {
+        "op": func.sym_name, "source": spec.path, "kfc_version": __version__,
+        "target": target.name, "arch": arch, "family": target.family,
+        "pipeline": str(pipe), "dims": fixed, "dynamic_dims": dynamic, "ir_hash": ir_hash(lowered),
+        "launch": {"kernel": plan.kernel, "block": plan.block, "cluster": plan.cluster,
+                   "rows_per_cta": plan.rows_per_cta, "persistent": plan.persistent, "rows": plan.rows_expr,
+                   "smem_static_bytes": plan.smem_static,
+                   "params": [attrs.asdict(p) for p in plan.params]},
+        "ptxas": attrs.asdict(kernel.report),
+        "toolchain": {"nvcc": tc.nvcc, "version": tc.version_text},
+        "seconds": {"passes": round(t_passes, 4), "nvcc_ptxas": round(t_nvcc, 3),
+                    "total": round(time.perf_counter() - started, 3)},
+        "pass_notes": [f"{p}: {m}" for p, m in ctx.notes],
+    }
+    return CompileResult(func.sym_name, target, arch, str(pipe), fixed, tuple(dynamic), print_ir(lowered), kernel,
+                         plan, report)
+
+
+def write_outputs(result: CompileResult, out_dir: Path) -> list[Path]:
+    """Write .cu, .ptx, .cubin, .kir and report.json; each file appears whole or not at all."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = result.op
+    files = {
+        f"{stem}.cu": result.kernel.cu.encode(), f"{stem}.ptx": result.kernel.ptx.encode(),
+        f"{stem}.cubin": result.kernel.cubin, f"{stem}.kir": result.ir.encode(),
+        "report.json": (json.dumps(result.report, indent=2) + "\n").encode(),
+    }
+    written = []
+    for name, data in files.items():
+        path = out_dir / name
+        tmp = path.with_name(f".{name}.tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        written.append(path)
+    return written

@@ -1,0 +1,196 @@
+"""The `gpu` dialect: how a row program maps onto the machine.
+
+`gpu.launch` replaces the row loop: same semantics (independent iterations over rows), plus the
+mapping — rows per CTA, threads per row, elements per vector access, CTAs per cluster, and
+whether the grid is persistent. Row tiles inside it carry a `#row` layout:
+
+    f32[4096] #row<threads = 256, vec = 8, cluster = 1>
+
+element j of a row lives in thread g = (j // vec) % (threads · cluster) of the row's thread
+group (g = cluster rank · threads + thread), at position ((j // vec) // (threads · cluster),
+j % vec) of that thread's registers.
+
+Reductions over a row lower into all-reduce steps on per-thread values, shape [threads ·
+cluster] with a `#lanes` layout; each step has exact numpy semantics (same order of operations
+as the generated code), so the interpreter checks the lowering bit for bit:
+
+    gpu.thread_reduce   row -> lanes: each thread reduces its own elements in index order
+    gpu.warp_reduce     xor butterfly over groups of `width` lanes: every lane gets its group's total
+    gpu.cta_reduce      one value per warp through shared memory, summed in warp order
+    gpu.cluster_reduce  one value per CTA through distributed shared memory, summed in rank order
+    gpu.uniform         lanes that all hold the same value -> that scalar
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from .core import Op, register_op
+from .dtypes import DType
+from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, _tt
+from .types import Layout, TensorType
+
+
+def row_layout(threads: int, vec: int, cluster: int) -> Layout:
+    return Layout("row", (("threads", threads), ("vec", vec), ("cluster", cluster)))
+
+
+def lanes_layout(threads: int, cluster: int) -> Layout:
+    return Layout("lanes", (("threads", threads), ("cluster", cluster)))
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class LaunchOp(Op):
+    """Rows lo..hi mapped onto a grid; the region's one argument is the row index."""
+
+    NAME: ClassVar[str] = "gpu.launch"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"loop"})
+    rows_per_cta: int = 1
+    threads: int = 128          # threads per row
+    vec: int = 8                # elements per thread per access
+    cluster: int = 1            # CTAs per row (a cluster)
+    persistent: bool = False    # a grid of about one wave that strides over the rows
+
+    @property
+    def body(self):
+        return self.regions[0]
+
+    @property
+    def block_threads(self) -> int:
+        return self.rows_per_cta * self.threads
+
+    def verify_(self) -> None:
+        _check_results(self, 0)
+        _check_operands(self, 2)
+        for v in self.operands:
+            _int_scalar(self, v, "bound")
+        if len(self.regions) != 1 or len(self.body.args) != 1:
+            raise self.error("needs one region with one argument, the row index")
+        if self.body.args[0].type != TensorType(DType.INDEX):
+            raise self.error("the row index must be index")
+        if self.threads < 1 or self.threads & (self.threads - 1):
+            raise self.error(f"threads per row must be a power of two, not {self.threads}")
+        if self.threads > 1024 or self.block_threads > 1024:
+            raise self.error(f"{self.rows_per_cta} rows x {self.threads} threads exceeds 1024 threads per CTA")
+        if self.threads < 32 and (self.block_threads % 32 or self.cluster > 1):
+            raise self.error(f"rows of {self.threads} threads must pack whole warps: rows_per_cta x threads "
+                             f"({self.block_threads}) must be a multiple of 32, in one CTA")
+        if self.vec not in (1, 2, 4, 8, 16):
+            raise self.error(f"vec must be 1, 2, 4, 8 or 16 elements, not {self.vec}")
+        if self.cluster < 1 or self.cluster > 16 or self.cluster & (self.cluster - 1):
+            raise self.error(f"cluster must be a power of two up to 16, not {self.cluster}")
+        if self.cluster > 1 and self.rows_per_cta != 1:
+            raise self.error("a row split across a cluster takes the whole CTA: rows_per_cta must be 1")
+        if self.rows_per_cta < 1:
+            raise self.error("rows_per_cta must be positive")
+
+
+class _LaneReduce(Op):
+    """Shared checks: lanes in, lanes out, same dtype."""
+
+    def _lanes(self, n_operands: int = 1):
+        _check_operands(self, n_operands)
+        _check_results(self, 1)
+        a = _tt(self, self.operands[0], "operand")
+        r = _tt(self, self.result, "result")
+        if r.rank != 1 or r.layout is None or r.layout.kind != "lanes":
+            raise self.error(f"result must be a 1-D #lanes tile, not {r}")
+        if a.dtype != r.dtype:
+            raise self.error(f"dtype changes from {a.dtype} to {r.dtype}")
+        return a, r
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ThreadReduceOp(_LaneReduce):
+    """Each thread reduces its elements in index order; with map="mul" the two operands'
+    products are summed as they are formed (acc = fma(a, b, acc))."""
+
+    NAME: ClassVar[str] = "gpu.thread_reduce"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    kind: ReduceKind = attrs.field(converter=ReduceKind)
+    map: str = ""
+
+    def verify_(self) -> None:
+        if self.map not in ("", "mul"):
+            raise self.error(f"map must be \"\" or \"mul\", not {self.map!r}")
+        if self.map == "mul" and self.kind is not ReduceKind.SUM:
+            raise self.error("a fused product only feeds a sum")
+        a, r = self._lanes(2 if self.map else 1)
+        if self.map and self.operands[1].type != a:
+            raise self.error(f"the product's operands differ: {a} and {self.operands[1].type}")
+        if a.rank != 1 or a.layout is None or a.layout.kind != "row":
+            raise self.error(f"operand must be a 1-D #row tile, not {a}")
+        p = a.layout.get("threads") * a.layout.get("cluster")
+        if r.shape != (p,) or r.layout != lanes_layout(a.layout.get("threads"), a.layout.get("cluster")):
+            raise self.error(f"result must be {a.dtype}[{p}] with the row's lanes layout")
+        if self.kind is ReduceKind.MEAN:
+            raise self.error("lower mean to sum and a multiply first")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class WarpReduceOp(_LaneReduce):
+    NAME: ClassVar[str] = "gpu.warp_reduce"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    kind: ReduceKind = attrs.field(converter=ReduceKind)
+    width: int = 32
+
+    def verify_(self) -> None:
+        a, r = self._lanes()
+        if a != r:
+            raise self.error(f"keeps its type: {a} became {r}")
+        if self.width not in (2, 4, 8, 16, 32):
+            raise self.error(f"width must be 2..32 and a power of two, not {self.width}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class CtaReduceOp(_LaneReduce):
+    NAME: ClassVar[str] = "gpu.cta_reduce"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    kind: ReduceKind = attrs.field(converter=ReduceKind)
+
+    def verify_(self) -> None:
+        a, r = self._lanes()
+        if a != r:
+            raise self.error(f"keeps its type: {a} became {r}")
+        if a.layout.get("threads") <= 32:
+            raise self.error("a row of at most 32 threads needs no CTA step")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ClusterReduceOp(_LaneReduce):
+    NAME: ClassVar[str] = "gpu.cluster_reduce"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    kind: ReduceKind = attrs.field(converter=ReduceKind)
+
+    def verify_(self) -> None:
+        a, r = self._lanes()
+        if a != r:
+            raise self.error(f"keeps its type: {a} became {r}")
+        if a.layout.get("cluster") <= 1:
+            raise self.error("a row held by one CTA needs no cluster step")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class UniformOp(Op):
+    """Lanes that all hold one value, as that scalar."""
+
+    NAME: ClassVar[str] = "gpu.uniform"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 1)
+        a = _tt(self, self.operands[0], "operand")
+        r = _tt(self, self.result, "result")
+        if a.layout is None or a.layout.kind != "lanes":
+            raise self.error(f"operand must be a #lanes tile, not {a}")
+        if r != TensorType(a.dtype):
+            raise self.error(f"result must be the scalar {a.dtype}, not {r}")

@@ -1,0 +1,19 @@
+"""Passes over the IR: one module per pass, registered by name for pipeline strings."""
+
+from . import canonicalize, cse, dce, lower_ptx, lower_reductions, tile  # noqa: F401 - registration
+from .base import PASSES, Pass, PassError, register_pass
+from .manager import PassContext, PassManager, VerifyEach
+from .pipeline import Pipeline, parse_pipeline
+
+ROW_PIPELINE = ("canonicalize,cse,dce,tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce")
+
+
+def default_pipeline(kind: str) -> str:
+    """The pipeline `kfc compile` uses when -p is not given, by kind of op."""
+    if kind == "row":
+        return ROW_PIPELINE
+    return "canonicalize,cse,dce"
+
+
+__all__ = ["PASSES", "Pass", "PassError", "register_pass", "PassContext", "PassManager", "VerifyEach", "Pipeline",
+           "parse_pipeline", "default_pipeline", "ROW_PIPELINE"]

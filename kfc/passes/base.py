@@ -1,0 +1,124 @@
+"""What a pass is: a frozen attrs class whose fields are its typed options.
+
+    @register_pass
+    @attrs.frozen
+    class Tile(Pass):
+        NAME = "tile"
+        SUMMARY = "map the row loop onto CTAs, threads and vectors"
+        REQUIRES = frozenset()            # target features, e.g. {"cluster"}
+        rows: int = 1
+        def run(self, func, ctx): ...      # returns a new FuncOp
+
+Options print and parse losslessly as `tile{rows=2,vec=8}`; only options that differ from their
+default are printed.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from ..diagnostics import KfcError
+from ..ir.func import FuncOp
+
+if TYPE_CHECKING:
+    from .manager import PassContext
+
+PASSES: dict[str, type["Pass"]] = {}
+
+
+def register_pass(cls: type["Pass"]) -> type["Pass"]:
+    if cls.NAME in PASSES:
+        raise ValueError(f"pass {cls.NAME} registered twice")
+    PASSES[cls.NAME] = cls
+    return cls
+
+
+class PassError(KfcError):
+    """A pass cannot apply (wrong IR, wrong target, bad options)."""
+
+
+@attrs.frozen
+class Pass:
+    NAME: ClassVar[str] = ""
+    SUMMARY: ClassVar[str] = ""
+    REQUIRES: ClassVar[frozenset[str]] = frozenset()
+
+    def run(self, func: FuncOp, ctx: "PassContext") -> FuncOp:
+        raise NotImplementedError(f"pass {self.NAME} does not implement run()")
+
+    def required_features(self) -> frozenset[str]:
+        """Target features this pass needs with these options (some depend on an option)."""
+        return self.REQUIRES
+
+    # --- options ----------------------------------------------------------------------------
+    @classmethod
+    def option_fields(cls) -> list[attrs.Attribute]:
+        return list(attrs.fields(cls))
+
+    def options(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in self.option_fields()}
+
+    def non_default_options(self) -> dict[str, Any]:
+        out = {}
+        for f in self.option_fields():
+            v = getattr(self, f.name)
+            if f.default is attrs.NOTHING or v != f.default:
+                out[f.name] = v
+        return out
+
+    def __str__(self) -> str:
+        opts = self.non_default_options()
+        if not opts:
+            return self.NAME
+        return self.NAME + "{" + ",".join(f"{k}={format_option(v)}" for k, v in opts.items()) + "}"
+
+    @classmethod
+    def describe_options(cls) -> str:
+        parts = []
+        for f in cls.option_fields():
+            default = "" if f.default is attrs.NOTHING else f"={format_option(f.default)}"
+            parts.append(f"{f.name}: {_type_name(f.type)}{default}")
+        return ", ".join(parts)
+
+
+def format_option(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, enum.Enum):
+        return str(v.value)
+    return str(v)
+
+
+def _type_name(t) -> str:
+    return getattr(t, "__name__", str(t))
+
+
+def convert_option(cls: type[Pass], name: str, text: str):
+    """Turn an option's text into its field's type, or raise PassError saying what is allowed."""
+    field = {f.name: f for f in attrs.fields(cls)}.get(name)
+    if field is None:
+        known = ", ".join(f.name for f in attrs.fields(cls)) or "none"
+        raise PassError(f"pass {cls.NAME} has no option {name!r}", hint=f"its options are: {known}")
+    t = field.type
+    if isinstance(t, str):  # postponed annotations
+        t = {"int": int, "bool": bool, "str": str, "float": float}.get(t, t)
+    try:
+        if t is bool:
+            if text not in ("true", "false"):
+                raise ValueError("expected true or false")
+            value = text == "true"
+        elif t is int:
+            value = int(text)
+        elif t is float:
+            value = float(text)
+        elif isinstance(t, type) and issubclass(t, enum.Enum):
+            value = t(text)
+        else:
+            value = text
+    except ValueError as e:
+        allowed = f" ({', '.join(m.value for m in t)})" if isinstance(t, type) and issubclass(t, enum.Enum) else ""
+        raise PassError(f"bad value {text!r} for {cls.NAME}'s option {name} ({_type_name(t)}){allowed}: {e}") from None
+    return value

@@ -1,0 +1,60 @@
+"""cse: a pure op equal to one already computed in scope (same op, operands, attributes and
+result types) is replaced by the earlier result. Scopes follow regions: an op inside a loop may
+reuse a value from outside it, never the other way round."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from ..ir.core import Block, Op
+from ..ir.func import FuncOp
+from ..ir.rewrite import ValueMap
+from .base import Pass, register_pass
+
+
+def _key(op: Op):
+    try:
+        attrs_key = tuple(sorted(op.attributes().items()))
+        hash(attrs_key)
+    except TypeError:
+        return None
+    if any(isinstance(v, float) and v != v for _, v in attrs_key):  # NaN != NaN
+        return None
+    return (op.NAME, tuple(id(v) for v in op.operands), attrs_key, tuple(r.type for r in op.results))
+
+
+@register_pass
+@attrs.frozen
+class CSE(Pass):
+    NAME: ClassVar[str] = "cse"
+    SUMMARY: ClassVar[str] = "reuse identical pure computations"
+
+    def run(self, func: FuncOp, ctx) -> FuncOp:
+        vmap = ValueMap()
+        removed = 0
+
+        def block(b: Block, scopes: list[dict]) -> Block:
+            nonlocal removed
+            table: dict = {}
+            scopes = scopes + [table]
+            out = []
+            for op in b.ops:
+                op = attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
+                                  regions=tuple(block(r, scopes) for r in op.regions)) if (op.operands or op.regions) else op
+                if op.has_trait("pure") and not op.regions and op.results:
+                    key = _key(op)
+                    if key is not None:
+                        prior = next((s[key] for s in reversed(scopes) if key in s), None)
+                        if prior is not None:
+                            vmap.map_all(op.results, prior.results)
+                            removed += 1
+                            continue
+                        table[key] = op
+                out.append(op)
+            return Block(b.args, tuple(out))
+
+        new = attrs.evolve(func, regions=(block(func.body, []),))
+        ctx.note(self, f"{removed} duplicate op(s) removed")
+        return new

@@ -1,0 +1,125 @@
+"""lower-ptx: refine tile ops in a mapped row program into PTX instruction families.
+
+- loads and stores become vector `ptx.ld` / `ptx.st` of up to 16 bytes per access, with a
+  cache hint: rows that stream through once (they move with the row index) take `stream`,
+  data every row re-reads (a weight vector) keeps the default so it stays in L1;
+- with `approx` (on when every floating-point output tolerates 1e-5 relative error, the
+  approximate instructions' error being about 2^-22), f32 rsqrt and exp become
+  rsqrt.approx and ex2.approx (exp(x) = 2^(x·log2 e));
+- f32 row tiles rounded to bf16/f16 become packed conversions (two per instruction).
+
+Options: approx = auto | on | off; stream = the cache hint for streaming loads (cs, nc_na, lu,
+or none); store = the cache hint for stores.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import attrs
+
+from ..ir.core import Value
+from ..ir.dtypes import DType
+from ..ir.gpu_ops import LaunchOp
+from ..ir.ptx_ops import CACHE_HINTS, CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
+from ..ir.rewrite import ValueMap, rebuild_block
+from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, CastOp, ConstOp, LoadOp, StoreOp
+from ..ir.types import TensorType
+from .base import Pass, PassError, register_pass
+from .rows import find_row_loop
+
+APPROX_MIN_TOLERANCE = 1e-5
+
+
+def _hint(name: str, text: str) -> str:
+    v = "" if text == "none" else text
+    if v not in CACHE_HINTS:
+        raise PassError(f"lower-ptx: {name}={text!r} is not a cache hint",
+                        hint="use one of none, " + ", ".join(h for h in CACHE_HINTS if h))
+    return v
+
+
+@register_pass
+@attrs.frozen
+class LowerPtx(Pass):
+    NAME: ClassVar[str] = "lower-ptx"
+    SUMMARY: ClassVar[str] = "vector ld/st with cache hints, approximate rsqrt/exp, packed conversions"
+    approx: str = "auto"
+    stream: str = "nc_na"
+    store: str = "none"
+
+    def run(self, func, ctx):
+        if self.approx not in ("auto", "on", "off"):
+            raise PassError(f"lower-ptx: approx must be auto, on or off, not {self.approx!r}")
+        stream, store_hint = _hint("stream", self.stream), _hint("store", self.store)
+        approx = self.approx == "on" or (self.approx == "auto" and ctx_tolerance(ctx, func) >= APPROX_MIN_TOLERANCE)
+        launch = find_row_loop(func, LaunchOp)
+        row_values = _row_dependent(launch)
+        counts = {"ld": 0, "st": 0, "approx": 0, "cvt": 0}
+
+        def access_vec(t: TensorType, tile: TensorType) -> int:
+            if tile.rank == 0 or tile.layout is None:
+                return 1
+            return max(1, min(tile.layout.get("vec"), 16 // t.dtype.itemsize))
+
+        def transform(op, vmap: ValueMap):
+            if isinstance(op, LoadOp) and not isinstance(op, LdOp):
+                moves = any(v in row_values for v in op.operands[1:])
+                counts["ld"] += 1
+                return [LdOp(operands=op.operands, results=op.results, loc=op.loc, index=op.index, other=op.other,
+                             vec=access_vec(op.operands[0].ttype, op.result.ttype), cache=stream if moves else "")]
+            if isinstance(op, StoreOp) and not isinstance(op, StOp):
+                counts["st"] += 1
+                return [StOp(operands=op.operands, results=(), loc=op.loc, index=op.index,
+                             vec=access_vec(op.operands[1].ttype, op.operands[0].ttype), cache=store_hint)]
+            t = op.results[0].type if op.results else None
+            f32 = isinstance(t, TensorType) and t.dtype is DType.F32
+            if approx and f32 and isinstance(op, UNARY_CLASSES["rsqrt"]):
+                counts["approx"] += 1
+                return [RsqrtApproxOp(operands=op.operands, results=op.results, loc=op.loc)]
+            if approx and f32 and isinstance(op, UNARY_CLASSES["exp"]):
+                counts["approx"] += 1
+                x = op.operands[0]
+                c = ConstOp(operands=(), results=(Value(TensorType(DType.F32)),), loc=op.loc, value=math.log2(math.e))
+                ops = [c]
+                scale = c.result
+                if x.ttype.rank:
+                    from ..ir.tile_ops import BroadcastOp
+
+                    b = BroadcastOp(operands=(scale,), results=(Value(x.type),), loc=op.loc)
+                    ops.append(b)
+                    scale = b.result
+                m = BINARY_CLASSES["mul"](operands=(x, scale), results=(Value(x.type),), loc=op.loc)
+                e = Ex2ApproxOp(operands=(m.result,), results=op.results, loc=op.loc)
+                return ops + [m, e]
+            if (isinstance(op, CastOp) and not isinstance(op, CvtPackOp) and op.result.ttype.rank == 1
+                    and op.operands[0].ttype.dtype is DType.F32 and op.result.ttype.dtype in (DType.BF16, DType.F16)):
+                counts["cvt"] += 1
+                return [CvtPackOp(operands=op.operands, results=op.results, loc=op.loc)]
+            return None
+
+        body = rebuild_block(launch.body, ValueMap(), transform)
+        new_launch = attrs.evolve(launch, regions=(body,))
+        ops = tuple(new_launch if o is launch else o for o in func.body.ops)
+        ctx.note(self, f"{counts['ld']} loads, {counts['st']} stores, {counts['approx']} approximate functions"
+                       f"{'' if approx else ' (approx off)'}, {counts['cvt']} packed conversions")
+        return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
+
+
+def ctx_tolerance(ctx, func) -> float:
+    """The smallest relative tolerance any floating-point output is checked with."""
+    from ..frontend.spec import CheckSpec
+
+    check = getattr(ctx, "check", None) or CheckSpec()
+    tols = [check.tolerance_for(str(v.ttype.dtype)) for v in func.outputs if v.ttype.dtype.is_float]
+    return min(tols) if tols else 1.0
+
+
+def _row_dependent(launch: LaunchOp) -> set:
+    """Values computed from the row index."""
+    dep = {launch.body.args[0]}
+    for op in launch.body.ops:
+        if any(v in dep for v in op.operands):
+            dep.update(op.results)
+    return dep

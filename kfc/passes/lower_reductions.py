@@ -1,0 +1,111 @@
+"""lower-reductions: a reduction over a `#row` tile becomes a tree of all-reduce steps —
+each thread over its own elements, a shuffle butterfly inside each warp, shared memory across
+the warps of a row, distributed shared memory across the CTAs of a cluster — ending in a
+scalar every thread holds. A mean becomes a sum times 1/N."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from ..ir.dtypes import DType
+from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp, lanes_layout
+from ..ir.rewrite import ValueMap, rebuild_block
+from ..ir.tile_ops import BINARY_CLASSES, ConstOp, ReduceKind, ReduceOp
+from ..ir.types import TensorType
+from .base import Pass, register_pass
+from .rows import find_row_loop
+
+
+@register_pass
+@attrs.frozen
+class LowerReductions(Pass):
+    NAME: ClassVar[str] = "lower-reductions"
+    SUMMARY: ClassVar[str] = "row reductions to thread, warp-shuffle, shared-memory and cluster steps"
+
+    def required_features(self) -> frozenset[str]:
+        return frozenset()
+
+    def run(self, func, ctx):
+        launch = find_row_loop(func, LaunchOp)
+        count = 0
+
+        def transform(op, vmap: ValueMap):
+            nonlocal count
+            if not isinstance(op, ReduceOp):
+                return None
+            src = op.operands[0].ttype
+            layout = src.layout
+            if layout is None or layout.kind != "row":
+                return None
+            t, c, n = layout.get("threads"), layout.get("cluster"), src.shape[0]
+            kind = ReduceKind.SUM if op.kind is ReduceKind.MEAN else op.kind
+            lanes = TensorType(src.dtype, (t * c,), layout=lanes_layout(t, c))
+            out = []
+
+            def make(cls, operand, result_type, **kw):
+                new = cls(operands=(operand,), results=(type(operand)(result_type),), loc=op.loc, **kw)
+                out.append(new)
+                return new.result
+
+            v = make(ThreadReduceOp, op.operands[0], lanes, kind=kind)
+            if t > 1:
+                v = make(WarpReduceOp, v, lanes, kind=kind, width=min(32, t))
+            if t > 32:
+                v = make(CtaReduceOp, v, lanes, kind=kind)
+            if c > 1:
+                v = make(ClusterReduceOp, v, lanes, kind=kind)
+            scalar = TensorType(src.dtype)
+            v = make(UniformOp, v, scalar)
+            if op.kind is ReduceKind.MEAN:
+                inv = ConstOp(operands=(), results=(type(v)(scalar),), loc=op.loc, value=1.0 / n)
+                mul = BINARY_CLASSES["mul"](operands=(v, inv.result), results=(type(v)(scalar, op.result.name),),
+                                            loc=op.loc)
+                out += [inv, mul]
+                v = mul.result
+            vmap.map(op.result, v)
+            count += 1
+            return out
+
+        body = rebuild_block(launch.body, ValueMap(), transform)
+        new_launch = attrs.evolve(launch, regions=(body,))
+        ops = tuple(new_launch if o is launch else o for o in func.body.ops)
+        ctx.note(self, f"{count} reduction(s) lowered")
+        return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
+
+
+@register_pass
+@attrs.frozen
+class FuseReductions(Pass):
+    """fuse-reductions: the elementwise product feeding a per-thread sum is folded into it
+    (acc = fma(a, b, acc)), so the product is never materialised."""
+
+    NAME: ClassVar[str] = "fuse-reductions"
+    SUMMARY: ClassVar[str] = "fold a product into the per-thread sum that consumes it (fma)"
+
+    def run(self, func, ctx):
+        from ..ir.rewrite import defining_ops, uses
+
+        launch = find_row_loop(func, LaunchOp)
+        defs = defining_ops(func)
+        counts = uses(func)
+        fused = 0
+
+        def transform(op, vmap: ValueMap):
+            nonlocal fused
+            if not isinstance(op, ThreadReduceOp) or op.kind is not ReduceKind.SUM or op.map != "":
+                return None
+            prod = defs.get(op.operands[0])
+            if prod is None or prod.NAME != "tile.mul" or counts.get(op.operands[0], 0) != 1:
+                return None
+            if op.operands[0].ttype.dtype is not DType.F32:
+                return None
+            fused += 1
+            return [attrs.evolve(op, operands=tuple(vmap[v] for v in prod.operands), map="mul")]
+
+        body = rebuild_block(launch.body, ValueMap(), transform)
+        new_launch = attrs.evolve(launch, regions=(body,))
+        ops = tuple(new_launch if o is launch else o for o in func.body.ops)
+        ctx.note(self, f"{fused} product(s) fused into reductions")
+        return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))

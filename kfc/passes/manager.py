@@ -1,0 +1,165 @@
+"""Running a pipeline: target gating, the verifier after every pass, `--verify-each`
+(the interpreter before and after each pass on the same random inputs), IR printing, per-pass
+timing, and a dump folder (KFC_DUMP_DIR)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+import numpy as np
+
+from ..diagnostics import KfcError, VerifyError
+from ..ir.func import FuncOp
+from ..ir.printer import print_ir
+from ..ir.verifier import verify
+from ..target import Target
+from .base import Pass, PassError
+from .pipeline import Pipeline
+
+
+@attrs.define
+class VerifyEach:
+    """What --verify-each runs the IR on: dims to specialise symbols to, the check block's
+    input generators and tolerances, and seeds."""
+
+    dims: dict[str, int]
+    check: Any = None  # a CheckSpec, or None for the defaults
+    seeds: tuple[int, ...] = (0,)
+
+
+@attrs.define
+class PassContext:
+    target: Target
+    check: Any = None  # the op's CheckSpec: passes read its tolerances
+    verify_each: VerifyEach | None = None
+    print_ir_after_all: bool = False
+    print_ir_before: frozenset[str] = frozenset()
+    print_ir_after: frozenset[str] = frozenset()
+    timing: bool = False
+    dump_dir: Path | None = None
+    out: TextIO = attrs.field(factory=lambda: sys.stderr)
+    notes: list[tuple[str, str]] = attrs.Factory(list)
+    timings: list[tuple[str, float]] = attrs.Factory(list)
+    stats: dict[str, Any] = attrs.Factory(dict)
+
+    def note(self, p: Pass, message: str, stats: Any = None) -> None:
+        self.notes.append((str(p), message))
+        if stats is not None:
+            self.stats[str(p)] = stats
+
+
+class PassManager:
+    def __init__(self, pipeline: Pipeline, ctx: PassContext) -> None:
+        self.pipeline = pipeline
+        self.ctx = ctx
+        if ctx.dump_dir is None and os.environ.get("KFC_DUMP_DIR"):
+            ctx.dump_dir = Path(os.environ["KFC_DUMP_DIR"])
+
+    def check_target(self) -> None:
+        """Arch gating, before any pass runs: fail early with what to do instead."""
+        t = self.ctx.target
+        for p in self.pipeline:
+            missing = sorted(f for f in p.required_features() if not t.has(f))
+            if missing:
+                raise PassError(f"pass {p.NAME} needs {', '.join(missing)}, which {t} ({t.family}) does not have",
+                                hint=_gating_hint(missing[0], t))
+
+    def run(self, func: FuncOp) -> FuncOp:
+        self.check_target()
+        self._dump(0, "input", func)
+        for i, p in enumerate(self.pipeline, start=1):
+            if p.NAME in self.ctx.print_ir_before:
+                self._print(f"IR before {p}", func)
+            started = time.perf_counter()
+            try:
+                new = p.run(func, self.ctx)
+            except KfcError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a crashing pass is named, with its input dumped
+                raise PassError(f"pass {p} failed: {type(e).__name__}: {e}", func.loc,
+                                "rerun with KFC_DEBUG=1 for the traceback; KFC_DUMP_DIR keeps the IR it got") from e
+            self.ctx.timings.append((str(p), time.perf_counter() - started))
+            try:
+                verify(new)
+            except VerifyError as e:
+                raise VerifyError(f"after pass {p}: {e.message}", e.span,
+                                  e.hint or f"the pass {p.NAME} produced invalid IR; this is a bug in the pass") from None
+            if self.ctx.verify_each is not None:
+                self._verify_semantics(p, func, new)
+            self._dump(i, p.NAME, new)
+            if self.ctx.print_ir_after_all or p.NAME in self.ctx.print_ir_after:
+                self._print(f"IR after {p}", new)
+            func = new
+        if self.ctx.timing:
+            total = sum(t for _, t in self.ctx.timings)
+            print("pass timing:", file=self.ctx.out)
+            for name, t in self.ctx.timings:
+                print(f"  {t * 1e3:8.2f} ms  {name}", file=self.ctx.out)
+            print(f"  {total * 1e3:8.2f} ms  total", file=self.ctx.out)
+        return func
+
+    # --- --verify-each ------------------------------------------------------------------------
+    def _verify_semantics(self, p: Pass, before: FuncOp, after: FuncOp) -> None:
+        from ..check.runner import compare, draw_inputs
+        from ..frontend.spec import CheckSpec
+        from ..ir.interpreter import run_tracked
+
+        ve = self.ctx.verify_each
+        check = ve.check or CheckSpec()
+        dims = {k: v for k, v in ve.dims.items() if k in set(before.symbols) | set(after.symbols)}
+        for seed in ve.seeds:
+            args = draw_inputs(before, check, {**ve.dims, **dims}, np.random.default_rng(seed))
+            ref, _ = run_tracked(before, {k: _copy(v) for k, v in args.items()}, dims)
+            got, writers = run_tracked(after, {k: _copy(v) for k, v in args.items()}, dims)
+            for out in after.outputs:
+                tol = check.tolerance_for(str(out.ttype.dtype))
+                a, b = got[out.name], ref[out.name].astype(np.float64)
+                _, rel, ok, note = compare(a, b, tol)
+                if ok:
+                    continue
+                diff = ~np.isclose(a.astype(np.float64), b, rtol=max(tol, 1e-12), atol=max(tol, 1e-12), equal_nan=True)
+                where = tuple(int(i) for i in np.argwhere(diff)[0]) if diff.any() else ()
+                writer = writers[out.name][where] if where else None
+                who = ("an element no op wrote" if writer is None or writer < 0 else None)
+                span = None
+                if who is None:
+                    op = writers["__ops__"][writer]
+                    who = f"{op.NAME}"
+                    span = op.loc
+                before_v = b[where] if where else float("nan")
+                after_v = a[where] if where else float("nan")
+                raise PassError(
+                    f"pass {p} changed the results: output {out.name} differs at {list(where)} "
+                    f"({before_v:.6g} before, {after_v:.6g} after; {note or f'relative RMSE {rel:.3g}'}), "
+                    f"written by {who}" + (f" at {span}" if span is not None else ""),
+                    span, f"the pass {p.NAME} is wrong for this IR; run with KFC_DUMP_DIR to compare the IR "
+                          "before and after it")
+
+    # --- output -------------------------------------------------------------------------------
+    def _print(self, title: str, func: FuncOp) -> None:
+        print(f"// ----- {title} -----", file=self.ctx.out)
+        self.ctx.out.write(print_ir(func))
+
+    def _dump(self, index: int, name: str, func: FuncOp) -> None:
+        if self.ctx.dump_dir is None:
+            return
+        d = Path(self.ctx.dump_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{index:02d}-{name}.kir").write_text(print_ir(func))
+
+
+def _copy(v):
+    return v.copy() if isinstance(v, np.ndarray) else v
+
+
+def _gating_hint(feature: str, t: Target) -> str:
+    if feature == "wgmma":
+        return "wgmma is Hopper-only (sm_90a); on Blackwell (sm_100a) use the tcgen05 passes"
+    if feature == "tcgen05":
+        return "tcgen05 is Blackwell-only (sm_100a); on Hopper (sm_90a) use the wgmma passes"
+    return f"choose a newer target (--target sm_90a or sm_100a), or drop the pass that needs {feature}"

@@ -1,0 +1,77 @@
+"""Recognising a row program: the shape of IR the row passes (tile, lower-reductions,
+lower-ptx) and the row code generator accept.
+
+A row program's function body holds scalar setup ops and one 1-D `tile.parallel` (or, after
+`tile`, one `gpu.launch`) over rows. Inside, values are scalars or tiles of one row length N;
+loads and stores address a row of a tensor (`x[m, :]`), a whole 1-D tensor (`w[:]`), or a
+scalar; reductions run over the row.
+"""
+
+from __future__ import annotations
+
+from ..diagnostics import Span
+from ..ir.core import Op
+from ..ir.func import FuncOp
+from ..ir.gpu_ops import LaunchOp
+from ..ir.tile_ops import (
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, LoadOp, ParallelOp, ReduceOp, StoreOp, UnaryOp, WhereOp,
+)
+from ..ir.types import TensorType
+from .base import PassError
+
+ROW_OPS = (ConstOp, DimOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, LoadOp, StoreOp)
+
+
+def find_row_loop(func: FuncOp, kind=ParallelOp) -> Op:
+    loops = [op for op in func.body.ops if isinstance(op, (ParallelOp, LaunchOp))]
+    nested = [op for op in func.walk() if isinstance(op, (ParallelOp, LaunchOp)) and op not in loops]
+    if len(loops) != 1 or nested:
+        raise PassError(f"{func.sym_name} is not a row program: it needs exactly one parallel loop over rows "
+                        f"at the top level (found {len(loops)}{' and nested ones' if nested else ''})", func.loc,
+                        "the row passes handle ops like rmsnorm, layernorm and softmax")
+    loop = loops[0]
+    if not isinstance(loop, kind):
+        raise PassError(f"expected a {kind.NAME} over rows, found {loop.NAME}", loop.loc,
+                        "run tile once, before lower-reductions and lower-ptx")
+    if isinstance(loop, ParallelOp) and loop.rank != 1:
+        raise PassError(f"the parallel loop runs over {loop.rank} indices; a row program has one (the row)",
+                        loop.loc, "fuse the indices into one row index, or use another pipeline")
+    return loop
+
+
+def row_length(loop: Op, func: FuncOp) -> int:
+    """The one row length of every rank-1 tile in the loop body; checks the body's ops."""
+    lengths: dict[int, Span | None] = {}
+    for op in loop.body.ops:
+        if op.regions:
+            raise PassError(f"{op.NAME} inside the row loop: row programs are straight-line", op.loc,
+                            "the row passes do not handle nested loops yet")
+        if not isinstance(op, ROW_OPS) and not op.NAME.startswith(("gpu.", "ptx.")):
+            raise PassError(f"{op.NAME} is not supported in a row program", op.loc)
+        for v in op.results:
+            t = v.type
+            if not isinstance(t, TensorType) or t.layout is not None and t.layout.kind == "lanes":
+                continue
+            if t.rank > 1:
+                raise PassError(f"{op.NAME} makes a rank-{t.rank} tile {t}; a row program's tiles are rows",
+                                op.loc, "the row passes handle tiles of rank 0 and 1")
+            if t.rank == 1:
+                n = t.shape[0]
+                if not isinstance(n, int):
+                    raise PassError(f"the row length {n} is symbolic; the row passes need it fixed", op.loc,
+                                    f"specialise it, e.g. kfc compile --shape {n}=4096")
+                lengths.setdefault(n, op.loc)
+        if isinstance(op, ReduceOp) and (op.operands[0].ttype.rank != 1 or op.keepdims):
+            raise PassError("row programs reduce a whole row to a scalar", op.loc)
+    if len(lengths) > 1:
+        a, b = sorted(lengths)[:2]
+        raise PassError(f"tiles of two row lengths ({a} and {b}) in one row program", lengths[b])
+    if not lengths:
+        raise PassError("the row loop holds no row tile", loop.loc)
+    return next(iter(lengths))
+
+
+def is_row_dependent(op: Op, row_index) -> bool:
+    """Whether a load or store addresses something that moves with the row."""
+    idx = op.operands[1:] if isinstance(op, LoadOp) else op.operands[2:]
+    return any(v is row_index for v in idx)

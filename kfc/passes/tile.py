@@ -1,0 +1,117 @@
+"""tile: map a row program's parallel loop onto the GPU.
+
+Options (0 means: choose from the row length and dtypes):
+  rows        rows per CTA (each row gets `threads` threads; a CTA has rows · threads threads)
+  threads     threads per row, a power of two
+  vec         elements per thread per access (16-byte accesses for the narrowest dtype at 8 x bf16)
+  cluster     CTAs per row, joined in a thread-block cluster (sm_90+); long rows need it to fit
+              in registers
+  persistent  a grid of about one wave of CTAs striding over the rows, instead of one CTA per
+              row batch
+
+The loop becomes a `gpu.launch` with those numbers and every row tile gets the `#row` layout.
+Semantics do not change.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import attrs
+
+from ..ir.core import Block, Value
+from ..ir.func import FuncOp
+from ..ir.gpu_ops import LaunchOp, row_layout
+from ..ir.rewrite import ValueMap
+from ..ir.tile_ops import LoadOp, StoreOp
+from ..ir.types import MemSpace, TensorType
+from .base import Pass, PassError, register_pass
+from .rows import find_row_loop, row_length
+
+# elements a thread should hold per row tile: enough independent 16-byte loads in flight,
+# few enough registers that 1024-thread CTAs do not spill
+ELEMS_PER_THREAD = 16
+BLOCK_THREADS = 256
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(x, 1))))
+
+
+def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster: int, has_cluster: bool):
+    """Fill in the options left at 0."""
+    if vec == 0:
+        vec = max(1, 16 // min_itemsize)
+        while n % vec:
+            vec //= 2
+    if cluster == 0:
+        cluster = 1
+        if has_cluster:
+            cluster = min(8, _pow2_ceil(math.ceil(n / (1024 * ELEMS_PER_THREAD))))
+    if threads == 0:
+        per_cta = math.ceil(n / cluster)
+        threads = min(1024, _pow2_ceil(math.ceil(per_cta / max(ELEMS_PER_THREAD, vec))))
+        threads = max(threads, 1)
+    if rows == 0:
+        rows = 1 if cluster > 1 else max(1, BLOCK_THREADS // threads)
+    return rows, threads, vec, cluster
+
+
+@register_pass
+@attrs.frozen
+class Tile(Pass):
+    NAME: ClassVar[str] = "tile"
+    SUMMARY: ClassVar[str] = "map the row loop onto CTAs, threads, vectors and clusters"
+    rows: int = 0
+    threads: int = 0
+    vec: int = 0
+    cluster: int = 0
+    persistent: bool = False
+
+    def required_features(self) -> frozenset[str]:
+        return frozenset({"cluster", "dsmem", "mbarrier"}) if self.cluster > 1 else frozenset()
+
+    def run(self, func: FuncOp, ctx) -> FuncOp:
+        loop = find_row_loop(func)
+        n = row_length(loop, func)
+        tensors = [op.operands[0] if isinstance(op, LoadOp) else op.operands[1]
+                   for op in loop.body.ops if isinstance(op, (LoadOp, StoreOp))]
+        itemsizes = [t.ttype.dtype.itemsize for t in tensors if t.ttype.rank >= 1] or [4]
+        rows, threads, vec, cluster = choose(n, min(itemsizes), self.rows, self.threads, self.vec, self.cluster,
+                                             ctx.target.has("cluster"))
+        for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
+            if value < 1 or value & (value - 1) and name != "rows":
+                raise PassError(f"tile: {name}={value} must be a positive power of two")
+        if n % vec:
+            raise PassError(f"tile: vec={vec} does not divide the row length {n}",
+                            hint=f"choose a vec that divides {n} (vec=1 always does), or leave it to tile")
+        if cluster > 1 and not ctx.target.has("cluster"):
+            raise PassError(f"tile: cluster={cluster} needs thread-block clusters, which {ctx.target} lacks")
+        layout = row_layout(threads, vec, cluster)
+        vmap = ValueMap()
+
+        def retype(v: Value) -> Value:
+            t = v.type
+            if isinstance(t, TensorType) and t.space is MemSpace.REG and t.rank == 1:
+                nv = Value(attrs.evolve(t, layout=layout), v.name)
+                vmap.map(v, nv)
+                return nv
+            return v
+
+        row = Value(loop.body.args[0].type, loop.body.args[0].name)
+        vmap.map(loop.body.args[0], row)
+        body = []
+        for op in loop.body.ops:
+            body.append(attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
+                                     results=tuple(retype(r) for r in op.results)))
+        try:
+            launch = LaunchOp(operands=loop.operands, regions=(Block((row,), tuple(body)),), loc=loop.loc,
+                              rows_per_cta=rows, threads=threads, vec=vec, cluster=cluster, persistent=self.persistent)
+            launch.verify_()
+        except Exception as e:
+            raise PassError(f"tile: {getattr(e, 'message', e)}", loop.loc) from None
+        ops = tuple(launch if op is loop else op for op in func.body.ops)
+        ctx.note(self, f"row {n}: {rows} row(s)/CTA x {threads} threads, vec {vec}, cluster {cluster}"
+                       f"{', persistent' if self.persistent else ''}")
+        return attrs.evolve(func, regions=(Block(func.body.args, ops),))

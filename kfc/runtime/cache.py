@@ -1,0 +1,53 @@
+"""The on-disk JIT cache: compiled kernels keyed by everything that decides the binary — the
+op's IR, the pipeline, the target, the fixed dims, the toolchain and kfc versions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("KFC_CACHE_DIR")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfc"
+
+
+def cache_key(ir_text: str, pipeline: str, target: str, dims: dict[str, int], toolchain: str) -> str:
+    doc = json.dumps({"ir": ir_text, "pipeline": pipeline, "target": target, "dims": sorted(dims.items()),
+                      "toolchain": toolchain, "kfc": __version__}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:24]
+
+
+def lookup(key: str) -> tuple[bytes, dict[str, Any]] | None:
+    d = cache_dir() / key
+    try:
+        return (d / "kernel.cubin").read_bytes(), json.loads((d / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def store(key: str, cubin: bytes, report: dict[str, Any]) -> None:
+    """Write the entry into a temporary folder and rename it into place: readers see a whole
+    entry or none, and two processes compiling the same kernel do not collide."""
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    try:
+        (tmp / "kernel.cubin").write_bytes(cubin)
+        (tmp / "report.json").write_text(json.dumps(report, indent=2))
+        try:
+            os.replace(tmp, root / key)
+        except OSError:  # another process stored it first
+            pass
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

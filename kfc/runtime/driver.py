@@ -1,0 +1,106 @@
+"""The CUDA driver through cuda-python: load cubins, launch with cluster dimensions.
+
+Everything here runs in torch's CUDA context (the primary context of the current device), on
+the caller's stream. Without a GPU or driver, the first call raises one clear KfcError.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from ..diagnostics import KfcError
+
+
+class GpuUnavailable(KfcError):
+    pass
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # older cuda-python
+        except ImportError:
+            raise GpuUnavailable("cuda-python is not installed", hint="pip install cuda-python") from None
+    return driver
+
+
+def check(result, what: str):
+    """Unpack a cuda-python (err, *values) tuple, raising on error."""
+    drv = _driver()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        _, msg = drv.cuGetErrorString(err)
+        text = msg.decode() if isinstance(msg, bytes) else str(msg)
+        raise KfcError(f"CUDA error in {what}: {err.name if hasattr(err, 'name') else err}: {text}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+@functools.cache
+def ensure_context(device_index: int):
+    """Make torch's context for the device current (creating it if torch has not yet)."""
+    try:
+        import torch
+    except ImportError:
+        raise GpuUnavailable("torch is needed to run kernels") from None
+    if not torch.cuda.is_available():
+        raise GpuUnavailable("no CUDA GPU is visible", hint="kernels run on a machine with an NVIDIA GPU; "
+                                                            "`kfc compile` works without one")
+    torch.cuda.init()
+    with torch.cuda.device(device_index):
+        torch.empty(1, device=f"cuda:{device_index}")  # forces the primary context
+    drv = _driver()
+    try:
+        check(drv.cuInit(0), "cuInit")
+    except Exception as e:  # noqa: BLE001 - a missing driver library shows up here
+        raise GpuUnavailable(f"the CUDA driver is unavailable: {e}") from None
+    dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
+    ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    return ctx
+
+
+class LoadedKernel:
+    """One kernel of a loaded cubin, bound to a device."""
+
+    def __init__(self, cubin: bytes, name: str, device_index: int) -> None:
+        drv = _driver()
+        self.device_index = device_index
+        ctx = ensure_context(device_index)
+        check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.module = check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.function = check(drv.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+        self.name = name
+
+    def max_active_blocks(self, block: int, smem: int = 0) -> int:
+        drv = _driver()
+        return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, block, smem),
+                     "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+
+    def launch(self, grid: int, block: int, cluster: int, args: list, argtypes: list, stream: int,
+               smem: int = 0) -> None:
+        drv = _driver()
+        ctx = ensure_context(self.device_index)
+        check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes = smem
+        config.hStream = drv.CUstream(stream)
+        if cluster > 1:
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+            config.attrs = [attr]
+            config.numAttrs = 1
+        else:
+            config.numAttrs = 0
+        check(drv.cuLaunchKernelEx(config, self.function, (tuple(args), tuple(argtypes)), 0),
+              f"launching {self.name}")
+
+
+CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,
+          "bool": ctypes.c_bool, "signed char": ctypes.c_int8}

@@ -1,0 +1,249 @@
+"""Calling a kfc kernel from torch.
+
+    rmsnorm = kfc.load("kernels/rmsnorm.kfc")      # target from the current GPU
+    y = rmsnorm(x, w)                                # compiled for x's row length on first use
+
+A call checks every tensor (dtype, device, contiguity, shape against the signature), binds the
+dims, fetches the kernel for those dims from the JIT cache (compiling on a miss), allocates the
+outputs (or takes `out=`), and launches on torch's current stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..diagnostics import KfcError
+from ..frontend.spec import OpSpec, load_kfc
+from ..ir.dtypes import DType
+from ..ir.printer import print_ir
+from ..ir.signature import bind_dims, output_shape
+from ..ir.types import MemSpace
+from ..target import Target, parse_target
+from . import cache
+from .driver import CTYPES, LoadedKernel
+
+
+def current_target() -> Target:
+    import torch
+
+    if not torch.cuda.is_available():
+        from .driver import GpuUnavailable
+
+        raise GpuUnavailable("no CUDA GPU is visible", hint="pass target= to compile without running")
+    major, minor = torch.cuda.get_device_capability()
+    sm = major * 10 + minor
+    if sm not in (90, 100):
+        raise KfcError(f"this GPU is sm_{sm}; kfc targets Hopper (sm_90) and Blackwell (sm_100)")
+    return Target(sm, True)
+
+
+class KfcKernel:
+    def __init__(self, spec: OpSpec, target: str | Target | None = None, pipeline: str | None = None) -> None:
+        self.spec = spec
+        self.func = spec.func
+        self._target = parse_target(target) if isinstance(target, str) else target
+        self.pipeline = pipeline
+        self._loaded: dict[tuple, tuple[LoadedKernel, dict]] = {}
+        self._lock = threading.Lock()
+        self._torch_op = None
+
+    @property
+    def name(self) -> str:
+        return self.func.sym_name
+
+    @property
+    def target(self) -> Target:
+        if self._target is None:
+            self._target = current_target()
+        return self._target
+
+    # --- binding ------------------------------------------------------------------------------
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        names = self.func.input_names
+        if len(args) > len(names):
+            raise KfcError(f"{self.name} takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise KfcError(f"{self.name} has no input {k!r}", hint=f"its inputs are {', '.join(names)}")
+            if k in bound:
+                raise KfcError(f"input {k!r} given twice")
+            bound[k] = v
+        return bound
+
+    def check_tensor(self, name: str, value, t, device) -> None:
+        import torch
+
+        if value is None:
+            if not t.optional:
+                raise KfcError(f"{self.name}: missing tensor {name!r} ({t})")
+            return
+        if not isinstance(value, torch.Tensor):
+            raise KfcError(f"{self.name}: {name!r} must be a torch tensor, not {type(value).__name__}")
+        if value.dtype != t.dtype.torch:
+            raise KfcError(f"{self.name}: {name!r} is {value.dtype}, the kernel takes {t.dtype} ({t.dtype.torch})",
+                           hint=f"convert it with .to({t.dtype.torch})")
+        if value.device.type != "cuda":
+            raise KfcError(f"{self.name}: {name!r} is on {value.device}; kernels run on the GPU",
+                           hint="move it with .cuda()")
+        if device is not None and value.device != device:
+            raise KfcError(f"{self.name}: {name!r} is on {value.device} but the other tensors are on {device}")
+        if not value.is_contiguous():
+            raise KfcError(f"{self.name}: {name!r} is not contiguous (strides {tuple(value.stride())})",
+                           hint="call .contiguous() first")
+        if value.data_ptr() % 16:
+            raise KfcError(f"{self.name}: {name!r} is not 16-byte aligned", hint="pass a freshly allocated tensor")
+
+    # --- compile ------------------------------------------------------------------------------
+    def kernel_for(self, dims: dict[str, int], device_index: int):
+        from ..compile import compile_op, row_dims
+        from ..codegen.toolchain import find_toolchain
+
+        dynamic = set(row_dims(self.func))
+        fixed = {k: v for k, v in dims.items() if k not in dynamic}
+        memo = (tuple(sorted(fixed.items())), device_index)
+        with self._lock:
+            if memo in self._loaded:
+                return self._loaded[memo]
+            tc = find_toolchain()
+            key = cache.cache_key(print_ir(self.func), self.pipeline or "", self.target.name, fixed, tc.version_text)
+            hit = cache.lookup(key)
+            if hit is None:
+                result = compile_op(self.spec, self.target, self.pipeline, shape=dims)
+                cache.store(key, result.kernel.cubin, result.report)
+                cubin, report = result.kernel.cubin, result.report
+            else:
+                cubin, report = hit
+            loaded = LoadedKernel(cubin, report["launch"]["kernel"], device_index)
+            self._loaded[memo] = (loaded, report)
+            return self._loaded[memo]
+
+    # --- call ---------------------------------------------------------------------------------
+    def __call__(self, *args, out=None, **kwargs):
+        import torch
+
+        bound = self.bind(args, kwargs)
+        func = self.func
+        device = None
+        shapes = {}
+        for v in func.inputs:
+            t = v.ttype
+            if t.space is MemSpace.REG:
+                continue
+            value = bound.get(v.name)
+            self.check_tensor(v.name, value, t, device)
+            if value is not None:
+                device = device or value.device
+            shapes[v.name] = None if value is None else tuple(value.shape)
+        if device is None:
+            raise KfcError(f"{self.name}: no tensor input tells the device")
+        dims = bind_dims(func, shapes)
+        outs = self.outputs(out, dims, device)
+        loaded, report = self.kernel_for(dims, device.index if device.index is not None else torch.cuda.current_device())
+        self.launch(loaded, report, bound, outs, dims, device)
+        result = tuple(outs[v.name] for v in func.outputs)
+        return result[0] if len(result) == 1 else result
+
+    def outputs(self, out, dims, device) -> dict[str, Any]:
+        import torch
+
+        outs = {}
+        given = {}
+        if out is not None:
+            given = dict(zip(self.func.output_names, out if isinstance(out, (tuple, list)) else (out,)))
+        for v in self.func.outputs:
+            shape = output_shape(v.ttype, dims)
+            if v.name in given:
+                o = given[v.name]
+                self.check_tensor(v.name, o, v.ttype, device)
+                if o is not None and tuple(o.shape) != shape:
+                    raise KfcError(f"{self.name}: out {v.name!r} is {tuple(o.shape)}, must be {shape}")
+                outs[v.name] = o
+            else:
+                outs[v.name] = torch.empty(shape, dtype=v.ttype.dtype.torch, device=device)
+        return outs
+
+    def launch(self, loaded: LoadedKernel, report: dict, bound: dict, outs: dict, dims: dict, device) -> None:
+        import torch
+
+        from ..ir import constexpr
+
+        launch = report["launch"]
+        values, types = [], []
+        for p in launch["params"]:
+            if p["kind"] == "tensor":
+                t = outs.get(p["name"]) if p["is_output"] else bound.get(p["name"])
+                values.append(0 if t is None else t.data_ptr())
+                types.append(ctypes.c_void_p)
+            elif p["kind"] == "scalar":
+                value = bound.get(p["name"], self.func.default_of(p["name"]))
+                if value is None:
+                    raise KfcError(f"{self.name}: missing scalar {p['name']!r}")
+                if isinstance(value, str):
+                    value = constexpr.evaluate(value, dims)
+                if p["ctype"] not in CTYPES:
+                    raise KfcError(f"{self.name}: scalar parameters of C type {p['ctype']} are not supported")
+                values.append(float(value) if "float" in p["ctype"] or "double" in p["ctype"] else int(value))
+                types.append(CTYPES[p["ctype"]])
+            else:
+                values.append(int(dims[p["name"][4:]]))
+                types.append(CTYPES["long long"])
+        rows = int(eval(launch["rows"], {"__builtins__": {}}, dict(dims)))  # noqa: S307 - our own formula
+        if rows <= 0:
+            return
+        ctas = math.ceil(rows / launch["rows_per_cta"])
+        cluster = launch["cluster"]
+        if launch["persistent"]:
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            per_sm = max(1, loaded.max_active_blocks(launch["block"]))
+            ctas = min(ctas, max(1, (sms * per_sm) // cluster))
+        stream = torch.cuda.current_stream(device).cuda_stream
+        loaded.launch(ctas * cluster, launch["block"], cluster, values, types, stream)
+
+    # --- torch integration --------------------------------------------------------------------
+    def as_torch_op(self):
+        """This kernel as a torch.library custom op `kfc::<name>` (with a fake for tracing)."""
+        if self._torch_op is not None:
+            return self._torch_op
+        import torch
+
+        lib = torch.library.Library("kfc", "FRAGMENT")
+        parts = []
+        for v in self.func.inputs:
+            t = v.ttype
+            if t.space is MemSpace.REG:
+                parts.append(f"float {v.name}" if t.dtype.is_float else f"int {v.name}")
+            else:
+                parts.append(f"Tensor{'?' if t.optional else ''} {v.name}")
+        n_out = len(self.func.outputs)
+        ret = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
+        op_name = self.name
+        try:
+            lib.define(f"{op_name}({', '.join(parts)}) -> {ret}")
+        except RuntimeError as e:
+            raise KfcError(f"cannot register torch op kfc::{op_name}: {e}",
+                           hint="one process can register each op name once") from None
+        lib.impl(op_name, lambda *a: self(*a), "CUDA")
+
+        def fake(*a):
+            bound = self.bind(a, {})
+            shapes = {k: (None if v is None else tuple(v.shape)) for k, v in bound.items() if hasattr(v, "shape") or v is None}
+            dims = bind_dims(self.func, shapes)
+            device = next(v.device for v in bound.values() if hasattr(v, "device"))
+            res = tuple(torch.empty(output_shape(v.ttype, dims), dtype=v.ttype.dtype.torch, device=device)
+                        for v in self.func.outputs)
+            return res[0] if n_out == 1 else res
+
+        torch.library.register_fake(f"kfc::{op_name}", fake, lib=lib)
+        self._lib = lib
+        self._torch_op = getattr(torch.ops.kfc, op_name)
+        return self._torch_op
+
+
+def load(path: str | Path, target: str | None = None, pipeline: str | None = None) -> KfcKernel:
+    """Load a .kfc file as a callable kernel."""
+    return KfcKernel(load_kfc(path), target, pipeline)

@@ -1,0 +1,150 @@
+"""Golden tests for bad input: every `tests/golden/diagnostics/NAME.kfc` must fail with exactly the
+message in `NAME.expected` (what `kfc opt tests/golden/diagnostics/NAME.kfc` prints to stderr,
+run from the repository root).
+
+To regenerate the expected files after a deliberate change to a message:
+
+    KFC_UPDATE_GOLDEN=1 pytest tests/test_diagnostics.py
+
+then read the diff: every message must point at the right place and end with a useful hint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kfc.diagnostics import KfcError
+from kfc.frontend import load_kfc
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "golden" / "diagnostics"
+CASES = sorted(GOLDEN.glob("*.kfc"))
+UPDATE = os.environ.get("KFC_UPDATE_GOLDEN") == "1"
+
+# `file:line:col: error: ...` for a problem in the text, `kfc: error: ...` for one with the file itself
+LOCATED = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?P<col>\d+): error: \S")
+
+
+def rel(path: Path) -> str:
+    """The path as the tests pass it, relative to the repository root."""
+    return path.relative_to(REPO).as_posix()
+
+
+def render(path: Path) -> str:
+    """What `kfc opt` prints to stderr for this file: the rendered error and a newline."""
+    with pytest.raises(KfcError) as info:
+        load_kfc(rel(path))
+    return info.value.render() + "\n"
+
+
+@pytest.fixture
+def at_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_golden_diagnostic(case: Path, at_repo_root) -> None:
+    got = render(case)
+    expected_file = case.with_suffix(".expected")
+    if UPDATE:
+        expected_file.write_text(got)
+    assert expected_file.exists(), f"{rel(expected_file)} is missing; run with KFC_UPDATE_GOLDEN=1 and review it"
+    assert got == expected_file.read_text()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_golden_message_shape(case: Path, at_repo_root) -> None:
+    """One error, at this file, with the offending line, a caret under it and a hint."""
+    text = render(case)
+    lines = text.rstrip("\n").split("\n")
+    m = LOCATED.match(lines[0])
+    assert m, lines[0]
+    assert m["file"] == rel(case)
+    line, col = int(m["line"]), int(m["col"])
+    source = case.read_text().splitlines()
+    assert 1 <= line <= max(len(source), 1)
+    assert len(lines) == 4, text  # header, source line, caret, hint
+    assert lines[1] == "    " + source[line - 1].expandtabs(4)
+    assert re.fullmatch(r" {4}( *)\^~*", lines[2]), lines[2]
+    assert lines[2].index("^") - 4 == col - 1
+    assert lines[3].startswith("hint: ") and len(lines[3]) > len("hint: ") + 10
+    assert text.count(": error: ") == 1
+
+
+def test_every_case_has_a_reviewed_expected_file() -> None:
+    expected = {p.stem for p in GOLDEN.glob("*.expected")}
+    cases = {p.stem for p in CASES}
+    assert cases - expected == set(), "cases without an .expected file"
+    assert expected - cases == set(), ".expected files without a case"
+    for stem in sorted(expected):
+        body = (GOLDEN / f"{stem}.expected").read_text()
+        assert "\nhint: " in body, f"{stem}.expected has no hint"
+        assert body.endswith("\n") and not body.endswith("\n\n"), f"{stem}.expected: one trailing newline"
+
+
+def test_there_are_enough_cases() -> None:
+    assert len(CASES) >= 30
+
+
+# --- the CLI: exit status 2, no traceback, the message first -----------------------------------
+
+CLI_CASES = ["syntax_unexpected_token", "syntax_unexpected_eof", "unknown_function", "dtype_mismatch_bf16_f32",
+             "carry_changes_type", "store_wrong_shape", "output_never_written", "check_unknown_key",
+             "targets_unknown"]
+
+
+def run_opt(arg: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "KFC_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "kfc.cli", "opt", arg], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_cli_golden(name: str) -> None:
+    path = GOLDEN / f"{name}.kfc"
+    r = run_opt(rel(path))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""
+    assert r.stderr.startswith(f"{rel(path)}:")
+    assert LOCATED.match(r.stderr)
+    assert r.stderr == path.with_suffix(".expected").read_text()
+
+
+def test_cli_nonexistent_file() -> None:
+    r = run_opt("tests/golden/diagnostics/no_such_file.kfc")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("kfc: error: no such file: tests/golden/diagnostics/no_such_file.kfc")
+    assert "hint: " in r.stderr
+
+
+def test_cli_directory() -> None:
+    r = run_opt("tests/golden/diagnostics")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("kfc: error: tests/golden/diagnostics is a directory")
+    assert "hint: " in r.stderr
+
+
+def test_cli_ir_text_with_undefined_value(tmp_path: Path) -> None:
+    ok = run_opt("kernels/softmax.kfc")
+    assert ok.returncode == 0, ok.stderr
+    assert "%e = tile.exp %5 " in ok.stdout
+    bad = tmp_path / "softmax.kir"
+    bad.write_text(ok.stdout.replace("%e = tile.exp %5 ", "%e = tile.exp %nope "))
+    r = run_opt(str(bad))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith(f"{bad}:")
+    assert "undefined value %nope" in lines[0]
+    line, col = map(int, lines[0][len(str(bad)) + 1:].split(":")[:2])
+    assert bad.read_text().splitlines()[line - 1][col - 1:].startswith("%nope")
+    assert lines[-1].startswith("hint: ")
