@@ -13,6 +13,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
+    """The kfc commit measured: KFC_COMMIT when the tree travelled without its .git."""
+    if os.environ.get("KFC_COMMIT"):
+        return os.environ["KFC_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                              cwd=Path(__file__).resolve().parent)

@@ -17,6 +17,7 @@ from .diagnostics import KfcError
 
 EXAMPLES = """\
 examples:
+  kfc compile kernels/rmsnorm.kfc --target sm_100    .cu, .ptx, .cubin and report.json (no GPU needed)
   kfc check kernels/rmsnorm.kfc              prove the op against its reference on the CPU
   kfc check kernels/kda_fwd.kfc --seed 7     replay one seed
   kfc opt kernels/softmax.kfc                print its tile IR
@@ -86,8 +87,63 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16", help="bind the op's type parameters")
     o.add_argument("--shape", type=_parse_shape, metavar="M=..,N=..",
                    help="specialise: bind these dims to sizes (all dims of the op)")
+    o.add_argument("-p", "--pipeline", metavar="PIPELINE",
+                   help='run these passes first, e.g. "canonicalize,cse,dce" (see kfc passes)')
+    _add_pass_flags(o)
     o.set_defaults(run=cmd_opt)
+
+    k = sub.add_parser(
+        "compile", help="compile an op to CUDA C++ with inline PTX, PTX, a cubin and report.json",
+        description="Specialise every dim but the row count (from --shape, else the check block's first shape), "
+        "run the pipeline (-p, else the default for the kind of op) with the verifier after every pass, emit CUDA "
+        "C++ with inline PTX, and build it with nvcc/ptxas. Writes NAME.cu, NAME.ptx, NAME.cubin, NAME.kir (the "
+        "final IR) and report.json (registers, spills, shared memory, launch shape, timings) to -o. "
+        "No GPU is needed. Blackwell (sm_100a) output is proven by ptxas only unless run on a B200.",
+        epilog="examples:\n  kfc compile kernels/rmsnorm.kfc --target sm_100\n"
+               "  kfc compile kernels/softmax.kfc --target sm_90a --shape N=65536 --dtype T=f16 -o out/softmax\n"
+               '  kfc compile kernels/rmsnorm.kfc -p "canonicalize,tile{threads=512,vec=4},lower-reductions,lower-ptx" '
+               "--verify-each --print-ir-after-all",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    k.add_argument("file", help="a .kfc file")
+    k.add_argument("--target", default=None, metavar="SM",
+                   help="sm_90, sm_90a (Hopper), sm_100, sm_100a (Blackwell); default: the file's first target, "
+                        "else sm_90a")
+    k.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: by kind of op)")
+    k.add_argument("--shape", type=_parse_shape, metavar="N=..", help="sizes for the dims (all but the row count)")
+    k.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16", help="bind the op's type parameters")
+    k.add_argument("-o", "--output", metavar="DIR", help="output folder (default kfc-out/NAME-TARGET)")
+    k.add_argument("--allow-spills", action="store_true", help="accept a kernel that spills registers")
+    _add_pass_flags(k)
+    k.set_defaults(run=cmd_compile)
+
+    w = sub.add_parser(
+        "warm", help="compile kernels into the JIT cache ahead of time (for a GPU machine to reuse)",
+        description="Compile every instance of the ops' type parameters for each --shape into the JIT cache "
+        "(KFC_CACHE_DIR, default ~/.cache/kfc), in parallel, so that a later kfc.load(...) call on a GPU finds "
+        "them compiled.",
+        epilog="example:\n  KFC_CACHE_DIR=.kfc-cache kfc warm kernels/rmsnorm.kfc --target sm_90a --shape N=256 --shape N=4096",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    w.add_argument("files", nargs="+", help=".kfc files")
+    w.add_argument("--target", default="sm_90a", metavar="SM")
+    w.add_argument("--shape", type=_parse_shape, action="append", required=True, metavar="N=..")
+    w.add_argument("-p", "--pipeline", action="append", metavar="PIPELINE",
+                   help="pipelines to build (repeatable; default: the default pipeline)")
+    w.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
+    w.set_defaults(run=cmd_warm)
+
+    ps = sub.add_parser("passes", help="list the passes and their options")
+    ps.set_defaults(run=cmd_passes)
     return p
+
+
+def _add_pass_flags(p) -> None:
+    p.add_argument("--verify-each", action="store_true",
+                   help="run the interpreter before and after every pass on random inputs; reject a pass that "
+                        "changes the results")
+    p.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass (to stderr)")
+    p.add_argument("--print-ir-before", action="append", default=[], metavar="PASS",
+                   help="print the IR before each run of this pass (repeatable)")
+    p.add_argument("--timing", action="store_true", help="print the time each pass took")
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -99,13 +155,26 @@ def cmd_opt(args) -> int:
     from .ir.specialize import specialize
     from .ir.verifier import verify
 
-    func, _ = load_func(args.file, args.dtype)
+    func, spec = load_func(args.file, args.dtype)
     if args.shape:
         unknown = sorted(set(args.shape) - set(func.symbols))
         if unknown:
             raise KfcError(f"--shape names {unknown[0]}, which is not a dimension of {func.sym_name}",
                            hint=f"its dimensions are {', '.join(func.symbols) or 'none'}")
         func = verify(specialize(func, args.shape))
+    if args.pipeline is not None:
+        from .passes import PassContext, PassManager, VerifyEach, parse_pipeline
+        from .target import parse_target
+
+        verify_each = None
+        if args.verify_each:
+            dims = dict(spec.check.shapes[0]) if spec is not None and spec.check and spec.check.shapes else {}
+            dims.update(args.shape or {})
+            verify_each = VerifyEach({k: min(v, 64) for k, v in dims.items()}, spec.check if spec else None)
+        ctx = PassContext(parse_target("sm_90a"), check=spec.check if spec else None, verify_each=verify_each,
+                          print_ir_after_all=args.print_ir_after_all,
+                          print_ir_before=frozenset(args.print_ir_before), timing=args.timing)
+        func = PassManager(parse_pipeline(args.pipeline), ctx).run(func)
     text = print_ir(func)
     if args.output:
         _write_atomically(Path(args.output), text)
@@ -180,6 +249,88 @@ def cmd_check(args) -> int:
         return 1
     console.print(f"[green]passed[/]: {len(results)} output comparisons over {len(set(r.case for r in results))} "
                   f"shape(s) in {took:.1f} s")
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from .compile import compile_op, write_outputs
+    from .frontend import load_kfc
+    from .target import parse_target
+
+    spec = load_kfc(args.file, args.dtype)
+    target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
+    result = compile_op(spec, target, args.pipeline, args.shape, verify_each=args.verify_each,
+                        print_ir_after_all=args.print_ir_after_all, print_ir_before=args.print_ir_before,
+                        timing=args.timing, allow_spills=args.allow_spills)
+    rep = result.kernel.report
+    out_dir = Path(args.output or f"kfc-out/{spec.instance_name}-{target.name}")
+    written = write_outputs(result, out_dir)
+    dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+    dyn = ", ".join(result.dynamic_dims) or "none"
+    print(f"{spec.instance_name} for {target.name} ({target.family}), compiled as {result.arch}: "
+          f"dims {dims}; run-time dims {dyn}")
+    print(f"  pipeline  {result.pipeline}")
+    print(f"  launch    {result.plan.block} threads/CTA, {result.plan.rows_per_cta} row(s)/CTA, cluster "
+          f"{result.plan.cluster}{', persistent' if result.plan.persistent else ''}")
+    print(f"  ptxas     {rep.registers} registers, {rep.spills} spill bytes, {rep.smem_bytes} B shared, "
+          f"{rep.stack_bytes} B stack")
+    print(f"  time      {result.report['seconds']['passes'] * 1e3:.1f} ms passes, "
+          f"{result.report['seconds']['nvcc_ptxas']:.2f} s nvcc+ptxas")
+    if target.sm == 100:
+        print("  note      Blackwell output is proven by ptxas only unless run on a B200")
+    for path in written:
+        print(f"  wrote     {path}")
+    return 0
+
+
+def cmd_warm(args) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .frontend import load_kfc
+    from .runtime.kernel import cached_compile
+    from .target import parse_target
+
+    target = parse_target(args.target)
+    jobs = []
+    for f in args.files:
+        for inst in load_kfc(f).instances():
+            for shape in args.shape:
+                for pipe in args.pipeline or [None]:
+                    jobs.append((inst, shape, pipe))
+    started = time.perf_counter()
+    failures = []
+
+    def build(job):
+        inst, shape, pipe = job
+        try:
+            cached_compile(inst, target, pipe, shape)
+            return None
+        except KfcError as e:
+            return f"{inst.instance_name} {shape} {pipe or 'default'}: {e.message.splitlines()[0]}"
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for i, problem in enumerate(pool.map(build, jobs), 1):
+            if problem:
+                failures.append(problem)
+            print(f"\r{i}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    for f in failures:
+        print(f"failed: {f}", file=sys.stderr)
+    print(f"{len(jobs) - len(failures)} of {len(jobs)} kernels in the cache for {target} "
+          f"({time.perf_counter() - started:.1f} s)")
+    return 1 if failures else 0
+
+
+def cmd_passes(args) -> int:
+    from .passes import PASSES, ROW_PIPELINE
+
+    for name, cls in sorted(PASSES.items()):
+        needs = f"  [needs {', '.join(sorted(cls.REQUIRES))}]" if cls.REQUIRES else ""
+        print(f"{name:18} {cls.SUMMARY}{needs}")
+        opts = cls.describe_options()
+        if opts:
+            print(f"{'':18} options: {opts}")
+    print(f"\ndefault pipeline for row ops: {ROW_PIPELINE}")
     return 0
 
 

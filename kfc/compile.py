@@ -91,7 +91,7 @@ def ir_hash(func: FuncOp) -> str:
 
 def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape: dict[str, int] | None = None,
                verify_each: bool = False, print_ir_after_all: bool = False, print_ir_before=(), timing: bool = False,
-               out=None) -> CompileResult:
+               out=None, allow_spills: bool = False) -> CompileResult:
     started = time.perf_counter()
     func = spec.func
     dynamic = row_dims(func)
@@ -124,6 +124,13 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     t1 = time.perf_counter()
     kernel = compile_cuda(code, arch)
     t_nvcc = time.perf_counter() - t1
+    rep = kernel.report
+    if rep.spills and not allow_spills:
+        raise KfcError(f"{spec.instance_name} spills registers to local memory with {pipe} at "
+                       f"{', '.join(f'{k}={v}' for k, v in fixed.items())}: {rep.spill_stores} bytes stored, "
+                       f"{rep.spill_loads} loaded, {rep.registers} registers",
+                       hint="choose a tile with fewer elements per thread (more threads, or a cluster), "
+                            "or allow spills (kfc compile --allow-spills)")
     tc = find_toolchain()
     report = {
         "op": func.sym_name, "source": spec.path, "kfc_version": __version__,

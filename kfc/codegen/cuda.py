@@ -248,13 +248,17 @@ class RowKernelEmitter:
                 self.emit(ptx.cluster_wait())
             self.emit_op(op)
         if self.cluster_ops:
-            self.emit(ptx.cluster_arrive())
+            # The next iteration's first cluster step waits on this: no CTA sends into a peer's
+            # slots before the peer has read the last ones. After the last iteration nothing is
+            # sent any more (each CTA has received every peer's value before it could finish),
+            # so CTAs leave without waiting for each other. All CTAs of a cluster share one
+            # row and so one trip count: arrives and waits pair up.
+            self.emit("if (kfc_base + kfc_stride < kfc_rows) {")
+            self.emit("  " + ptx.cluster_arrive())
+            self.emit("}")
         self.emit("kfc_phase ^= 1;")
         self.indent -= 1
         self.emit("}")
-        if self.cluster_ops:
-            self.emit("// no CTA leaves while a peer may still write into its shared memory")
-            self.emit(ptx.cluster_wait())
 
     def emit_cluster_setup(self) -> None:
         for k, op in enumerate(self.cluster_ops):

@@ -61,6 +61,7 @@ class Lowerer:
         self.requested_dtypes = dict(dtypes or {})
         self.type_vars: dict[str, DType] = {}      # T -> the dtype it is instantiated with
         self.type_params: list[tuple[str, tuple[str, ...]]] = []
+        self.typed_params: dict[str, str] = {}     # parameter -> the type parameter its dtype is
         self.b = Builder()
         self.frames: list[_Frame] = []
         self.symbols: dict[str, Span] = {}
@@ -126,6 +127,8 @@ class Lowerer:
                                "give each input and output its own name")
             seen[str(pname)] = pname
             t = self.param_type(tspec, is_out, str(pname))
+            if str(tspec.children[0]) in self.type_vars:
+                self.typed_params[str(pname)] = str(tspec.children[0])
             if is_out:
                 if default is not None:
                     raise self.err(default, f"output {pname!s} cannot have a default")

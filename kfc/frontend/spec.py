@@ -73,6 +73,7 @@ class OpSpec:
     targets: tuple[str, ...] = ()
     type_params: tuple[tuple[str, tuple[str, ...]], ...] = ()   # (T, (bf16, f16, f32)), ...
     dtypes: dict[str, str] = attrs.Factory(dict)                 # what this instance binds them to
+    typed_params: dict[str, str] = attrs.Factory(dict)           # parameter -> its type parameter
     text: str = attrs.field(default="", repr=False, eq=False)
 
     @property
@@ -113,7 +114,8 @@ def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = No
     func = lowerer.lower_op(op_node)
     spec = _Sections(file, func).build(sections)
     return attrs.evolve(spec, type_params=tuple(lowerer.type_params),
-                        dtypes={n: str(d) for n, d in lowerer.type_vars.items()}, text=text)
+                        dtypes={n: str(d) for n, d in lowerer.type_vars.items()},
+                        typed_params=dict(lowerer.typed_params), text=text)
 
 
 def load_kfc(path: str | Path, dtypes: dict[str, str] | None = None) -> OpSpec:

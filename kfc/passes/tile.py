@@ -1,9 +1,11 @@
 """tile: map a row program's parallel loop onto the GPU.
 
 Options (0 means: choose from the row length and dtypes):
-  rows        rows per CTA (each row gets `threads` threads; a CTA has rows · threads threads)
+  rows        rows per CTA (each row gets `threads` threads; a CTA has rows · threads threads);
+              at most, fitted to 1024 threads per CTA
   threads     threads per row, a power of two
-  vec         elements per thread per access (16-byte accesses for the narrowest dtype at 8 x bf16)
+  vec         elements per thread per access (16-byte accesses for the narrowest dtype at 8 x bf16);
+              at most: halved until it divides the row length
   cluster     CTAs per row, joined in a thread-block cluster (sm_90+); long rows need it to fit
               in registers
   persistent  a grid of about one wave of CTAs striding over the rows, instead of one CTA per
@@ -29,10 +31,22 @@ from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, register_pass
 from .rows import find_row_loop, row_length
 
-# elements a thread should hold per row tile: enough independent 16-byte loads in flight,
-# few enough registers that 1024-thread CTAs do not spill
-ELEMS_PER_THREAD = 16
+# Bytes of each row a thread holds: enough independent 16-byte loads in flight to cover memory
+# latency, few enough registers to keep CTAs resident. Measured on the H200 (python -m
+# bench.rmsnorm --sweep, also softmax and layernorm; bf16; bench/results/*-sweep-*.json):
+# 64 bytes (32 bf16) per thread were best or within 3% up to rows of 16 KB, 128 bytes beyond;
+# one CTA per row beat splitting the row across a cluster until the row no longer fits 512
+# threads at that size.
+SMALL_ROW_BYTES = 16 * 1024
+BYTES_PER_THREAD_SMALL = 64
+BYTES_PER_THREAD = 128
 BLOCK_THREADS = 256
+WARP = 32
+# at most this many threads per row when choosing: at 1024 threads a thread has 64 registers,
+# too few for 64 row elements in fp32 (ptxas spills); longer rows take a cluster instead
+AUTO_MAX_THREADS = 512
+# Hopper and Blackwell run clusters of up to 16 CTAs once the kernel allows non-portable sizes
+MAX_CLUSTER = 16
 
 
 def _pow2_ceil(x: int) -> int:
@@ -40,21 +54,31 @@ def _pow2_ceil(x: int) -> int:
 
 
 def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster: int, has_cluster: bool):
-    """Fill in the options left at 0."""
+    """Fill in the options left at 0 and fit the given ones to the row: `vec` is halved until
+    it divides n, `rows` shrinks to fit 1024 threads (and to 1 when a cluster holds a row)."""
     if vec == 0:
         vec = max(1, 16 // min_itemsize)
-        while n % vec:
-            vec //= 2
+    while n % vec:
+        vec //= 2
+    row_bytes = n * min_itemsize
+    per_thread = max(vec, (BYTES_PER_THREAD_SMALL if row_bytes <= SMALL_ROW_BYTES else BYTES_PER_THREAD)
+                     // min_itemsize)
     if cluster == 0:
         cluster = 1
         if has_cluster:
-            cluster = min(8, _pow2_ceil(math.ceil(n / (1024 * ELEMS_PER_THREAD))))
+            cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(n / (AUTO_MAX_THREADS * per_thread))))
     if threads == 0:
         per_cta = math.ceil(n / cluster)
-        threads = min(1024, _pow2_ceil(math.ceil(per_cta / max(ELEMS_PER_THREAD, vec))))
-        threads = max(threads, 1)
+        # at least a warp per row while the row has a warp's worth of vectors
+        threads = max(min(WARP, _pow2_ceil(math.ceil(per_cta / vec))), _pow2_ceil(math.ceil(per_cta / per_thread)))
+        threads = min(AUTO_MAX_THREADS if cluster < MAX_CLUSTER else 1024, threads)
     if rows == 0:
-        rows = 1 if cluster > 1 else max(1, BLOCK_THREADS // threads)
+        rows = max(1, BLOCK_THREADS // threads)
+    if cluster > 1:
+        rows = 1
+    rows = max(1, min(rows, 1024 // threads))
+    if threads < WARP:  # a row group smaller than a warp: whole warps per CTA
+        rows = max(rows, WARP // threads)
     return rows, threads, vec, cluster
 
 
@@ -83,9 +107,6 @@ class Tile(Pass):
         for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
             if value < 1 or value & (value - 1) and name != "rows":
                 raise PassError(f"tile: {name}={value} must be a positive power of two")
-        if n % vec:
-            raise PassError(f"tile: vec={vec} does not divide the row length {n}",
-                            hint=f"choose a vec that divides {n} (vec=1 always does), or leave it to tile")
         if cluster > 1 and not ctx.target.has("cluster"):
             raise PassError(f"tile: cluster={cluster} needs thread-block clusters, which {ctx.target} lacks")
         layout = row_layout(threads, vec, cluster)

@@ -3,6 +3,7 @@ op's IR, the pipeline, the target, the fixed dims, the toolchain and kfc version
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,9 +22,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfc"
 
 
+@functools.cache
+def compiler_fingerprint() -> str:
+    """A hash of kfc's own source: a change to any pass or to codegen invalidates the cache,
+    even where it leaves pipeline strings and versions unchanged."""
+    pkg = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(list(pkg.rglob("*.py")) + list(pkg.rglob("*.lark")) + list((pkg.parent / "grammars").glob("*.lark"))):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cache_key(ir_text: str, pipeline: str, target: str, dims: dict[str, int], toolchain: str) -> str:
     doc = json.dumps({"ir": ir_text, "pipeline": pipeline, "target": target, "dims": sorted(dims.items()),
-                      "toolchain": toolchain, "kfc": __version__}, sort_keys=True)
+                      "toolchain": toolchain, "kfc": __version__, "compiler": compiler_fingerprint()},
+                     sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:24]
 
 

@@ -74,6 +74,16 @@ class LoadedKernel:
         self.module = check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.function = check(drv.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
         self.name = name
+        self._non_portable = False
+
+    def allow_large_clusters(self) -> None:
+        """Clusters of more than 8 CTAs are 'non-portable' and must be allowed per kernel."""
+        if not self._non_portable:
+            drv = _driver()
+            check(drv.cuFuncSetAttribute(
+                self.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                "allowing a cluster of more than 8 CTAs")
+            self._non_portable = True
 
     def max_active_blocks(self, block: int, smem: int = 0) -> int:
         drv = _driver()
@@ -90,6 +100,8 @@ class LoadedKernel:
         config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
         config.sharedMemBytes = smem
         config.hStream = drv.CUstream(stream)
+        if cluster > 8:
+            self.allow_large_clusters()
         if cluster > 1:
             attr = drv.CUlaunchAttribute()
             attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION

@@ -27,6 +27,14 @@ from . import cache
 from .driver import CTYPES, LoadedKernel
 
 
+_KFC_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "int32": "i32",
+              "int64": "i64", "int8": "i8", "bool": "bool", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def spec_key(spec: OpSpec) -> tuple:
+    return tuple(sorted(spec.dtypes.items()))
+
+
 def current_target() -> Target:
     import torch
 
@@ -45,6 +53,8 @@ class KfcKernel:
     def __init__(self, spec: OpSpec, target: str | Target | None = None, pipeline: str | None = None) -> None:
         self.spec = spec
         self.func = spec.func
+        self._instances: dict[tuple, OpSpec] = {spec_key(spec): spec}
+        self._kernels: dict[tuple, KfcKernel] = {}
         self._target = parse_target(target) if isinstance(target, str) else target
         self.pipeline = pipeline
         self._loaded: dict[tuple, tuple[LoadedKernel, dict]] = {}
@@ -100,33 +110,54 @@ class KfcKernel:
 
     # --- compile ------------------------------------------------------------------------------
     def kernel_for(self, dims: dict[str, int], device_index: int):
-        from ..compile import compile_op, row_dims
-        from ..codegen.toolchain import find_toolchain
+        from ..compile import row_dims
 
         dynamic = set(row_dims(self.func))
         fixed = {k: v for k, v in dims.items() if k not in dynamic}
         memo = (tuple(sorted(fixed.items())), device_index)
         with self._lock:
-            if memo in self._loaded:
-                return self._loaded[memo]
-            tc = find_toolchain()
-            key = cache.cache_key(print_ir(self.func), self.pipeline or "", self.target.name, fixed, tc.version_text)
-            hit = cache.lookup(key)
-            if hit is None:
-                result = compile_op(self.spec, self.target, self.pipeline, shape=dims)
-                cache.store(key, result.kernel.cubin, result.report)
-                cubin, report = result.kernel.cubin, result.report
-            else:
-                cubin, report = hit
-            loaded = LoadedKernel(cubin, report["launch"]["kernel"], device_index)
-            self._loaded[memo] = (loaded, report)
+            if memo not in self._loaded:
+                cubin, report = cached_compile(self.spec, self.target, self.pipeline, dims)
+                self._loaded[memo] = (LoadedKernel(cubin, report["launch"]["kernel"], device_index), report)
             return self._loaded[memo]
+
+    def instance_for(self, bound: dict[str, Any]) -> "KfcKernel":
+        """The kernel instantiated for the dtypes of the tensors passed to typed parameters."""
+        if not self.spec.type_params:
+            return self
+        want = dict(self.spec.dtypes)
+        for param, tv in self.spec.typed_params.items():
+            value = bound.get(param)
+            if value is None or not hasattr(value, "dtype"):
+                continue
+            name = _KFC_DTYPE.get(str(value.dtype).replace("torch.", ""))
+            options = dict(self.spec.type_params)[tv]
+            if name not in options:
+                raise KfcError(f"{self.name}: {param!r} is {value.dtype}; its type {tv} takes {' | '.join(options)}")
+            want[tv] = name
+        key = tuple(sorted(want.items()))
+        if key not in self._instances:
+            self._instances[key] = self.spec.instantiate(want)
+        spec = self._instances[key]
+        if spec is self.spec:
+            return self
+        inst = self._kernels.get(key)
+        if inst is None:
+            inst = KfcKernel(spec, self._target, self.pipeline)
+            self._kernels[key] = inst
+        return inst
 
     # --- call ---------------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
+        bound = self.bind(args, kwargs)
+        inst = self.instance_for(bound)
+        if inst is not self:
+            return inst(*args, out=out, **kwargs)
+        return self._call(bound, out)
+
+    def _call(self, bound: dict[str, Any], out):
         import torch
 
-        bound = self.bind(args, kwargs)
         func = self.func
         device = None
         shapes = {}
@@ -221,7 +252,7 @@ class KfcKernel:
                 parts.append(f"Tensor{'?' if t.optional else ''} {v.name}")
         n_out = len(self.func.outputs)
         ret = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
-        op_name = self.name
+        op_name = self.spec.instance_name
         try:
             lib.define(f"{op_name}({', '.join(parts)}) -> {ret}")
         except RuntimeError as e:
@@ -242,6 +273,22 @@ class KfcKernel:
         self._lib = lib
         self._torch_op = getattr(torch.ops.kfc, op_name)
         return self._torch_op
+
+
+def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]):
+    """The cubin and report for `spec` at `dims`, from the JIT cache or compiled into it."""
+    from ..codegen.toolchain import find_toolchain
+    from ..compile import compile_op, row_dims
+
+    dynamic = set(row_dims(spec.func))
+    fixed = {k: v for k, v in dims.items() if k not in dynamic}
+    key = cache.cache_key(print_ir(spec.func), pipeline or "", target.name, fixed, find_toolchain().version_text)
+    hit = cache.lookup(key)
+    if hit is not None:
+        return hit
+    result = compile_op(spec, target, pipeline, shape=dims)
+    cache.store(key, result.kernel.cubin, result.report)
+    return result.kernel.cubin, result.report
 
 
 def load(path: str | Path, target: str | None = None, pipeline: str | None = None) -> KfcKernel:

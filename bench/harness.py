@@ -1,0 +1,190 @@
+"""Timing row ops against their peers on one GPU, in one run, the same way for everyone.
+
+For each shape: fresh random inputs (never zeros); every contender's output checked against
+the fp32 reference before timing (a wrong contender is reported, not timed); timing by CUDA
+graph replay of back-to-back calls that rotate through enough input sets to exceed the L2
+cache, bracketed by CUDA events after a full device sync; the median of several replays and
+its spread; the outputs of the timed calls checked again afterwards. Bandwidth counts each
+input read once and each output written once.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import traceback
+from typing import Any, Callable
+
+import attrs
+
+L2_BYTES = 60 * 1024 * 1024
+TARGET_BYTES_PER_GRAPH = 4 * L2_BYTES
+
+
+@attrs.define
+class Contender:
+    name: str
+    make: Callable[[], Callable]  # returns fn(*inputs) -> output; may raise ImportError
+    note: str = ""
+
+
+@attrs.define
+class Measurement:
+    contender: str
+    ok: bool
+    median_us: float = math.nan
+    p10_us: float = math.nan
+    p90_us: float = math.nan
+    tbps: float = math.nan
+    error: str = ""
+
+
+def rel_error(out, ref) -> tuple[float, float]:
+    """(relative RMSE, worst element error relative to |ref| + rms(ref))."""
+    import torch
+
+    o = out.float()
+    if not torch.isfinite(o).all():
+        return math.inf, math.inf
+    diff = (o - ref).abs()
+    rms = ref.pow(2).mean().sqrt().clamp_min(1e-30)
+    return float(diff.pow(2).mean().sqrt() / rms), float((diff / (ref.abs() + rms)).max())
+
+
+def time_graph(fn: Callable, arg_sets: list[tuple], replays: int = 10) -> tuple[list[float], list[Any]]:
+    """Per-call times (us) of graph replays of len(arg_sets) calls, and the calls' outputs."""
+    import torch
+
+    outs: list[Any] = []
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside capture: compile, autotune, allocate
+        for args in arg_sets[:2]:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in arg_sets:
+            outs.append(fn(*args))
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(arg_sets))
+    return times, outs
+
+
+def time_loop(fn: Callable, arg_sets: list[tuple], replays: int = 10) -> tuple[list[float], list[Any]]:
+    """The same without a graph, for contenders that cannot be captured."""
+    import torch
+
+    for args in arg_sets[:2]:
+        fn(*args)
+    torch.cuda.synchronize()
+    times, outs = [], []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        outs = [fn(*args) for args in arg_sets]
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(arg_sets))
+    return times, outs
+
+
+def measure(c: Contender, fn: Callable, arg_sets: list[tuple], reference: Callable, tol: float,
+            bytes_per_call: int) -> Measurement:
+    import torch
+
+    try:
+        first = fn(*arg_sets[0])
+        torch.cuda.synchronize()
+        rel, worst = rel_error(first, reference(*arg_sets[0]))
+        if not (rel <= tol and worst <= tol):
+            return Measurement(c.name, False, error=f"wrong before timing: rel RMSE {rel:.3g}, worst {worst:.3g}")
+        try:
+            times, outs = time_graph(fn, arg_sets)
+            how = "graph"
+        except Exception:  # noqa: BLE001 - some peers cannot be captured; time them in a loop
+            torch.cuda.synchronize()
+            times, outs = time_loop(fn, arg_sets)
+            how = "loop"
+        for args, out in zip(arg_sets, outs):
+            rel, worst = rel_error(out, reference(*args))
+            if not (rel <= tol and worst <= tol):
+                return Measurement(c.name, False, error=f"timed outputs wrong: rel RMSE {rel:.3g}")
+        med = statistics.median(times)
+        q = statistics.quantiles(times, n=10) if len(times) >= 2 else [med] * 9
+        return Measurement(c.name, True, med, q[0], q[-1], bytes_per_call / (med * 1e-6) / 1e12,
+                           error="" if how == "graph" else "timed in a loop (graph capture failed)")
+    except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
+        return Measurement(c.name, False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+
+
+def rotation(bytes_per_call: int) -> int:
+    """How many input sets one graph cycles through so that its calls exceed the L2 cache."""
+    return max(1, min(64, math.ceil(TARGET_BYTES_PER_GRAPH / max(bytes_per_call, 1))))
+
+
+def provenance(peers: list[str]) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "cuda": torch.version.cuda}
+    try:
+        info["gpu"] = torch.cuda.get_device_name()
+        info["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        info["nvidia_smi"] = smi.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for pkg in ["triton", *peers]:
+        try:
+            info[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            info[pkg] = None
+    return info
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def print_table(title: str, shapes: list[tuple[int, int]], names: list[str], rows: dict) -> None:
+    print(f"\n{title}")
+    head = f"{'M x N':>16} " + " ".join(f"{n:>14}" for n in names)
+    print(head)
+    for shape in shapes:
+        cells = []
+        for n in names:
+            m = rows[shape].get(n)
+            cells.append(f"{m.tbps:14.2f}" if m is not None and m.ok else f"{'fail':>14}" if m else f"{'-':>14}")
+        print(f"{shape[0]:>7} x {shape[1]:<7} " + " ".join(cells))
+
+
+def safe(make: Callable) -> Callable | str:
+    try:
+        return make()
+    except Exception as e:  # noqa: BLE001
+        return f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
+def log_exception() -> None:
+    traceback.print_exc(file=sys.stderr)
