@@ -107,6 +107,9 @@ class RowKernelEmitter:
         self.E = max(1, math.ceil(self.N / (self.V * self.P))) if self.N else 1
         self.EV = self.E * self.V
         self.exact = self.N % (self.V * self.P) == 0
+        # inside the fused per-chunk loop of the row's tail: values declared there hold one
+        # chunk (vec elements), not the thread's whole share of the row
+        self.chunk_local: set[Value] | None = None
 
     # --- naming -------------------------------------------------------------------------------
     def _row_length(self) -> int:
@@ -143,8 +146,19 @@ class RowKernelEmitter:
                            "run tile before lower-reductions and lower-ptx")
 
     def elem(self, v: Value, i: str) -> str:
-        """Element i of a row value, or the value itself for scalars and lanes."""
-        return f"{self.name(v)}[{i}]" if self.kind(v) == "row" else self.name(v)
+        """Element i of a row value (of the current chunk, inside the fused tail), or the value
+        itself for scalars and lanes."""
+        if self.kind(v) != "row":
+            return self.name(v)
+        if self.chunk_local is not None and v not in self.chunk_local:
+            return f"{self.name(v)}[e * {self.V} + {i}]"
+        return f"{self.name(v)}[{i}]"
+
+    def chunk_elem(self, v: Value, k: int) -> str:
+        """Element k of chunk e of a row value, in a loop over chunks e."""
+        if self.chunk_local is not None and v in self.chunk_local:
+            return f"{self.name(v)}[{k}]"
+        return f"{self.name(v)}[e * {self.V} + {k}]"
 
     def as_float(self, expr: str, dtype: DType) -> str:
         if dtype in (DType.BF16,):
@@ -243,10 +257,13 @@ class RowKernelEmitter:
         self.emit(f"const long long kfc_m = (long long)({lo}) + kfc_base + kfc_r;")
         self.emit("const bool kfc_rowvalid = kfc_base + kfc_r < kfc_rows;")
         first_cluster = self.cluster_ops[0] if self.cluster_ops else None
-        for op in L.body.ops:
+        head, tail = self.split_tail(L.body.ops)
+        for op in head:
             if op is first_cluster:
                 self.emit(ptx.cluster_wait())
             self.emit_op(op)
+        if tail:
+            self.emit_fused_tail(tail)
         if self.cluster_ops:
             # The next iteration's first cluster step waits on this: no CTA sends into a peer's
             # slots before the peer has read the last ones. After the last iteration nothing is
@@ -257,6 +274,41 @@ class RowKernelEmitter:
             self.emit("  " + ptx.cluster_arrive())
             self.emit("}")
         self.emit("kfc_phase ^= 1;")
+        self.indent -= 1
+        self.emit("}")
+
+    FUSABLE = (ConstOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, LdOp, StOp)
+
+    def split_tail(self, ops):
+        """The ops after the last reduction step, when all of them can run chunk by chunk:
+        emitted as one loop over the thread's chunks, the tail keeps one chunk of each of its
+        row values in registers instead of the whole share (a weight row, products,
+        conversions), which leaves room for more resident CTAs."""
+        last = max((i for i, op in enumerate(ops) if op.NAME.startswith("gpu.")), default=-1)
+        tail = list(ops[last + 1:])
+        if not tail or not all(isinstance(op, self.FUSABLE) for op in tail):
+            return list(ops), []
+        if not any(r.type.layout is not None and r.type.layout.kind == "row" for op in tail for r in op.results
+                   if isinstance(r.type, TensorType)) and not any(isinstance(op, StOp) for op in tail):
+            return list(ops), []
+        return list(ops[:last + 1]), tail
+
+    def emit_fused_tail(self, tail) -> None:
+        row_ops = []
+        for op in tail:  # scalars first: they never depend on the tail's row values
+            if any(self.kind(v) == "row" for v in op.results) or isinstance(op, StOp):
+                row_ops.append(op)
+            else:
+                self.emit_op(op)
+        self.emit("#pragma unroll")
+        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
+        self.indent += 1
+        self.chunk_local = set()
+        try:
+            for op in row_ops:
+                self.emit_op(op)
+        finally:
+            self.chunk_local = None
         self.indent -= 1
         self.emit("}")
 
@@ -280,15 +332,23 @@ class RowKernelEmitter:
         n = self.name(v)
         k = self.kind(v)
         ct = C_TYPES[v.ttype.dtype]
-        if k == "row":
+        if k == "row" and self.chunk_local is not None:
+            self.emit(f"{ct} {n}[{self.V}];")
+            self.chunk_local.add(v)
+        elif k == "row":
             self.emit(f"{ct} {n}[{self.EV}];")
         else:
             self.emit(f"{ct} {n};")
         return n
 
+    @property
+    def span(self) -> int:
+        """Elements a row loop covers: the thread's share, or one chunk in the fused tail."""
+        return self.V if self.chunk_local is not None else self.EV
+
     def loop(self, body: str) -> None:
         self.emit(f"#pragma unroll")
-        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {body} }}")
+        self.emit(f"for (int i = 0; i < {self.span}; ++i) {{ {body} }}")
 
     def emit_op(self, op: Op, top: bool = False) -> None:
         handler = getattr(self, "op_" + type(op).__name__, None)
@@ -415,15 +475,16 @@ class RowKernelEmitter:
 
     def op_CvtPackOp(self, op: CvtPackOp) -> None:
         dst = op.result.ttype.dtype
+        x = op.operands[0]
         n = self.declare(op.result)
-        x = self.name(op.operands[0])
         conv = BITS_TO[dst]
+        span = self.span
         self.emit("#pragma unroll")
-        self.emit(f"for (int i = 0; i + 1 < {self.EV}; i += 2) {{ const unsigned w = "
-                  f"{ptx.cvt_pack(f'{x}[i + 1]', f'{x}[i]', str(dst))}; "
+        self.emit(f"for (int i = 0; i + 1 < {span}; i += 2) {{ const unsigned w = "
+                  f"{ptx.cvt_pack(self.elem(x, 'i + 1'), self.elem(x, 'i'), str(dst))}; "
                   f"{n}[i] = {conv}((unsigned short)(w & 0xffffu)); {n}[i + 1] = {conv}((unsigned short)(w >> 16)); }}")
-        if self.EV % 2:
-            self.emit(f"{n}[{self.EV - 1}] = {self.from_float(f'{x}[{self.EV - 1}]', dst)};")
+        if span % 2:
+            self.emit(f"{n}[{span - 1}] = {self.from_float(self.elem(x, str(span - 1)), dst)};")
 
     def op_BroadcastOp(self, op: BroadcastOp) -> None:
         if self.kind(op.operands[0]) != "scalar":
@@ -474,7 +535,6 @@ class RowKernelEmitter:
         d = t.dtype
         n = self.declare(r)
         other = literal(op.other, d)
-        row_dep = any(v is self.launch.body.args[0] for v in op.operands[1:]) or True
         guard = f"{tensor.name} != nullptr" if t.optional else None
         if self.kind(r) != "row":
             addr = self._address(op, tensor, op.index, op.operands[1:], "0")
@@ -488,9 +548,7 @@ class RowKernelEmitter:
         nwords = max(1, acc_bytes // word)
         per_word = word // esize if esize < word else 1
         accesses = self.V // op.vec
-        self.emit("#pragma unroll")
-        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
-        self.indent += 1
+        self.open_chunks()
         base = f"((e * {self.P} + kfc_g) * {self.V})"
         conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
         if (p := self._chunk_pred("e")) is not None:
@@ -507,10 +565,20 @@ class RowKernelEmitter:
             self.emit(ptx.ld_global(words, addr, pred, op.cache, word))
             for wi, w in enumerate(words):
                 for k in range(per_word):
-                    idx = f"e * {self.V} + {a * op.vec + wi * per_word + k}"
-                    self.emit(f"{n}[{idx}] = {self._from_bits(w, d, k, word)};")
-        self.indent -= 1
-        self.emit("}")
+                    self.emit(f"{self.chunk_elem(r, a * op.vec + wi * per_word + k)} = {self._from_bits(w, d, k, word)};")
+        self.close_chunks()
+
+    def open_chunks(self) -> None:
+        """A loop over the thread's chunks e, unless the fused tail's loop already provides e."""
+        if self.chunk_local is None:
+            self.emit("#pragma unroll")
+            self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
+            self.indent += 1
+
+    def close_chunks(self) -> None:
+        if self.chunk_local is None:
+            self.indent -= 1
+            self.emit("}")
 
     def row_dependent(self, op) -> bool:
         idx = op.operands[1:] if isinstance(op, LdOp) else op.operands[2:]
@@ -571,10 +639,7 @@ class RowKernelEmitter:
         nwords = max(1, acc_bytes // word)
         per_word = word // esize if esize < word else 1
         accesses = self.V // op.vec
-        x = self.name(value)
-        self.emit("#pragma unroll")
-        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
-        self.indent += 1
+        self.open_chunks()
         base = f"((e * {self.P} + kfc_g) * {self.V})"
         conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
         if (p := self._chunk_pred("e")) is not None:
@@ -587,8 +652,7 @@ class RowKernelEmitter:
             for wi in range(nwords):
                 parts = []
                 for k in range(per_word):
-                    idx = f"e * {self.V} + {a * op.vec + wi * per_word + k}"
-                    bits = self._to_bits(f"{x}[{idx}]", d)
+                    bits = self._to_bits(self.chunk_elem(value, a * op.vec + wi * per_word + k), d)
                     parts.append(f"({bits} << {16 * k})" if per_word > 1 else bits)
                 w = self.fresh("s")
                 wt = "unsigned" if word == 4 else "unsigned short"
@@ -596,8 +660,7 @@ class RowKernelEmitter:
                 words.append(w)
             addr = f"{tensor.name} + {self._address(op, tensor, op.index, op.operands[2:], f'{base} + {a * op.vec}')}"
             self.emit(ptx.st_global(words, addr, pred, op.cache, word))
-        self.indent -= 1
-        self.emit("}")
+        self.close_chunks()
 
     # --- reductions ---------------------------------------------------------------------------
     def combine(self, kind: ReduceKind, a: str, b: str) -> str:

@@ -5,7 +5,7 @@ from .base import PASSES, Pass, PassError, register_pass
 from .manager import PassContext, PassManager, VerifyEach
 from .pipeline import Pipeline, parse_pipeline
 
-ROW_PIPELINE = ("canonicalize,cse,dce,tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce")
+ROW_PIPELINE = "canonicalize,cse,dce,tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
 
 
 def default_pipeline(kind: str) -> str:
