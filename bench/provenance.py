@@ -42,13 +42,16 @@ def machine() -> dict:
     return info
 
 
-def save(name: str, payload: dict) -> Path:
-    """Write `payload` with provenance to bench/results/NAME-<UTC timestamp>.json."""
+def save(name: str, payload: dict, also: str | Path | None = None) -> Path:
+    """Write `payload` with provenance to bench/results/NAME-<UTC timestamp>.json (and, the
+    same document, to `also`: a machine that keeps nothing can send it back from there)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     doc = {"benchmark": name, "utc": stamp, "kfc_commit": git_commit(), "machine": machine(), **payload}
     path = RESULTS / f"{name}-{stamp}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    for target in [path] + ([Path(also)] if also else []):
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)
     return path

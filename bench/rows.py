@@ -268,7 +268,7 @@ def main(op: str, argv=None) -> int:
     ap.add_argument("--prebuild", metavar="TARGET", help="only compile kfc's kernels into the JIT cache")
     ap.add_argument("--quack-tuned", action="store_true",
                     help="also time QuACK's autotuned rmsnorm (it compiles hundreds of configs per shape)")
-    ap.add_argument("--out", help="also write the JSON result here")
+    ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
     global QUACK_TUNED
     QUACK_TUNED = args.quack_tuned
@@ -284,9 +284,7 @@ def main(op: str, argv=None) -> int:
     payload = {"op": op, "dtype": "bf16 x, fp32 weights", "metric": "TB/s = (bytes read + bytes written) / time",
                "timing": "CUDA graph of rotating input sets beyond L2, median of 10 replays", "env": prov,
                **summary, "sweep": result["sweep"]}
-    path = save(f"{op}", payload)
-    if args.out:
-        Path(args.out).write_text(json.dumps(payload, indent=2, default=str))
+    path = save(f"{op}", payload, also=args.out)
     harness.print_table(f"{op}: TB/s on {prov.get('gpu', '?')} (bf16)", shapes, names, rows)
     print(f"\nkfc / best peer, per shape: " + ", ".join(
         f"{s['N']}:{s['ratio_vs_best_peer']:.2f}" for s in summary["shapes"] if "ratio_vs_best_peer" in s))

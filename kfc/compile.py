@@ -20,6 +20,7 @@ import attrs
 
 from . import __version__
 from .codegen.cuda import LaunchPlan, generate_cuda
+from .codegen.resources import check_resources
 from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
 from .diagnostics import KfcError
 from .frontend.spec import OpSpec
@@ -125,6 +126,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     kernel = compile_cuda(code, arch)
     t_nvcc = time.perf_counter() - t1
     rep = kernel.report
+    check_resources(plan, rep, target, spec.instance_name)
     if rep.spills and not allow_spills:
         raise KfcError(f"{spec.instance_name} spills registers to local memory with {pipe} at "
                        f"{', '.join(f'{k}={v}' for k, v in fixed.items())}: {rep.spill_stores} bytes stored, "

@@ -64,7 +64,8 @@ class KfcError(Exception):
             if text is not None:
                 expanded = text.expandtabs(4)
                 out.append(f"    {expanded}")
-                start = max(self.span.col - 1, 0)
+                # the column counts characters; a tab before it is 4 columns on screen
+                start = len(text[:max(self.span.col - 1, 0)].expandtabs(4))
                 if self.span.end_line == self.span.line:
                     width = max(self.span.end_col - self.span.col, 1)
                 else:

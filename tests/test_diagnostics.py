@@ -72,7 +72,7 @@ def test_golden_message_shape(case: Path, at_repo_root) -> None:
     assert len(lines) == 4, text  # header, source line, caret, hint
     assert lines[1] == "    " + source[line - 1].expandtabs(4)
     assert re.fullmatch(r" {4}( *)\^~*", lines[2]), lines[2]
-    assert lines[2].index("^") - 4 == col - 1
+    assert lines[2].index("^") - 4 == len(source[line - 1][:col - 1].expandtabs(4))  # under the column, tabs expanded
     assert lines[3].startswith("hint: ") and len(lines[3]) > len("hint: ") + 10
     assert text.count(": error: ") == 1
 

@@ -50,7 +50,11 @@ class PtxasReport:
 
 @functools.cache
 def find_toolchain() -> Toolchain:
-    nvcc = os.environ.get("KFC_NVCC") or shutil.which("nvcc")
+    nvcc = os.environ.get("KFC_NVCC")
+    if nvcc and not Path(nvcc).is_file():
+        raise ToolchainError(f"KFC_NVCC points at {nvcc}, which does not exist",
+                             hint="set KFC_NVCC to the nvcc binary of a CUDA toolkit (12.8 or newer), or unset it")
+    nvcc = nvcc or shutil.which("nvcc")
     if not nvcc:
         for cand in ("/usr/local/cuda/bin/nvcc", "/opt/cuda/bin/nvcc"):
             if Path(cand).is_file():

@@ -5,6 +5,7 @@ language's own rules (what may be assigned where, what a slice may be)."""
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Callable
 
 import attrs
@@ -41,6 +42,7 @@ class _Frame:
     names: dict[str, Value] = attrs.Factory(dict)
     carried: tuple[str, ...] = ()
     assigned_at: dict[str, Span] = attrs.Factory(dict)
+    indices: frozenset[str] = frozenset()  # the loop's index names: fixed for an iteration
 
 
 class _Literal:
@@ -164,6 +166,9 @@ class Lowerer:
                 if unknown:
                     raise KfcError(f"the default of {n} uses {sorted(unknown)[0]}, which is not a shape dimension",
                                    self.param_spans[n], "a default is a number or an expression of dims, e.g. K ** -0.5")
+        if not outputs:
+            raise self.err(outs_node if outs_node.children and outs_node.children[0] is not None else node,
+                           f"op {name_tok} has no outputs", "declare what it writes after '->', e.g. -> (y: f32[N])")
         self.outputs = {n for n, _ in outputs}
         with self.b.at(self.span(node)):
             with self.b.func(str(name_tok), inputs, outputs, defaults) as f:
@@ -216,9 +221,10 @@ class Lowerer:
             return -self.number(node.children[0])
         text = self.text[node.meta.start_pos:node.meta.end_pos]
         try:
-            constexpr.symbols_of(text)
+            # evaluated at specialisation; try it now at typical sizes to catch 1 / 0 early
+            constexpr.evaluate(text, {sym: 64 for sym in constexpr.symbols_of(text)})
         except constexpr.ConstExprError as e:
-            raise self.err(node, str(e)) from None
+            raise self.err(node, str(e), "a default is a number or an expression of dims, e.g. K ** -0.5") from None
         return text
 
     @staticmethod
@@ -262,6 +268,9 @@ class Lowerer:
             raise self.err(node, f"cannot assign to the dimension '{name}'",
                            "dimensions are fixed by the input shapes; choose a new name for the value")
         frame = self.frames[-1]
+        if any(name in f.indices for f in self.frames):
+            raise self.err(node, f"'{name}' is a loop index and cannot be assigned",
+                           "choose a new name for the value")
         if name not in frame.names:
             for outer in reversed(self.frames[:-1]):
                 if name in outer.names:
@@ -326,7 +335,7 @@ class Lowerer:
                 bounds.append((self.index_value(lo, "lower bound"), self.index_value(hi, "upper bound")))
         with self.b.at(self.span(node)):
             with self.b.parallel(bounds, names) as ivs:
-                frame = _Frame("parallel", dict(zip(names, ivs)))
+                frame = _Frame("parallel", dict(zip(names, ivs)), indices=frozenset(names))
                 self.frames.append(frame)
                 self.block(body)
                 self.frames.pop()
@@ -352,7 +361,7 @@ class Lowerer:
         with self.b.at(self.span(node)):
             with self.b.for_(lo_v, hi_v, step_v, inits, iv_name=str(name)) as loop:
                 frame = _Frame("for", {str(name): loop.iv, **dict(zip(carry_names, loop.carried))},
-                               tuple(carry_names))
+                               tuple(carry_names), indices=frozenset({str(name)}))
                 self.frames.append(frame)
                 self.block(body)
                 self.frames.pop()
@@ -398,7 +407,11 @@ class Lowerer:
         if kind == "int_lit":
             return int(node.children[0])
         if kind == "float_lit":
-            return float(node.children[0])
+            value = float(node.children[0])
+            if math.isinf(value):
+                raise self.err(node, f"the literal {node.children[0]} is too large for any float type",
+                               "write a finite number; f64 reaches about 1.8e308")
+            return value
         if kind == "true_lit":
             return True
         if kind == "false_lit":
@@ -416,6 +429,8 @@ class Lowerer:
                 return self.b.cmp(_CMPS[kind], a, b)
         if kind == "neg":
             a = self.value(node.children[0])
+            if isinstance(a, bool):
+                raise self.err(node, "'-' of a boolean", "use ~ to negate a condition")
             if _is_num(a):
                 return -a
             return self.b.unary("neg", a)
@@ -532,7 +547,11 @@ class Lowerer:
                 raise self.err(item, "None (a new axis) applies to tiles, not to tensors",
                                "load first, then add the axis: t = x[m, :]; t[None, :]")
             if item.data == "idx_point":
-                items.append(self.index_value(item.children[0], "index"))
+                v = self.index_value(item.children[0], "index")
+                if isinstance(v, int) and v < 0:
+                    raise self.err(item, f"negative index {v}: kfc indexes from 0 and does not count from the end",
+                                   f"write the position from the start, e.g. {tensor.name}[..., N - 1] for the last")
+                items.append(v)
                 continue
             lo, hi, limit = item.children
             if lo is None and hi is None:

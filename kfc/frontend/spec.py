@@ -171,6 +171,8 @@ class _Sections:
         for tok in node.children:
             if str(tok) not in TARGETS:
                 raise self.err(tok, f"unknown target '{tok}'", f"targets are {', '.join(TARGETS)}")
+            if str(tok) in out:
+                raise self.err(tok, f"target '{tok}' is listed twice", "list each target once")
             out.append(str(tok))
         return tuple(out)
 

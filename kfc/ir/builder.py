@@ -318,7 +318,10 @@ class Builder:
             raise self.error(f"where's condition must be bool, not {cond.ttype.dtype}",
                              "compare to get a mask, e.g. where(x > 0, x, 0.0)")
         if not isinstance(cond, Value):
-            cond = self.literal(bool(cond), TensorType(DType.BOOL))
+            if not isinstance(cond, bool):
+                raise self.error(f"where's condition must be bool, not the number {cond!r}",
+                                 "write true or false, or a comparison such as x > 0")
+            cond = self.literal(cond, TensorType(DType.BOOL))
         a, b = self._unify([a, b], "where")
         shape = self.broadcast_shape([cond.ttype.shape, a.ttype.shape], "where")
         cond, a, b = (self.broadcast_to(v, shape) for v in (cond, a, b))

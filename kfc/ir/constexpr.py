@@ -31,7 +31,12 @@ def symbols_of(text: str) -> set[str]:
 
 
 def evaluate(text: str, env: dict[str, int | float]) -> int | float:
-    return _eval(_parse(text).body, env)
+    try:
+        return _eval(_parse(text).body, env)
+    except (ZeroDivisionError, OverflowError, ValueError, TypeError) as e:
+        if isinstance(e, ConstExprError):
+            raise
+        raise ConstExprError(f"{text!r} cannot be evaluated: {e}") from None
 
 
 def _parse(text: str) -> ast.Expression:

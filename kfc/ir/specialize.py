@@ -40,7 +40,12 @@ def specialize(func: FuncOp, dims: dict[str, int], partial: bool = False) -> Fun
     # defaults written over dims become numbers once the dims are known
     def resolve(v):
         if isinstance(v, str) and constexpr.symbols_of(v) <= set(dims):
-            return constexpr.evaluate(v, dims)
+            try:
+                return constexpr.evaluate(v, dims)
+            except constexpr.ConstExprError as e:
+                from ..diagnostics import KfcError
+
+                raise KfcError(f"a default of {func.sym_name} at {dims}: {e}", func.loc) from None
         return v
 
     defaults = tuple((k, resolve(v)) for k, v in func.defaults)

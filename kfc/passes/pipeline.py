@@ -6,6 +6,7 @@ order, defaults left out); any accepted text prints canonically.
 
 from __future__ import annotations
 
+import difflib
 import re
 
 import attrs
@@ -46,7 +47,7 @@ def parse_pipeline(text: str) -> Pipeline:
         name, opts = m.group(1), m.group(3)
         cls = PASSES.get(name)
         if cls is None:
-            close = [n for n in PASSES if n.startswith(name[:3])]
+            close = difflib.get_close_matches(name, list(PASSES), 1, 0.6)
             raise PassError(f"unknown pass {name!r}",
                             hint=(f"did you mean {close[0]}? " if close else "") + "`kfc passes` lists them")
         kwargs = {}

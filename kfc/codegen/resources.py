@@ -1,0 +1,29 @@
+"""Resources against the target's limits, from the numbers ptxas reports for the kernel."""
+
+from __future__ import annotations
+
+from ..diagnostics import KfcError
+from ..target import Target
+from .cuda import LaunchPlan
+from .toolchain import PtxasReport
+
+
+class ResourceError(KfcError):
+    pass
+
+
+def check_resources(plan: LaunchPlan, report: PtxasReport, target: Target, what: str) -> None:
+    """Raise with the numbers when the kernel cannot launch as planned on the target."""
+    if plan.block > 1024:
+        raise ResourceError(f"{what}: {plan.block} threads per CTA; {target} allows 1024",
+                            hint="use fewer rows per CTA or fewer threads per row")
+    regs = report.registers * plan.block
+    if regs > target.regs_per_sm:
+        raise ResourceError(f"{what}: {report.registers} registers x {plan.block} threads = {regs} registers per CTA; "
+                            f"an SM of {target} has {target.regs_per_sm}",
+                            hint="use fewer threads per CTA, or fewer elements per thread")
+    if report.smem_bytes > target.smem_per_block:
+        raise ResourceError(f"{what}: {report.smem_bytes} bytes of shared memory per CTA; {target} allows "
+                            f"{target.smem_per_block}", hint="use fewer rows per CTA")
+    if plan.cluster > 16:
+        raise ResourceError(f"{what}: a cluster of {plan.cluster} CTAs; {target} allows 16 (8 portable)")

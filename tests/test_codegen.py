@@ -1,0 +1,181 @@
+"""Code generation and the toolchain, on the CPU: every row kernel compiles through ptxas for
+sm_90a and sm_100a without spills; the PTX templates and one generated kernel are pinned."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kfc.cli import main
+from kfc.codegen import ptx
+from kfc.codegen.toolchain import find_toolchain, parse_ptxas_report
+from kfc.compile import compile_op
+from kfc.diagnostics import KfcError
+from kfc.frontend import load_kfc
+from kfc.target import parse_target
+
+GOLDEN = Path("tests/golden/codegen")
+ROW_KERNELS = ["rmsnorm", "layernorm", "softmax"]
+
+
+def _compile(job):
+    name, dtype, n, target = job
+    spec = load_kfc(f"kernels/{name}.kfc", {"T": dtype})
+    return job, compile_op(spec, parse_target(target), shape={"N": n})
+
+
+JOBS = ([(k, d, 4096, t) for k in ROW_KERNELS for d in ("bf16", "f16", "f32") for t in ("sm_90a", "sm_100a")]
+        + [(k, "bf16", n, t) for k in ROW_KERNELS for n in (7, 65536, 262144) for t in ("sm_90a", "sm_100a")])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return dict(pool.map(_compile, JOBS))
+
+
+def test_every_row_kernel_compiles_without_spills(compiled):
+    assert len(compiled) == len(JOBS)
+    for (name, dtype, n, target), r in compiled.items():
+        rep = r.kernel.report
+        assert r.kernel.cubin[:4] == b"\x7fELF", (name, target)
+        assert rep.spills == 0 and rep.stack_bytes == 0, (name, dtype, n, target, rep)
+        assert 0 < rep.registers * r.plan.block <= 65536
+        assert r.arch == target
+        assert f".target {target}" in r.kernel.ptx
+
+
+def test_long_rows_use_a_cluster_and_distributed_shared_memory(compiled):
+    r = compiled[("rmsnorm", "bf16", 262144, "sm_90a")]
+    assert r.plan.cluster > 1
+    for instr in ("mapa.shared::cluster", "st.async.shared::cluster.mbarrier::complete_tx::bytes",
+                  "mbarrier.try_wait.parity", "barrier.cluster.wait"):
+        assert instr in r.kernel.cu and instr in r.kernel.ptx, instr
+
+
+def test_cu_holds_inline_ptx_for_loads_stores_and_reductions(compiled):
+    cu = compiled[("rmsnorm", "bf16", 4096, "sm_90a")].kernel.cu
+    assert 'asm volatile("{\\n .reg .pred p;\\n setp.ne.b32 p, %5, 0;\\n @p ld.global.cs.v4.b32' in cu
+    assert "st.global.cs.v4.b32" in cu
+    assert "shfl.sync.bfly.b32" in cu and "bar.sync" in cu and "st.shared.f32" in cu
+    assert cu.count("asm volatile") >= 6
+
+
+def test_generated_kernel_matches_golden():
+    """The whole .cu of one kernel is pinned; KFC_UPDATE_GOLDEN=1 rewrites it after a reviewed change."""
+    r = compile_op(load_kfc("kernels/rmsnorm.kfc"), parse_target("sm_90a"), shape={"N": 4096})
+    path = GOLDEN / "rmsnorm_bf16_N4096_sm_90a.cu"
+    if os.environ.get("KFC_UPDATE_GOLDEN"):
+        path.write_text(r.kernel.cu)
+    assert r.kernel.cu == path.read_text()
+
+
+def test_ptx_templates_are_pinned():
+    assert ptx.ld_global(["a", "b"], "p", None, "cs") == \
+        'asm volatile("ld.global.cs.v2.b32 {%0, %1}, [%2];" : "+r"(a), "+r"(b) : "l"(p));'
+    assert ptx.ld_global(["a"], "p", "ok", "nc_na") == (
+        'asm volatile("{\\n .reg .pred p;\\n setp.ne.b32 p, %2, 0;\\n @p ld.global.nc.L1::no_allocate.b32 %0, [%1];'
+        '\\n}" : "+r"(a) : "l"(p), "r"((int)(ok)));')
+    assert ptx.st_global(["a", "b", "c", "d"], "p", None) == \
+        'asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");'
+    assert ptx.bar_sync() == 'asm volatile("bar.sync 0;" ::: "memory");'
+    assert ptx.st_async_f32("ra", "v", "rb") == (
+        'asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" '
+        ':: "r"(ra), "r"(__float_as_uint(v)), "r"(rb) : "memory");')
+    assert ptx.mbarrier_arrive_expect_tx("m", 16) == \
+        'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 16;" :: "r"(m) : "memory");'
+    assert ptx.cluster_arrive() == 'asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");'
+    assert ptx.shfl_bfly("x", 8) == "kfc_shfl_bfly(x, 8)"
+    for fn in ("kfc_shfl_bfly", "kfc_rsqrt_approx", "kfc_ex2_approx", "kfc_cvt_pack_bf16", "kfc_mapa"):
+        assert f"kfc_{fn[4:]}(" in ptx.PRELUDE
+    assert "cvt.rn.bf16x2.f32 %0, %1, %2" in ptx.PRELUDE
+    assert "shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff" in ptx.PRELUDE
+
+
+def test_ptxas_report_parsing():
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+           "ptxas info    : Function properties for k\n"
+           "    8 bytes stack frame, 16 bytes spill stores, 24 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 64 bytes smem, 400 bytes cmem[0]\n")
+    r = parse_ptxas_report(log)
+    assert (r.registers, r.stack_bytes, r.spill_stores, r.spill_loads, r.smem_bytes, r.barriers, r.cmem_bytes) == \
+        (40, 8, 16, 24, 64, 1, 400)
+    assert r.spills == 40
+
+
+# --- kfc compile: the acceptance commands and bad input -------------------------------------
+
+@pytest.mark.parametrize("target", ["sm_100", "sm_90a"])
+def test_kfc_compile_rmsnorm(tmp_path, capsys, target):
+    out = tmp_path / "out"
+    assert main(["compile", "kernels/rmsnorm.kfc", "--target", target, "-o", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["report.json", "rmsnorm.cu", "rmsnorm.cubin", "rmsnorm.kir", "rmsnorm.ptx"]
+    import json
+
+    report = json.loads((out / "report.json").read_text())
+    assert report["ptxas"]["spill_stores"] == 0 and report["ptxas"]["spill_loads"] == 0
+    assert report["target"] == target and report["dynamic_dims"] == ["M"]
+    assert "asm volatile" in (out / "rmsnorm.cu").read_text()
+    text = capsys.readouterr().out
+    assert "0 spill bytes" in text
+    if target == "sm_100":
+        assert "proven by ptxas only" in text
+
+
+def test_unknown_target_is_a_clear_error(capsys):
+    assert main(["compile", "kernels/rmsnorm.kfc", "--target", "sm_80"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown target 'sm_80'" in err and "sm_90a" in err and "Traceback" not in err
+
+
+def test_missing_toolchain(monkeypatch, capsys):
+    monkeypatch.setenv("KFC_NVCC", "/nonexistent/nvcc")
+    find_toolchain.cache_clear()
+    try:
+        assert main(["compile", "kernels/rmsnorm.kfc", "--target", "sm_90a", "-o", "/tmp/kfc-never"]) == 2
+    finally:
+        find_toolchain.cache_clear()
+    err = capsys.readouterr().err
+    assert "KFC_NVCC points at /nonexistent/nvcc" in err and not Path("/tmp/kfc-never").exists()
+
+
+def test_too_old_toolchain(tmp_path, monkeypatch):
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.0, V12.0.76'\n")
+    fake.chmod(0o755)
+    (tmp_path / "ptxas").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "ptxas").chmod(0o755)
+    monkeypatch.setenv("KFC_NVCC", str(fake))
+    find_toolchain.cache_clear()
+    try:
+        with pytest.raises(KfcError, match="nvcc 12.0 is too old"):
+            find_toolchain()
+    finally:
+        find_toolchain.cache_clear()
+
+
+def test_register_spills_are_reported_with_numbers(capsys):
+    # 64 threads for a row of 65536: 1024 elements per thread cannot live in registers
+    pipe = "canonicalize,tile{threads=64,cluster=1},lower-reductions,lower-ptx"
+    assert main(["compile", "kernels/rmsnorm.kfc", "--shape", "N=65536", "-p", pipe, "-o", "/tmp/kfc-never"]) == 2
+    err = capsys.readouterr().err
+    assert "spills registers to local memory" in err and "bytes stored" in err and "registers" in err
+    assert not Path("/tmp/kfc-never").exists()
+
+
+def test_ops_without_a_code_generator_say_so(capsys):
+    assert main(["compile", "kernels/gemm.kfc", "--target", "sm_90a"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot generate code for gemm yet" in err
+
+
+def test_a_bad_pipeline_is_reported(capsys):
+    assert main(["compile", "kernels/rmsnorm.kfc", "-p", "canonicalize,tiel"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown pass 'tiel'" in err and "did you mean tile" in err
+
+
+def test_verify_each_through_compile(tmp_path):
+    assert main(["compile", "kernels/softmax.kfc", "--shape", "N=1000", "--verify-each", "-o", str(tmp_path)]) == 0

@@ -1,0 +1,83 @@
+"""The runtime's CPU-side behaviour: argument checks, type-parameter instances, the JIT cache,
+and a clear message where a GPU is needed but absent."""
+
+import pytest
+import torch
+
+import kfc
+from kfc.diagnostics import KfcError
+from kfc.runtime import cache
+from kfc.runtime.kernel import cached_compile
+from kfc.target import parse_target
+
+
+@pytest.fixture
+def rmsnorm():
+    return kfc.load("kernels/rmsnorm.kfc", target="sm_90a")
+
+
+def test_cpu_tensors_are_refused_clearly(rmsnorm):
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(KfcError, match="kernels run on the GPU"):
+        rmsnorm(x, torch.randn(256))
+
+
+def test_wrong_dtype_is_named(rmsnorm):
+    w = rmsnorm.func.arg("w").ttype
+    with pytest.raises(KfcError, match=r"'w' is torch.float16, the kernel takes f32"):
+        rmsnorm.check_tensor("w", torch.randn(256, dtype=torch.float16), w, None)
+    with pytest.raises(KfcError, match="must be a torch tensor"):
+        rmsnorm.check_tensor("w", [1.0], w, None)
+
+
+def test_type_parameters_follow_the_tensors(rmsnorm):
+    inst = rmsnorm.instance_for({"x": torch.zeros(1, 8, dtype=torch.float16)})
+    assert inst.spec.dtypes == {"T": "f16"} and inst.func.inputs[0].ttype.dtype.value == "f16"
+    assert rmsnorm.instance_for({"x": torch.zeros(1, 8, dtype=torch.bfloat16)}) is rmsnorm
+    with pytest.raises(KfcError, match="takes bf16 | f16 | f32"):
+        rmsnorm.instance_for({"x": torch.zeros(1, 8, dtype=torch.int32)})
+
+
+def test_argument_binding_errors(rmsnorm):
+    with pytest.raises(KfcError, match="takes 3 inputs"):
+        rmsnorm.bind((1, 2, 3, 4), {})
+    with pytest.raises(KfcError, match="has no input 'z'"):
+        rmsnorm.bind((), {"z": 1})
+    with pytest.raises(KfcError, match="given twice"):
+        rmsnorm.bind((1,), {"x": 1})
+
+
+def test_no_gpu_is_one_clear_message(monkeypatch):
+    from kfc.runtime.driver import GpuUnavailable
+    from kfc.runtime.kernel import current_target
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(GpuUnavailable, match="no CUDA GPU is visible"):
+        current_target()
+
+
+def test_jit_cache_stores_and_reuses(tmp_path, monkeypatch):
+    monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path))
+    spec = kfc.frontend.load_kfc("kernels/softmax.kfc")
+    cubin, report = cached_compile(spec, parse_target("sm_90a"), None, {"M": 3, "N": 512})
+    assert cubin[:4] == b"\x7fELF" and report["dims"] == {"N": 512}
+    entries = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled again instead of reading the cache")
+
+    monkeypatch.setattr("kfc.compile.compile_op", no_compile)
+    again, _ = cached_compile(spec, parse_target("sm_90a"), None, {"M": 7, "N": 512})  # M is a run-time dim
+    assert again == cubin
+
+
+def test_cache_keys_separate_what_changes_the_binary():
+    base = cache.cache_key("ir", "", "sm_90a", {"N": 4096}, "13.0")
+    assert cache.cache_key("ir", "", "sm_90a", {"N": 4096}, "13.0") == base
+    for other in [cache.cache_key("ir2", "", "sm_90a", {"N": 4096}, "13.0"),
+                  cache.cache_key("ir", "tile", "sm_90a", {"N": 4096}, "13.0"),
+                  cache.cache_key("ir", "", "sm_100a", {"N": 4096}, "13.0"),
+                  cache.cache_key("ir", "", "sm_90a", {"N": 2048}, "13.0"),
+                  cache.cache_key("ir", "", "sm_90a", {"N": 4096}, "12.8")]:
+        assert other != base
