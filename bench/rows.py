@@ -11,8 +11,6 @@ kfc kernel the run will need into the JIT cache without a GPU.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from pathlib import Path
 
@@ -286,7 +284,7 @@ def main(op: str, argv=None) -> int:
                **summary, "sweep": result["sweep"]}
     path = save(f"{op}", payload, also=args.out)
     harness.print_table(f"{op}: TB/s on {prov.get('gpu', '?')} (bf16)", shapes, names, rows)
-    print(f"\nkfc / best peer, per shape: " + ", ".join(
+    print("\nkfc / best peer, per shape: " + ", ".join(
         f"{s['N']}:{s['ratio_vs_best_peer']:.2f}" for s in summary["shapes"] if "ratio_vs_best_peer" in s))
     g = summary["geomean_ratio_vs_best_peer"]
     print(f"geomean kfc / best peer: {g:.3f}" if g else "geomean: no peer ran")

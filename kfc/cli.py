@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("-o", "--output", metavar="PATH", help="write the IR here instead of to stdout")
     o.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16", help="bind the op's type parameters")
     o.add_argument("--shape", type=_parse_shape, metavar="M=..,N=..",
-                   help="specialise: bind these dims to sizes (all dims of the op)")
+                   help="specialise: bind these dims to sizes (the others stay symbolic)")
     o.add_argument("-p", "--pipeline", metavar="PIPELINE",
                    help='run these passes first, e.g. "canonicalize,cse,dce" (see kfc passes)')
     _add_pass_flags(o)
@@ -161,7 +161,7 @@ def cmd_opt(args) -> int:
         if unknown:
             raise KfcError(f"--shape names {unknown[0]}, which is not a dimension of {func.sym_name}",
                            hint=f"its dimensions are {', '.join(func.symbols) or 'none'}")
-        func = verify(specialize(func, args.shape))
+        func = verify(specialize(func, args.shape, partial=True))
     if args.pipeline is not None:
         from .passes import PassContext, PassManager, VerifyEach, parse_pipeline
         from .target import parse_target

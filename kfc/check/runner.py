@@ -21,7 +21,7 @@ from ..diagnostics import KfcError
 from ..frontend.spec import CheckSpec, OpSpec
 from ..ir.interpreter import run
 from ..ir.specialize import specialize
-from ..ir.types import MemSpace, SymDim, bind_dim
+from ..ir.types import MemSpace, bind_dim
 from ..ir.verifier import verify
 from .generators import GENERATORS, draw_default
 from .tensors import to_numpy, to_torch

@@ -64,11 +64,12 @@ class LaunchPlan:
 
 
 def _f32_literal(v: float) -> str:
+    """A C float literal that rounds to the same f32 as numpy does (repr is exact for doubles)."""
     if math.isnan(v):
         return "__int_as_float(0x7fc00000)"
     if math.isinf(v):
         return "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
-    return f"{float(v)!r}f".replace("ef", "e0f") if "e" in repr(float(v)) and repr(float(v)).endswith("e") else f"{float(v)!r}f"
+    return f"{float(v)!r}f"
 
 
 def literal(value, dtype: DType) -> str:
@@ -182,7 +183,7 @@ class RowKernelEmitter:
             self.names[v] = v.name
         self.emit(f"const int kfc_t = threadIdx.x % {self.T};")
         self.emit(f"const int kfc_r = threadIdx.x / {self.T};")
-        self.emit(f"const int kfc_lane = threadIdx.x % 32;")
+        self.emit("const int kfc_lane = threadIdx.x % 32;")
         if self.C > 1:
             self.emit(f"const unsigned kfc_crank = {ptx.cluster_ctarank()};")
         else:
@@ -250,7 +251,7 @@ class RowKernelEmitter:
             self.emit_cluster_setup()
         self.emit(f"const long long kfc_rows = (long long)({hi}) - (long long)({lo});")
         self.emit(f"const long long kfc_stride = (long long)(gridDim.x / {self.C}) * {self.R};")
-        self.emit(f"unsigned kfc_phase = 0;")
+        self.emit("unsigned kfc_phase = 0;")
         self.emit(f"for (long long kfc_base = (long long)(blockIdx.x / {self.C}) * {self.R}; kfc_base < kfc_rows; "
                   f"kfc_base += kfc_stride) {{")
         self.indent += 1
@@ -347,7 +348,7 @@ class RowKernelEmitter:
         return self.V if self.chunk_local is not None else self.EV
 
     def loop(self, body: str) -> None:
-        self.emit(f"#pragma unroll")
+        self.emit("#pragma unroll")
         self.emit(f"for (int i = 0; i < {self.span}; ++i) {{ {body} }}")
 
     def emit_op(self, op: Op, top: bool = False) -> None:

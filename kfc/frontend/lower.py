@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import attrs
 import lark

@@ -205,7 +205,7 @@ class Builder:
             return self.const(value, d)
         if isinstance(value, float) and not d.is_float:
             raise self.error(f"dtype mismatch: the float literal {value} meets {_a(d)} operand",
-                             f"write an integer, or cast the other side, e.g. f32(...)")
+                             "write an integer, or cast the other side, e.g. f32(...)")
         if d.is_bool:
             raise self.error(f"dtype mismatch: the number {value} meets a bool operand",
                              "use true or false, or compare to get a mask, e.g. x > 0")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import attrs
 import lark
 
 from ..diagnostics import KfcError, Span, register_source

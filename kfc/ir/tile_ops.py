@@ -9,13 +9,13 @@ attributes declared on each class.
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 
 from .core import Op, Value, register_op
 from .dtypes import DType
-from .types import Dim, MemSpace, SymDim, TensorType, Type
+from .types import Dim, MemSpace, TensorType
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,7 @@ Every message carries the op's source span. Runs after the front end and after e
 
 from __future__ import annotations
 
-from ..diagnostics import VerifyError
-from .core import Block, Op, Value
+from .core import Block, Op
 from .func import FuncOp
 from .tile_ops import DimOp, ForOp, LoadOp, StoreOp, YieldOp
 from .types import MemSpace, SymDim, TensorType

@@ -80,7 +80,9 @@ class Pass:
         parts = []
         for f in cls.option_fields():
             default = "" if f.default is attrs.NOTHING else f"={format_option(f.default)}"
-            parts.append(f"{f.name}: {_type_name(f.type)}{default}")
+            allowed = getattr(f.validator, "options", None)
+            kind = "|".join(str(a) for a in allowed) if allowed else _type_name(f.type)
+            parts.append(f"{f.name}: {kind}{default}")
         return ", ".join(parts)
 
 
@@ -98,13 +100,12 @@ def _type_name(t) -> str:
 
 def convert_option(cls: type[Pass], name: str, text: str):
     """Turn an option's text into its field's type, or raise PassError saying what is allowed."""
+    attrs.resolve_types(cls)  # `from __future__ import annotations` leaves field types as strings
     field = {f.name: f for f in attrs.fields(cls)}.get(name)
     if field is None:
         known = ", ".join(f.name for f in attrs.fields(cls)) or "none"
         raise PassError(f"pass {cls.NAME} has no option {name!r}", hint=f"its options are: {known}")
     t = field.type
-    if isinstance(t, str):  # postponed annotations
-        t = {"int": int, "bool": bool, "str": str, "float": float}.get(t, t)
     try:
         if t is bool:
             if text not in ("true", "false"):

@@ -13,7 +13,6 @@ from typing import ClassVar
 import attrs
 import numpy as np
 
-from ..ir.core import Op
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.interpreter import Interpreter

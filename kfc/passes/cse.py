@@ -14,13 +14,20 @@ from ..ir.rewrite import ValueMap
 from .base import Pass, register_pass
 
 
+def _exact(v):
+    """Attribute values compared by identity of bits: 0.0 and -0.0 differ, NaN equals NaN."""
+    if isinstance(v, float):
+        return ("float", v.hex())
+    if isinstance(v, tuple):
+        return tuple(_exact(x) for x in v)
+    return v
+
+
 def _key(op: Op):
     try:
-        attrs_key = tuple(sorted(op.attributes().items()))
+        attrs_key = tuple(sorted((k, _exact(v)) for k, v in op.attributes().items()))
         hash(attrs_key)
     except TypeError:
-        return None
-    if any(isinstance(v, float) and v != v for _, v in attrs_key):  # NaN != NaN
         return None
     return (op.NAME, tuple(id(v) for v in op.operands), attrs_key, tuple(r.type for r in op.results))
 

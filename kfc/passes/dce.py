@@ -39,7 +39,8 @@ class DCE(Pass):
                 nonlocal dropped
                 out = []
                 for op in b.ops:
-                    if op.results and not _has_effect(op) and all(counts.get(r, 0) == 0 for r in op.results):
+                    if (not op.has_trait("terminator") and not _has_effect(op)
+                            and all(counts.get(r, 0) == 0 for r in op.results)):
                         dropped += 1
                         continue
                     if op.regions:

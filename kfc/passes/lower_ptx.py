@@ -25,12 +25,13 @@ from ..ir.dtypes import DType
 from ..ir.gpu_ops import LaunchOp
 from ..ir.ptx_ops import CACHE_HINTS, CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
 from ..ir.rewrite import ValueMap, rebuild_block
-from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, CastOp, ConstOp, LoadOp, StoreOp
+from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
 from ..ir.types import TensorType
 from .base import Pass, PassError, register_pass
 from .rows import find_row_loop
 
 APPROX_MIN_TOLERANCE = 1e-5
+HINT_NAMES = ("none",) + tuple(h for h in CACHE_HINTS if h)
 
 
 def _hint(name: str, text: str) -> str:
@@ -46,9 +47,9 @@ def _hint(name: str, text: str) -> str:
 class LowerPtx(Pass):
     NAME: ClassVar[str] = "lower-ptx"
     SUMMARY: ClassVar[str] = "vector ld/st with cache hints, approximate rsqrt/exp, packed conversions"
-    approx: str = "auto"
-    stream: str = "cs"
-    store: str = "cs"
+    approx: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
+    stream: str = attrs.field(default="cs", validator=attrs.validators.in_(HINT_NAMES))
+    store: str = attrs.field(default="cs", validator=attrs.validators.in_(HINT_NAMES))
 
     def run(self, func, ctx):
         if self.approx not in ("auto", "on", "off"):
@@ -86,8 +87,6 @@ class LowerPtx(Pass):
                 ops = [c]
                 scale = c.result
                 if x.ttype.rank:
-                    from ..ir.tile_ops import BroadcastOp
-
                     b = BroadcastOp(operands=(scale,), results=(Value(x.type),), loc=op.loc)
                     ops.append(b)
                     scale = b.result

@@ -122,8 +122,7 @@ class PassManager:
                 _, rel, ok, note = compare(a, b, tol)
                 if ok:
                     continue
-                diff = ~np.isclose(a.astype(np.float64), b, rtol=max(tol, 1e-12), atol=max(tol, 1e-12), equal_nan=True)
-                where = tuple(int(i) for i in np.argwhere(diff)[0]) if diff.any() else ()
+                where = _first_difference(a.astype(np.float64), b, tol)
                 writer = writers[out.name][where] if where else None
                 who = ("an element no op wrote" if writer is None or writer < 0 else None)
                 span = None
@@ -151,6 +150,22 @@ class PassManager:
         d = Path(self.ctx.dump_dir)
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{index:02d}-{name}.kir").write_text(print_ir(func))
+
+
+def _first_difference(got: np.ndarray, ref: np.ndarray, tol: float) -> tuple[int, ...]:
+    """Where the comparison of kfc.check.runner.compare fails first: a non-finite element where
+    the reference is finite, else the first element outside tol * (|ref| + rms(ref)), else (when
+    only the overall error is too large) the largest difference."""
+    if got.shape != ref.shape or got.size == 0:
+        return ()
+    finite = np.isfinite(ref)
+    bad = (~np.isfinite(got) & finite) | (~finite & ~((got == ref) | (np.isnan(got) & np.isnan(ref))))
+    diff = np.where(finite & np.isfinite(got), np.abs(got - ref), 0.0)
+    norm = float(np.sqrt(np.mean(np.where(finite, ref, 0.0) ** 2)))
+    bad |= diff > tol * (np.abs(np.where(finite, ref, 0.0)) + norm)
+    if bad.any():
+        return tuple(int(i) for i in np.argwhere(bad)[0])
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
 
 
 def _copy(v):

@@ -72,13 +72,14 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
         # at least a warp per row while the row has a warp's worth of vectors
         threads = max(min(WARP, _pow2_ceil(math.ceil(per_cta / vec))), _pow2_ceil(math.ceil(per_cta / per_thread)))
         threads = min(AUTO_MAX_THREADS if cluster < MAX_CLUSTER else 1024, threads)
+    if cluster > 1:  # a cluster holds one row, of at least a warp per CTA
+        rows, threads = 1, max(threads, WARP)
     if rows == 0:
         rows = max(1, BLOCK_THREADS // threads)
-    if cluster > 1:
-        rows = 1
     rows = max(1, min(rows, 1024 // threads))
-    if threads < WARP:  # a row group smaller than a warp: whole warps per CTA
-        rows = max(rows, WARP // threads)
+    if threads < WARP:  # rows of fewer than 32 threads pack whole warps
+        per_warp = WARP // threads
+        rows = max(per_warp, rows // per_warp * per_warp)
     return rows, threads, vec, cluster
 
 

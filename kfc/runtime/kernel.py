@@ -18,7 +18,6 @@ from typing import Any
 
 from ..diagnostics import KfcError
 from ..frontend.spec import OpSpec, load_kfc
-from ..ir.dtypes import DType
 from ..ir.printer import print_ir
 from ..ir.signature import bind_dims, output_shape
 from ..ir.types import MemSpace
