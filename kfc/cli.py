@@ -27,24 +27,23 @@ exit status: 0 ok, 1 a check failed, 2 bad input, 3 internal error (KFC_DEBUG=1 
 """
 
 
-def _parse_shape(text: str) -> dict[str, int]:
+def _assignments(text: str, what: str, example: str, value_ok) -> dict[str, str]:
     out = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
-        if not name.strip() or not value.strip().isdigit() or int(value) < 1:
-            raise argparse.ArgumentTypeError(f"bad shape {text!r}: write NAME=SIZE[,NAME=SIZE...], e.g. M=4,N=7")
-        out[name.strip()] = int(value)
+        if not name.strip() or not value_ok(value.strip()):
+            raise argparse.ArgumentTypeError(f"bad {what} {text!r}: write NAME=VALUE[,NAME=VALUE...], e.g. {example}")
+        out[name.strip()] = value.strip()
     return out
+
+
+def _parse_shape(text: str) -> dict[str, int]:
+    pairs = _assignments(text, "shape", "M=4,N=7", lambda v: v.isdigit() and int(v) >= 1)
+    return {k: int(v) for k, v in pairs.items()}
 
 
 def _parse_dtypes(text: str) -> dict[str, str]:
-    out = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        if not name.strip() or not value.strip():
-            raise argparse.ArgumentTypeError(f"bad --dtype {text!r}: write PARAM=DTYPE[,...], e.g. T=f16")
-        out[name.strip()] = value.strip()
-    return out
+    return _assignments(text, "--dtype", "T=f16", bool)
 
 
 def build_parser() -> argparse.ArgumentParser:

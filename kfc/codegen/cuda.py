@@ -543,20 +543,9 @@ class RowKernelEmitter:
             self.emit(f"{n} = {other};")
             self.emit(f"if ({guard or 'true'}) {{ {load} }}" if guard else load)
             return
-        esize = d.itemsize
-        acc_bytes = op.vec * esize
-        word = 4 if acc_bytes >= 4 else 2
-        nwords = max(1, acc_bytes // word)
-        per_word = word // esize if esize < word else 1
-        accesses = self.V // op.vec
+        word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)
         self.open_chunks()
         base = f"((e * {self.P} + kfc_g) * {self.V})"
-        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
-        if (p := self._chunk_pred("e")) is not None:
-            conds.append(p)
-        if guard:
-            conds.append(f"({guard})")
-        pred = " && ".join(conds) if conds else None
         for a in range(accesses):
             words = [self.fresh("w") for _ in range(nwords)]
             wt = "unsigned" if word == 4 else "unsigned short"
@@ -568,6 +557,20 @@ class RowKernelEmitter:
                 for k in range(per_word):
                     self.emit(f"{self.chunk_elem(r, a * op.vec + wi * per_word + k)} = {self._from_bits(w, d, k, word)};")
         self.close_chunks()
+
+    def access_plan(self, op, d: DType, guard: str | None):
+        """How a chunk of `vec` elements moves: 32-bit words (16-bit for 2-byte accesses), words
+        per access, elements per word, accesses per chunk, and the predicate of chunk e."""
+        acc_bytes = op.vec * d.itemsize
+        word = 4 if acc_bytes >= 4 else 2
+        nwords = max(1, acc_bytes // word)
+        per_word = word // d.itemsize if d.itemsize < word else 1
+        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
+        if (p := self._chunk_pred("e")) is not None:
+            conds.append(p)
+        if guard:
+            conds.append(f"({guard})")
+        return word, nwords, per_word, self.V // op.vec, " && ".join(conds) if conds else None
 
     def open_chunks(self) -> None:
         """A loop over the thread's chunks e, unless the fused tail's loop already provides e."""
@@ -634,20 +637,9 @@ class RowKernelEmitter:
                 cond.append(guard)
             self.emit(f"if ({' && '.join(cond)}) {tensor.name}[{addr}] = {self.name(value)};")
             return
-        esize = d.itemsize
-        acc_bytes = op.vec * esize
-        word = 4 if acc_bytes >= 4 else 2
-        nwords = max(1, acc_bytes // word)
-        per_word = word // esize if esize < word else 1
-        accesses = self.V // op.vec
+        word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)
         self.open_chunks()
         base = f"((e * {self.P} + kfc_g) * {self.V})"
-        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
-        if (p := self._chunk_pred("e")) is not None:
-            conds.append(p)
-        if guard:
-            conds.append(f"({guard})")
-        pred = " && ".join(conds) if conds else None
         for a in range(accesses):
             words = []
             for wi in range(nwords):

@@ -91,6 +91,13 @@ class LaunchOp(Op):
 class _LaneReduce(Op):
     """Shared checks: lanes in, lanes out, same dtype."""
 
+    def _same_lanes(self) -> TensorType:
+        """An all-reduce step: one #lanes operand, a result of the same type."""
+        a, r = self._lanes()
+        if a != r:
+            raise self.error(f"keeps its type: {a} became {r}")
+        return a
+
     def _lanes(self, n_operands: int = 1):
         _check_operands(self, n_operands)
         _check_results(self, 1)
@@ -140,9 +147,7 @@ class WarpReduceOp(_LaneReduce):
     width: int = 32
 
     def verify_(self) -> None:
-        a, r = self._lanes()
-        if a != r:
-            raise self.error(f"keeps its type: {a} became {r}")
+        self._same_lanes()
         if self.width not in (2, 4, 8, 16, 32):
             raise self.error(f"width must be 2..32 and a power of two, not {self.width}")
 
@@ -155,9 +160,7 @@ class CtaReduceOp(_LaneReduce):
     kind: ReduceKind = attrs.field(converter=ReduceKind)
 
     def verify_(self) -> None:
-        a, r = self._lanes()
-        if a != r:
-            raise self.error(f"keeps its type: {a} became {r}")
+        a = self._same_lanes()
         if a.layout.get("threads") <= 32:
             raise self.error("a row of at most 32 threads needs no CTA step")
 
@@ -170,9 +173,7 @@ class ClusterReduceOp(_LaneReduce):
     kind: ReduceKind = attrs.field(converter=ReduceKind)
 
     def verify_(self) -> None:
-        a, r = self._lanes()
-        if a != r:
-            raise self.error(f"keeps its type: {a} became {r}")
+        a = self._same_lanes()
         if a.layout.get("cluster") <= 1:
             raise self.error("a row held by one CTA needs no cluster step")
 

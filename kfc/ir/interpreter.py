@@ -25,6 +25,7 @@ from .tile_ops import (
     IotaOp, LoadOp, ParallelOp, ReduceOp, ReshapeOp, ScanOp, StoreOp, TransposeOp, TriOp, UnaryOp,
     WhereOp, YieldOp,
 )
+from .signature import bind_dims
 from .types import MemSpace, SymDim, TensorType, bind_dim
 
 
@@ -95,30 +96,12 @@ def bind_arguments(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | No
     """Match call arguments against the signature: bind shape symbols, fill defaults, allocate
     (poisoned) outputs. Returns (dims, env) with env mapping each argument Value to its array
     (None for an absent optional tensor)."""
-    dims = dict(dims or {})
-    origin: dict[str, str] = {k: "the given dims" for k in dims}
     unknown = set(args) - set(func.input_names)
     if unknown:
         raise KfcError(f"{func.sym_name} has no input named {sorted(unknown)[0]!r}",
                        hint=f"its inputs are {func.input_names}")
-
-    def bind_shape(v: Value, arr: np.ndarray) -> None:
-        t = v.ttype
-        if arr.ndim != t.rank:
-            raise KfcError(f"input {v.name!r} has {arr.ndim} dims, the signature says {t}")
-        for i, (d, n) in enumerate(zip(t.shape, arr.shape)):
-            if isinstance(d, int):
-                if d != n:
-                    raise KfcError(f"input {v.name!r} dim {i} is {n}, the signature fixes it at {d}")
-                continue
-            value = n - d.offset
-            if d.name in dims and dims[d.name] != value:
-                raise KfcError(f"shape symbol {d.name} is {dims[d.name]} from {origin[d.name]}, "
-                               f"but {value} from {v.name!r} dim {i} (size {n})")
-            dims.setdefault(d.name, value)
-            origin.setdefault(d.name, f"{v.name!r} dim {i}")
-
     env: dict[Value, Any] = {}
+    shapes: dict[str, tuple[int, ...] | None] = {}
     for v in func.inputs:
         t = v.ttype
         if t.space is MemSpace.REG:
@@ -127,14 +110,14 @@ def bind_arguments(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | No
         if arr is None:
             if not t.optional:
                 raise KfcError(f"missing input {v.name!r} ({t})")
-            env[v] = None
+            env[v], shapes[v.name] = None, None
             continue
         if not isinstance(arr, np.ndarray):
             raise KfcError(f"input {v.name!r} must be a numpy array, not {type(arr).__name__}")
         if arr.dtype != t.dtype.np:
             raise KfcError(f"input {v.name!r} has dtype {arr.dtype}, the signature says {t.dtype}")
-        bind_shape(v, arr)
-        env[v] = arr
+        env[v], shapes[v.name] = arr, arr.shape
+    dims = bind_dims(func, shapes, dims)
     for v in func.scalar_inputs:
         value = args.get(v.name, func.default_of(v.name))
         if value is None:
