@@ -6,24 +6,11 @@ import datetime as _dt
 import json
 import os
 import platform
-import subprocess
 from pathlib import Path
 
+from kfc.provenance import git_commit
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def git_commit() -> str:
-    """The kfc commit measured: KFC_COMMIT when the tree travelled without its .git."""
-    if os.environ.get("KFC_COMMIT"):
-        return os.environ["KFC_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def machine() -> dict:

@@ -1,0 +1,132 @@
+"""Does the factory learn across runs? Softmax tuned with an empty knowledge base (cold), and
+again with a knowledge base filled by tuning rmsnorm and layernorm (warm), at the same shapes,
+with the same policy and budget.
+
+    python -m bench.self_improvement [--budget 24] [--warm-kb PATH-with-rmsnorm]
+
+For each shape: the best time found by either softmax run, and how many candidates each run
+needed to get within 5% of it (95% of the best speed). The warm run must need at most half the
+candidates of the cold one. Writes bench/results/self_improvement-<stamp>.json and the
+best-so-far curves of both runs as PNG beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from .provenance import save
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = [(32768, 4096), (32768, 16384), (32768, 65536)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", type=int, default=24)
+    ap.add_argument("--warm-kb", help="start the warm knowledge base from this one (e.g. rmsnorm already tuned)")
+    ap.add_argument("--out", default=".", help="folder for the knowledge bases")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from kfc.factory.evaluate import Evaluator
+    from kfc.factory.offline import SearchPolicy
+    from kfc.factory.tune import candidates_to_reach, curve, tune
+    from kfc.frontend import load_kfc
+    from kfc.kb.store import KnowledgeBase
+    from kfc.target import parse_target
+
+    target = parse_target("sm_90a")
+    out = Path(args.out)
+    cold_path, warm_path = out / "kb-cold.sqlite", out / "kb-warm.sqlite"
+    for p in (cold_path, warm_path):
+        p.unlink(missing_ok=True)
+    if args.warm_kb:
+        src = KnowledgeBase(args.warm_kb, create=False)
+        src.integrity_check()
+        src.close()
+        shutil.copyfile(args.warm_kb, warm_path)
+    specs = {k: load_kfc(ROOT / "kernels" / f"{k}.kfc") for k in ("rmsnorm", "layernorm", "softmax")}
+    ev = Evaluator([str(i) for i in range(torch.cuda.device_count())])
+    runs = {"cold": {}, "warm": {}}
+    try:
+        cold = KnowledgeBase(cold_path)
+        for m, n in SHAPES:
+            runs["cold"][(m, n)] = tune(specs["softmax"], target, {"M": m, "N": n}, args.budget,
+                                        SearchPolicy(seed=args.seed), cold, ev)
+            print(f"cold softmax {m}x{n}: best {runs['cold'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
+        warm = KnowledgeBase(warm_path)
+        for op in ("rmsnorm", "layernorm"):
+            for m, n in SHAPES:
+                if warm.best_by_fingerprint(_fp(specs[op]), target.name, {"M": m, "N": n}) is None:
+                    tune(specs[op], target, {"M": m, "N": n}, args.budget, SearchPolicy(seed=args.seed + 1), warm, ev)
+                print(f"warm-up {op} {m}x{n} done", flush=True)
+        for m, n in SHAPES:
+            runs["warm"][(m, n)] = tune(specs["softmax"], target, {"M": m, "N": n}, args.budget,
+                                        SearchPolicy(seed=args.seed), warm, ev)
+            print(f"warm softmax {m}x{n}: best {runs['warm'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
+        rows, curves = [], {}
+        for m, n in SHAPES:
+            trials = {k: (cold if k == "cold" else warm).trials(run_id=runs[k][(m, n)].run_id) for k in runs}
+            search = {k: [t for t in ts if t.proposal.proposer != "baseline"] for k, ts in trials.items()}
+            best = min(min(t.outcome.median_us for t in ts if t.outcome.median_us) for ts in search.values())
+            need = {k: candidates_to_reach(ts, best / 0.95) for k, ts in search.items()}
+            c, w = need["cold"], need["warm"]
+            rows.append({"M": m, "N": n, "best_us": best, "cold_candidates_to_95": c, "warm_candidates_to_95": w,
+                         "cold_best_us": min(t.outcome.median_us for t in search["cold"] if t.outcome.median_us),
+                         "warm_best_us": min(t.outcome.median_us for t in search["warm"] if t.outcome.median_us),
+                         "baseline_us": runs["cold"][(m, n)].baseline.outcome.median_us,
+                         "warm_at_most_half": w is not None and (c is None or w <= c / 2),
+                         "cold_run": runs["cold"][(m, n)].run_id, "warm_run": runs["warm"][(m, n)].run_id})
+            curves[f"{m}x{n}"] = {k: curve(ts) for k, ts in search.items()}
+        cold.close()
+        warm.close()
+    finally:
+        ev.close()
+    ok = all(r["warm_at_most_half"] for r in rows)
+    path = save("self_improvement", {"budget": args.budget, "shapes": [list(s) for s in SHAPES], "rows": rows,
+                                     "curves_best_so_far_us": curves, "warm_at_most_half_everywhere": ok,
+                                     "gpu": torch.cuda.get_device_name(), "policy": "search"})
+    plot(curves, path.with_suffix(".png"))
+    print(f"{'M x N':>16} {'best us':>9} {'cold to 95%':>12} {'warm to 95%':>12}")
+    for r in rows:
+        print(f"{r['M']:>7} x {r['N']:<7} {r['best_us']:9.1f} {str(r['cold_candidates_to_95']):>12} "
+              f"{str(r['warm_candidates_to_95']):>12}")
+    print(f"warm needs at most half the cold run's candidates everywhere: {ok}; saved {path}")
+    return 0
+
+
+def _fp(spec):
+    from kfc.kb.fingerprint import op_fingerprint
+
+    return op_fingerprint(spec.func)
+
+
+def plot(curves: dict, path: Path) -> None:
+    """Best-so-far time against candidate number, cold and warm, one panel per shape."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(curves), 3.4))
+    FigureCanvasAgg(fig)
+    for i, (shape, runs) in enumerate(curves.items(), 1):
+        ax = fig.add_subplot(1, len(curves), i)
+        for k, ys in runs.items():
+            xs = [j for j, y in enumerate(ys, 1) if y != float("inf")]
+            ax.plot(xs, [ys[j - 1] for j in xs], marker=".", label=f"{k} knowledge base")
+        ax.set_title(f"softmax {shape}")
+        ax.set_xlabel("candidate")
+        ax.set_ylabel("best time so far (us)")
+        ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=110)
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

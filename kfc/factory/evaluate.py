@@ -1,0 +1,174 @@
+"""Evaluating candidates: compile on the CPU cores (threads driving nvcc, results in the JIT
+cache), then gate and time on the GPUs, one worker process per visible GPU. A worker that
+crashes or exceeds the time limit is restarted and its candidate recorded as a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import attrs
+
+from ..diagnostics import KfcError
+from ..frontend.spec import OpSpec
+from ..passes.base import PassError
+from ..passes.pipeline import parse_pipeline
+from ..target import Target
+from .gate import GateResult
+from .model import Outcome, Stage
+from .worker import result_from_dict
+
+
+@attrs.frozen
+class Compiled:
+    stage: Stage
+    error: str = ""
+    registers: int | None = None
+    spills: int | None = None
+    smem_bytes: int | None = None
+
+
+def compile_candidate(spec: OpSpec, target: Target, pipeline: str, dims_list: list[dict[str, int]]) -> Compiled:
+    """Parse, run the passes and build the candidate for every shape it will be checked at."""
+    from ..runtime.kernel import cached_compile
+
+    try:
+        parse_pipeline(pipeline)
+    except PassError as e:
+        return Compiled(Stage.PROPOSED, e.message)
+    report = None
+    for dims in dims_list:
+        try:
+            _, rep = cached_compile(spec, target, pipeline, dims)
+        except KfcError as e:
+            msg = e.message.splitlines()[0]
+            compiled = "spills" in msg or "nvcc" in msg or "ptxas" in msg or "registers" in msg
+            return Compiled(Stage.VERIFIED if compiled else Stage.PARSED, msg)
+        report = report or rep
+    p = report["ptxas"]
+    return Compiled(Stage.COMPILED, "", p["registers"], p["spill_stores"] + p["spill_loads"], p["smem_bytes"])
+
+
+class GpuWorker:
+    """One `python -m kfc.factory.worker` process bound to one GPU."""
+
+    def __init__(self, gpu: str, timeout_s: float) -> None:
+        self.gpu = gpu
+        self.timeout_s = timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.lines: queue.Queue = queue.Queue()
+
+    def start(self) -> None:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.gpu, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kfc.factory.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        self.lines = queue.Queue()
+        proc, lines = self.proc, self.lines
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def run(self, job: dict) -> GateResult:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                self.stop()
+                return GateResult(Stage.COMPILED, f"hung: no result within {self.timeout_s:.0f} s; the worker was "
+                                  "killed and restarted", "worker")
+            if line is None:
+                code = self.proc.poll() if self.proc else None
+                self.stop()
+                return GateResult(Stage.COMPILED, f"crashed: the GPU worker exited with status {code}; restarted",
+                                  "worker")
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue  # stray output from a library: not ours
+            if d.get("id") == job["id"]:
+                return result_from_dict(d)
+
+
+class Evaluator:
+    """Compile in parallel on the CPU, gate on the GPUs in parallel, one job per GPU at a time."""
+
+    def __init__(self, gpus: list[str], compile_workers: int | None = None, timeout_s: float = 300.0) -> None:
+        self.workers: queue.Queue = queue.Queue()
+        for g in gpus:
+            self.workers.put(GpuWorker(g, timeout_s))
+        self.n_gpus = len(gpus)
+        self.compile_pool = ThreadPoolExecutor(max_workers=compile_workers or os.cpu_count() or 2)
+        self.gpu_pool = ThreadPoolExecutor(max_workers=max(1, len(gpus)))
+        self._ids = 0
+
+    def gate(self, job: dict) -> GateResult:
+        worker = self.workers.get()
+        try:
+            return worker.run(job)
+        finally:
+            self.workers.put(worker)
+
+    def evaluate(self, spec: OpSpec, target: Target, pipeline: str, cases: list, timed: dict | None) -> Future:
+        """A future of (Compiled, GateResult | None)."""
+        self._ids += 1
+        job_id = self._ids
+
+        def work():
+            compiled = compile_candidate(spec, target, pipeline, _distinct_fixed(spec, [c.dims for c in cases]))
+            if compiled.stage is not Stage.COMPILED:
+                return compiled, None
+            job = {"id": job_id, "kfc": spec.path, "dtypes": spec.dtypes, "pipeline": pipeline, "target": target.name,
+                   "cases": [{"dims": c.dims, "label": c.label} for c in cases], "timed": timed}
+            return compiled, self.gpu_pool.submit(self.gate, job).result()
+
+        return self.compile_pool.submit(work)
+
+    def close(self) -> None:
+        while not self.workers.empty():
+            self.workers.get().stop()
+        self.compile_pool.shutdown(wait=False, cancel_futures=True)
+        self.gpu_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _distinct_fixed(spec: OpSpec, dims_list: list[dict[str, int]]) -> list[dict[str, int]]:
+    """One compile per distinct set of fixed dims (the row count does not change the binary)."""
+    from ..compile import row_dims
+
+    dynamic = set(row_dims(spec.func))
+    seen, out = set(), []
+    for d in dims_list:
+        key = tuple(sorted((k, v) for k, v in d.items() if k not in dynamic))
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def to_outcome(compiled: Compiled, gated: GateResult | None, baseline_us: float | None) -> Outcome:
+    if gated is None:
+        return Outcome(compiled.stage, compiled.error, compiled.registers, compiled.spills, compiled.smem_bytes)
+    speedup = baseline_us / gated.median_us if baseline_us and gated.median_us else None
+    return Outcome(gated.stage, (f"{gated.defence}: " if gated.defence and gated.error else "") + gated.error,
+                   compiled.registers, compiled.spills, compiled.smem_bytes, gated.median_us, gated.spread_us,
+                   gated.bytes_moved, None, gated.roofline_fraction, speedup, gated.times_us, gated.notes)

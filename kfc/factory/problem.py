@@ -1,0 +1,127 @@
+"""An op instance as a gate problem: inputs drawn on the device as its check block says (fresh
+random values of several seeds and ranges, never zeros), NaN-poisoned outputs, the reference,
+tolerances per output dtype, and the bytes a call must move."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..check.runner import _reference_fn, _scalar_default
+from ..frontend.spec import CheckSpec, OpSpec
+from ..ir.types import MemSpace, bind_dim
+from .gate import Case, Problem
+
+# generators whose values are a distribution's spread: scaled by the gate's value ranges
+SCALED = {"normal", "uniform"}
+
+
+def _draw(name: str, args: tuple, shape: tuple[int, ...], dtype, dims: dict[str, int], gen, scale: float, device):
+    import torch
+
+    args = tuple(dims[a] if isinstance(a, str) else a for a in args)
+    if name == "normal":
+        mean, std = (list(args) + [0.0, 1.0][len(args):])[:2]
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std * scale + mean * scale
+    elif name == "uniform":
+        lo, hi = (list(args) + [0.0, 1.0][len(args):])[:2]
+        x = (torch.rand(shape, generator=gen, device=device) * (hi - lo) + lo) * scale
+    elif name == "logsigmoid":
+        mean, std = (list(args) + [0.0, 1.0][len(args):])[:2]
+        x = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device=device) * std + mean)
+    elif name == "sigmoid":
+        mean, std = (list(args) + [0.0, 1.0][len(args):])[:2]
+        x = torch.sigmoid(torch.randn(shape, generator=gen, device=device) * std + mean)
+    elif name == "unit":
+        x = torch.randn(shape, generator=gen, device=device)
+        x = x / x.norm(dim=-1, keepdim=True)
+    elif name == "randint":
+        lo, hi = (list(args) + [0, 100][len(args):])[:2]
+        return torch.randint(int(lo), int(hi), shape, generator=gen, device=device, dtype=dtype)
+    elif name == "offsets":  # small: drawn on the host as kfc check draws it
+        import numpy as np
+
+        from ..check.generators import GENERATORS
+
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device=device).item())
+        cu = GENERATORS["offsets"].fn(np.random.default_rng(seed), shape, *args)
+        return torch.as_tensor(np.asarray(cu), device=device).to(dtype)
+    elif name == "bool":
+        return torch.rand(shape, generator=gen, device=device) < 0.5
+    else:
+        raise ValueError(f"no device generator for {name}")
+    return x.to(dtype)
+
+
+def op_problem(spec: OpSpec, device: str = "cuda") -> Problem:
+    import torch
+
+    func = spec.func
+    check = spec.check or CheckSpec()
+    ref_fn = _reference_fn(spec)
+    tensors = [v for v in func.inputs if v.ttype.space is not MemSpace.REG]
+
+    def shape_of(v, dims):
+        return tuple(int(bind_dim(d, dims)) for d in v.ttype.shape)
+
+    def make_inputs(dims: dict[str, int], seed: int, scale: float) -> tuple:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        out = []
+        for v in func.inputs:
+            t = v.ttype
+            if t.space is MemSpace.REG:
+                default = func.default_of(v.name)
+                out.append(_scalar_default(spec, v.name, dims) if default is not None else 1.0)
+                continue
+            g = check.inputs.get(v.name)
+            if g is not None:
+                name, args = g.name, g.args
+            else:
+                name, args = ("normal", ()) if t.dtype.is_float else ("bool", ()) if t.dtype.is_bool else ("randint", (0, 100))
+            out.append(_draw(name, args, shape_of(v, dims), t.dtype.torch, dims, gen,
+                             scale if name in SCALED else 1.0, device))
+        return tuple(out)
+
+    def make_outputs(dims: dict[str, int]) -> tuple:
+        return tuple(torch.full(shape_of(v, dims), float("nan") if v.ttype.dtype.is_float else 0,
+                                dtype=v.ttype.dtype.torch, device=device) for v in func.outputs)
+
+    def reference(*inputs) -> tuple:
+        args = dict(zip(func.input_names, inputs))
+        dims = _dims_of(func, args)
+        with torch.no_grad():
+            out = ref_fn({**dims, **args, "__args__": args})
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return tuple(torch.as_tensor(o).float() for o in out)
+
+    def tolerance(out) -> float:
+        from ..runtime.kernel import _KFC_DTYPE
+
+        return check.tolerance_for(_KFC_DTYPE.get(str(out.dtype).replace("torch.", ""), "f32"))
+
+    def bytes_moved(dims: dict[str, int]) -> int:
+        total = 0
+        for v in list(tensors) + list(func.outputs):
+            total += math.prod(shape_of(v, dims)) * v.ttype.dtype.itemsize
+        return total
+
+    return Problem(make_inputs, make_outputs, reference, tolerance, bytes_moved)
+
+
+def _dims_of(func, args: dict[str, Any]) -> dict[str, int]:
+    from ..ir.signature import bind_dims
+
+    shapes = {k: (None if v is None else tuple(v.shape)) for k, v in args.items() if v is None or hasattr(v, "shape")}
+    return bind_dims(func, shapes)
+
+
+def gate_cases(spec: OpSpec, dims: dict[str, int], row_dims: list[str]) -> list[Case]:
+    """The tuned shape, then unseen ones: one row and seven rows (the row count is a run-time
+    argument, so the same binary must handle them)."""
+    cases = [Case(dict(dims), "tuned shape")]
+    for row in row_dims:
+        for m in (1, 7):
+            if dims.get(row) != m:
+                cases.append(Case({**dims, row: m}, f"unseen shape {row}={m}"))
+    return cases

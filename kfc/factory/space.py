@@ -1,0 +1,121 @@
+"""The space a tuner searches for a row op: the options of `tile`, `lower-ptx` and whether
+`fuse-reductions` runs. A configuration is a dict of choices; it maps to one pipeline string,
+and a pipeline string of that form maps back (others, e.g. from an agent, stay opaque).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import attrs
+
+from ..passes.base import PassError
+from ..passes.lower_ptx import LowerPtx
+from ..passes.lower_reductions import FuseReductions
+from ..passes.pipeline import parse_pipeline
+from ..passes.tile import Tile, choose
+
+THREADS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CLUSTERS = (1, 2, 4, 8, 16)
+ROWS = (0, 1, 2, 4, 8, 16, 32)
+STREAM = ("cs", "nc_na", "none")
+STORE = ("cs", "none")
+APPROX = ("auto", "off")
+
+
+
+@attrs.frozen
+class SearchSpace:
+    """Choices for a row of n elements whose narrowest tensor element is `itemsize` bytes."""
+
+    n: int
+    itemsize: int = 2
+    has_cluster: bool = True
+
+    def choices(self) -> dict[str, tuple]:
+        vec_max = max(1, 16 // self.itemsize)
+        threads = tuple(t for t in THREADS if t * 1 <= max(self.n, 32) and t <= 1024)
+        clusters = tuple(c for c in CLUSTERS if c == 1 or (self.has_cluster and self.n >= 8192 * c // 2))
+        return {"threads": threads, "cluster": clusters, "rows": ROWS, "persistent": (False, True),
+                "vec": tuple(v for v in (1, 2, 4, 8, 16) if v <= vec_max), "stream": STREAM, "store": STORE,
+                "fuse": (True, False), "approx": APPROX}
+
+    def default(self) -> dict[str, Any]:
+        """The configuration the default pipeline's heuristics pick."""
+        rows, threads, vec, cluster = choose(self.n, self.itemsize, 0, 0, 0, 0, self.has_cluster)
+        return {"threads": threads, "cluster": cluster, "rows": 0, "persistent": False, "vec": vec,
+                "stream": "cs", "store": "cs", "fuse": True, "approx": "auto"}
+
+    def valid(self, c: dict[str, Any]) -> bool:
+        if c["cluster"] > 1 and c["threads"] < 32:
+            return False
+        if c["rows"] and c["rows"] * c["threads"] > 1024:
+            return False
+        return all(c[k] in v for k, v in self.choices().items())
+
+    def pipeline(self, c: dict[str, Any]) -> str:
+        tile = [f"threads={c['threads']}", f"cluster={c['cluster']}", f"vec={c['vec']}"]
+        if c["rows"]:
+            tile.append(f"rows={c['rows']}")
+        if c["persistent"]:
+            tile.append("persistent=true")
+        ptx = []
+        if c["approx"] != "auto":
+            ptx.append(f"approx={c['approx']}")
+        if c["stream"] != "cs":
+            ptx.append(f"stream={c['stream']}")
+        if c["store"] != "cs":
+            ptx.append(f"store={c['store']}")
+        steps = ["canonicalize", "cse", "dce", "tile{" + ",".join(tile) + "}", "lower-reductions"]
+        if c["fuse"]:
+            steps.append("fuse-reductions")
+        steps.append("lower-ptx" + ("{" + ",".join(ptx) + "}" if ptx else ""))
+        steps += ["canonicalize", "cse", "dce"]
+        return str(parse_pipeline(",".join(steps)))  # canonical: one text per configuration
+
+    def config_of(self, pipeline: str) -> dict[str, Any] | None:
+        """The configuration a pipeline of this space's form encodes, or None."""
+        try:
+            passes = list(parse_pipeline(pipeline))
+        except PassError:
+            return None
+        tile = next((p for p in passes if isinstance(p, Tile)), None)
+        ptx = next((p for p in passes if isinstance(p, LowerPtx)), None)
+        if tile is None or ptx is None:
+            return None
+        c = {"threads": tile.threads, "cluster": tile.cluster, "rows": tile.rows, "persistent": tile.persistent,
+             "vec": tile.vec, "stream": ptx.stream, "store": ptx.store, "approx": ptx.approx,
+             "fuse": any(isinstance(p, FuseReductions) for p in passes)}
+        return c if self.valid(c) and self.pipeline(c) == str(parse_pipeline(pipeline)) else None
+
+    def random(self, rng: random.Random) -> dict[str, Any]:
+        for _ in range(1000):
+            c = {k: rng.choice(v) for k, v in self.choices().items()}
+            if self.valid(c):
+                return c
+        return self.default()
+
+    def neighbours(self, c: dict[str, Any]) -> list[dict[str, Any]]:
+        """Configurations one or two steps away in one choice (the next values up or down, or a
+        flip)."""
+        out = []
+        for k, values in self.choices().items():
+            if c.get(k) not in values:
+                continue
+            i = values.index(c[k])
+            for j in (i - 1, i + 1, i - 2, i + 2):  # ordinal choices also take a longer stride
+                if 0 <= j < len(values):
+                    d = dict(c)
+                    d[k] = values[j]
+                    if self.valid(d):
+                        out.append(d)
+        return out
+
+    def describe(self) -> str:
+        """The space in words, for a human or an agent."""
+        lines = [f"row length {self.n}, narrowest element {self.itemsize} bytes; pipeline form:",
+                 "  " + self.pipeline(self.default()) + "   (the default)"]
+        for k, v in self.choices().items():
+            lines.append(f"  {k}: {', '.join(str(x) for x in v)}")
+        return "\n".join(lines)

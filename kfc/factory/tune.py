@@ -1,0 +1,187 @@
+"""`kfc tune`: rounds of propose -> apply passes (verified) -> compile in parallel -> gate on the
+GPU -> time -> record -> update, for one op instance, target and shape.
+
+Every candidate is recorded in the knowledge base in its own transaction the moment its
+outcome is known, so an interrupted tune (Ctrl-C, or a killed process) loses nothing already
+recorded; running the same command again resumes: what was tried is not tried again, and the
+policy sees the earlier trials. The default pipeline is timed first as the baseline (not
+counted in the budget) and stays the answer unless a candidate beats it.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from typing import Any, Callable
+
+import attrs
+
+from ..compile import row_dims
+from ..frontend.spec import OpSpec
+from ..kb.fingerprint import op_features, op_fingerprint
+from ..kb.store import KnowledgeBase
+from ..passes import default_pipeline
+from ..passes.base import PassError
+from ..passes.pipeline import parse_pipeline
+from ..passes.rows import find_row_loop, row_length
+from ..ir.specialize import specialize
+from ..target import Target
+from .evaluate import to_outcome
+from .model import Proposal, Stage, Trial, TuneContext
+from .problem import gate_cases
+from .space import SearchSpace
+
+
+@attrs.frozen
+class TuneResult:
+    run_id: int
+    op: str
+    shape: dict[str, int]
+    candidates: int                  # evaluated in this run (the baseline not counted)
+    baseline: Trial | None
+    best: Trial | None               # the fastest timed trial, the baseline included
+    interrupted: bool = False
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best is None or self.baseline is None or not self.baseline.outcome.median_us:
+            return None
+        return self.baseline.outcome.median_us / self.best.outcome.median_us
+
+
+def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace:
+    fixed = {k: v for k, v in dims.items() if k not in row_dims(spec.func)}
+    func = specialize(spec.func, fixed, partial=True)
+    try:
+        n = row_length(find_row_loop(func), func)
+    except PassError as e:
+        raise PassError(f"kfc tune searches row programs; {spec.name} is not one: {e.message}", e.span) from None
+    sizes = [v.ttype.dtype.itemsize for v in func.args if v.ttype.space.value != "reg" and v.ttype.rank >= 1]
+    return SearchSpace(n, min(sizes) if sizes else 4, target.has("cluster"))
+
+
+def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy, kb: KnowledgeBase, evaluator,
+         batch: int | None = None, env: dict[str, Any] | None = None,
+         on_trial: Callable[[Trial, Trial | None, int], None] | None = None) -> TuneResult:
+    """Tune one instance at one shape; `on_trial(trial, best, n_done)` reports progress."""
+    space = space_for(spec, dims, target)
+    fp, features = op_fingerprint(spec.func), op_features(spec.func)
+    op_id = kb.op_id(fp, spec.instance_name, features)
+    run_id = kb.start_run(op_id, target.name, dims, policy.name, budget, env or default_env())
+    cases = gate_cases(spec, dims, row_dims(spec.func))
+    batch = batch or max(2, 2 * getattr(evaluator, "n_gpus", 1))
+    done = 0
+    status = "interrupted"
+
+    def evaluate(proposals: list[Proposal], baseline_us: float | None) -> list[Trial]:
+        futures = [(p, kb.add_candidate(run_id, op_id, target.name, dims, p, space.config_of(p.pipeline)),
+                    evaluator.evaluate(spec, target, p.pipeline, cases, dims)) for p in proposals]
+        out = []
+        for p, cid, fut in futures:
+            compiled, gated = fut.result()
+            outcome = to_outcome(compiled, gated, baseline_us)
+            kb.record_outcome(cid, outcome)
+            out.append(Trial(cid, p, outcome))
+        return out
+
+    try:
+        history = kb.trials(op_id=op_id, target=target.name, shape=dims)
+        baseline = _baseline(history, spec)
+        if baseline is None:
+            (baseline,) = evaluate([Proposal(_canonical(default_pipeline("row")), "kfc's default pipeline",
+                                             "baseline")], None)
+            history.append(baseline)
+        base_us = baseline.outcome.median_us
+        lessons: list[str] = [ls["text"] for ls in kb.lessons(op_id)]
+        while done < budget:
+            ctx = TuneContext(spec.instance_name, fp, features, target.name, dims, space, tuple(history),
+                              tuple(kb.prior(fp, features, target.name, dims)), tuple(lessons[-20:]))
+            tried = {t.proposal.pipeline for t in history}
+            proposals = [p for p in policy.propose(ctx, min(batch, budget - done)) if p.pipeline not in tried]
+            proposals = _dedupe(proposals)[: budget - done]
+            if not proposals:
+                break  # the policy has nothing new: the space is exhausted for it
+            trials = evaluate(proposals, base_us)
+            history += trials
+            done += len(trials)
+            best = _best(history)
+            for t in trials:
+                if on_trial is not None:
+                    on_trial(t, best, done)
+            for text in policy.reflect(attrs.evolve(ctx, history=tuple(history)), trials):
+                if text not in lessons:
+                    lessons.append(text)
+                    kb.add_lesson(op_id, text, [t.candidate_id for t in trials], policy.name)
+        status = "finished"
+    finally:
+        kb.finish_run(run_id, status, f"{done} candidates")
+    history = kb.trials(op_id=op_id, target=target.name, shape=dims)
+    return TuneResult(run_id, spec.instance_name, dims, done, _baseline(history, spec), _best(history),
+                      status != "finished")
+
+
+def _canonical(pipeline: str) -> str:
+    return str(parse_pipeline(pipeline))
+
+
+def _dedupe(proposals: list[Proposal]) -> list[Proposal]:
+    seen, out = set(), []
+    for p in proposals:
+        try:
+            canon = _canonical(p.pipeline)
+        except PassError:
+            canon = p.pipeline  # recorded as failing to parse
+        if canon not in seen:
+            seen.add(canon)
+            out.append(attrs.evolve(p, pipeline=canon))
+    return out
+
+
+def _baseline(history: list[Trial], spec: OpSpec) -> Trial | None:
+    base = [t for t in history if t.proposal.proposer == "baseline" and t.outcome.stage is Stage.TIMED]
+    return base[-1] if base else None
+
+
+def _best(history: list[Trial]) -> Trial | None:
+    timed = [t for t in history if t.outcome.stage is Stage.TIMED and t.outcome.median_us]
+    return min(timed, key=lambda t: t.outcome.median_us) if timed else None
+
+
+def default_env() -> dict[str, Any]:
+    env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version()}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+        env["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        from ..codegen.toolchain import find_toolchain
+
+        env["toolchain"] = find_toolchain().version_text
+    except Exception:  # noqa: BLE001 - provenance only
+        pass
+    from ..provenance import git_commit
+
+    env["kfc_commit"] = git_commit()
+    return env
+
+
+def curve(trials: list[Trial]) -> list[float]:
+    """Best time so far after each candidate (inf until one is timed)."""
+    best, out = math.inf, []
+    for t in trials:
+        if t.outcome.stage is Stage.TIMED and t.outcome.median_us:
+            best = min(best, t.outcome.median_us)
+        out.append(best)
+    return out
+
+
+def candidates_to_reach(trials: list[Trial], target_us: float) -> int | None:
+    """How many candidates it took to get within target_us (None: never)."""
+    for i, b in enumerate(curve(trials), 1):
+        if b <= target_us:
+            return i
+    return None

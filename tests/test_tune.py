@@ -1,0 +1,196 @@
+"""The tune loop on the CPU, with a stand-in for the GPU: recording, resuming, interruption,
+transfer from similar ops, and the worker's crash and hang handling (real subprocesses)."""
+
+import math
+import subprocess
+import sys
+from concurrent.futures import Future
+
+import pytest
+
+from kfc.factory.evaluate import Compiled, GpuWorker
+from kfc.factory.gate import GateResult
+from kfc.factory.model import Stage
+from kfc.factory.offline import SearchPolicy
+from kfc.factory.tune import candidates_to_reach, curve, space_for, tune
+from kfc.frontend import load_kfc
+from kfc.kb.store import KnowledgeBase
+from kfc.target import parse_target
+
+TARGET = parse_target("sm_90a")
+DIMS = {"M": 4096, "N": 4096}
+
+
+class FakeGpu:
+    """Times a candidate by a smooth function of its tile options: fastest at 256 threads,
+    cluster 1, vec 8, the `cs` hints; a pipeline outside the space is slow."""
+
+    n_gpus = 1
+
+    def __init__(self, spec, fail_after=None):
+        self.space = space_for(spec, DIMS, TARGET)
+        self.calls = 0
+        self.fail_after = fail_after
+
+    def time_of(self, pipeline):
+        from kfc.passes import ROW_PIPELINE, parse_pipeline
+
+        c = self.space.config_of(pipeline)
+        if pipeline == str(parse_pipeline(ROW_PIPELINE)):  # the default's heuristics
+            c = self.space.default()
+        if c is None:
+            return 500.0
+        t = 100.0 * (1 + 0.15 * abs(math.log2(c["threads"] / 256)) + 0.2 * abs(math.log2(c["cluster"]))
+                     + 0.1 * abs(math.log2(8 / c["vec"])) + 0.05 * (c["stream"] != "cs") + 0.05 * c["persistent"])
+        return t
+
+    def evaluate(self, spec, target, pipeline, cases, timed):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise KeyboardInterrupt
+        f = Future()
+        f.set_result((Compiled(Stage.COMPILED, "", 40, 0, 64),
+                      GateResult(Stage.TIMED, median_us=self.time_of(pipeline), spread_us=1.0, times_us=(1.0,))))
+        return f
+
+
+@pytest.fixture
+def kb(tmp_path):
+    k = KnowledgeBase(tmp_path / "kb.sqlite")
+    yield k
+    k.close()
+
+
+def test_a_tune_records_every_candidate_and_keeps_the_best(kb):
+    spec = load_kfc("kernels/rmsnorm.kfc")
+    gpu = FakeGpu(spec)
+    r = tune(spec, TARGET, DIMS, 12, SearchPolicy(seed=3), kb, gpu)
+    assert r.candidates == 12 and not r.interrupted
+    trials = kb.trials(run_id=r.run_id)
+    assert len(trials) == 13 and trials[0].proposal.proposer == "baseline"
+    assert len({t.proposal.pipeline for t in trials}) == 13
+    assert r.best.outcome.median_us == min(t.outcome.median_us for t in trials)
+    assert r.best.outcome.median_us <= r.baseline.outcome.median_us
+    assert all(t.outcome.speedup is not None for t in trials[1:])
+
+
+def test_a_rerun_resumes_without_repeating_itself(kb):
+    spec = load_kfc("kernels/rmsnorm.kfc")
+    first = tune(spec, TARGET, DIMS, 5, SearchPolicy(seed=1), kb, FakeGpu(spec))
+    gpu = FakeGpu(spec)
+    second = tune(spec, TARGET, DIMS, 5, SearchPolicy(seed=1), kb, gpu)
+    assert gpu.calls == 5  # the baseline was not timed again
+    pipelines = [t.proposal.pipeline for t in kb.trials(op_id=None, target="sm_90a", shape=DIMS)]
+    assert len(pipelines) == len(set(pipelines)) == 11
+    assert second.best.outcome.median_us <= first.best.outcome.median_us
+
+
+def test_an_interrupted_tune_loses_nothing_recorded(kb):
+    spec = load_kfc("kernels/rmsnorm.kfc")
+    with pytest.raises(KeyboardInterrupt):
+        tune(spec, TARGET, DIMS, 10, SearchPolicy(seed=2), kb, FakeGpu(spec, fail_after=4), batch=1)
+    trials = kb.trials(target="sm_90a", shape=DIMS)
+    assert len(trials) == 4  # the baseline and three candidates, each with its outcome
+    assert all(t.outcome.stage is Stage.TIMED for t in trials)
+    assert kb.runs()[-1]["status"] == "interrupted"
+    r = tune(spec, TARGET, DIMS, 3, SearchPolicy(seed=2), kb, FakeGpu(spec))
+    assert r.candidates == 3 and len(kb.trials(target="sm_90a", shape=DIMS)) == 7
+
+
+def test_what_was_learned_on_one_op_seeds_a_similar_one(kb):
+    rms = load_kfc("kernels/rmsnorm.kfc")
+    tune(rms, TARGET, DIMS, 16, SearchPolicy(seed=4), kb, FakeGpu(rms))
+    ln = load_kfc("kernels/layernorm.kfc")
+    seen = []
+
+    class Spy(SearchPolicy):
+        def propose(self, ctx, n):
+            out = super().propose(ctx, n)
+            seen.append((len(ctx.prior), out))
+            return out
+
+    tune(ln, TARGET, DIMS, 4, Spy(seed=4), kb, FakeGpu(ln))
+    n_prior, first = seen[0]
+    assert n_prior > 0 and first[0].rationale.startswith("prior from the knowledge base")
+
+
+def test_a_warm_start_needs_fewer_candidates_than_a_cold_one(tmp_path):
+    """The issue's protocol in miniature: softmax tuned with an empty knowledge base, and again
+    with one filled by tuning rmsnorm and layernorm."""
+    rms, ln, sm = (load_kfc(f"kernels/{k}.kfc") for k in ("rmsnorm", "layernorm", "softmax"))
+    cold_kb, warm_kb = KnowledgeBase(tmp_path / "cold.sqlite"), KnowledgeBase(tmp_path / "warm.sqlite")
+    try:
+        cold = tune(sm, TARGET, DIMS, 24, SearchPolicy(seed=1), cold_kb, FakeGpu(sm))
+        tune(rms, TARGET, DIMS, 24, SearchPolicy(seed=11), warm_kb, FakeGpu(rms))
+        tune(ln, TARGET, DIMS, 24, SearchPolicy(seed=21), warm_kb, FakeGpu(ln))
+        warm = tune(sm, TARGET, DIMS, 24, SearchPolicy(seed=1), warm_kb, FakeGpu(sm))
+        best = min(cold.best.outcome.median_us, warm.best.outcome.median_us)
+        c = candidates_to_reach(cold_kb.trials(run_id=cold.run_id)[1:], best / 0.95)
+        w = candidates_to_reach(warm_kb.trials(run_id=warm.run_id)[1:], best / 0.95)
+        assert w is not None and (c is None or w <= c / 2), (w, c)
+    finally:
+        cold_kb.close()
+        warm_kb.close()
+
+
+def test_curve_is_the_best_so_far():
+    from kfc.factory.model import Outcome, Proposal, Trial
+
+    ts = [Trial(i, Proposal("p"), Outcome(Stage.TIMED, median_us=m)) for i, m in enumerate([5.0, 7.0, 3.0, 4.0])]
+    ts.insert(1, Trial(9, Proposal("q"), Outcome(Stage.COMPILED, error="x")))
+    assert curve(ts) == [5.0, 5.0, 5.0, 3.0, 3.0]
+    assert candidates_to_reach(ts, 3.0) == 4 and candidates_to_reach(ts, 1.0) is None
+
+
+# --- the worker process: crashes and hangs are failures, and the worker comes back ----------
+
+class ScriptedWorker(GpuWorker):
+    def __init__(self, script, timeout_s):
+        super().__init__("0", timeout_s)
+        self.script = script
+        self.starts = 0
+
+    def start(self):
+        import queue
+        import threading
+
+        self.starts += 1
+        self.proc = subprocess.Popen([sys.executable, "-c", self.script], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        proc, lines = self.proc, self.lines
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+
+def test_a_crashing_worker_is_a_failure_and_is_restarted():
+    w = ScriptedWorker("import sys; sys.stdin.readline(); sys.exit(7)", timeout_s=30)
+    r = w.run({"id": 1})
+    assert r.stage is Stage.COMPILED and "crashed" in r.error and "status 7" in r.error
+    r = w.run({"id": 2})
+    assert "crashed" in r.error and w.starts == 2
+    w.stop()
+
+
+def test_a_hanging_worker_is_killed_after_the_timeout():
+    w = ScriptedWorker("import sys, time; sys.stdin.readline(); time.sleep(60)", timeout_s=1.0)
+    r = w.run({"id": 1})
+    assert "hung" in r.error and w.proc is None
+
+
+def test_a_worker_answer_is_matched_to_its_job():
+    script = ("import sys, json\n"
+              "for line in sys.stdin:\n"
+              "    job = json.loads(line)\n"
+              "    print('some library chatter')\n"
+              "    print(json.dumps({'id': job['id'], 'stage': 'timed', 'median_us': 12.5, 'error': '',"
+              " 'defence': '', 'notes': ''}), flush=True)\n")
+    w = ScriptedWorker(script, timeout_s=30)
+    r = w.run({"id": 41})
+    assert r.stage is Stage.TIMED and r.median_us == 12.5
+    w.stop()
