@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-kb", help="start the warm knowledge base from this one (e.g. rmsnorm already tuned)")
     ap.add_argument("--out", default=".", help="folder for the knowledge bases")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=8, help="candidates proposed and compiled together")
+    ap.add_argument("--result", help="also write the JSON result here (and the plot beside it)")
     args = ap.parse_args(argv)
 
     import torch
@@ -57,17 +59,18 @@ def main(argv=None) -> int:
         cold = KnowledgeBase(cold_path)
         for m, n in SHAPES:
             runs["cold"][(m, n)] = tune(specs["softmax"], target, {"M": m, "N": n}, args.budget,
-                                        SearchPolicy(seed=args.seed), cold, ev)
+                                        SearchPolicy(seed=args.seed), cold, ev, batch=args.batch)
             print(f"cold softmax {m}x{n}: best {runs['cold'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
         warm = KnowledgeBase(warm_path)
         for op in ("rmsnorm", "layernorm"):
             for m, n in SHAPES:
                 if warm.best_by_fingerprint(_fp(specs[op]), target.name, {"M": m, "N": n}) is None:
-                    tune(specs[op], target, {"M": m, "N": n}, args.budget, SearchPolicy(seed=args.seed + 1), warm, ev)
+                    tune(specs[op], target, {"M": m, "N": n}, args.budget, SearchPolicy(seed=args.seed + 1), warm, ev,
+                         batch=args.batch)
                 print(f"warm-up {op} {m}x{n} done", flush=True)
         for m, n in SHAPES:
             runs["warm"][(m, n)] = tune(specs["softmax"], target, {"M": m, "N": n}, args.budget,
-                                        SearchPolicy(seed=args.seed), warm, ev)
+                                        SearchPolicy(seed=args.seed), warm, ev, batch=args.batch)
             print(f"warm softmax {m}x{n}: best {runs['warm'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
         rows, curves = [], {}
         for m, n in SHAPES:
@@ -90,8 +93,11 @@ def main(argv=None) -> int:
     ok = all(r["warm_at_most_half"] for r in rows)
     path = save("self_improvement", {"budget": args.budget, "shapes": [list(s) for s in SHAPES], "rows": rows,
                                      "curves_best_so_far_us": curves, "warm_at_most_half_everywhere": ok,
-                                     "gpu": torch.cuda.get_device_name(), "policy": "search"})
+                                     "gpu": torch.cuda.get_device_name(), "policy": "search", "batch": args.batch},
+                also=args.result)
     plot(curves, path.with_suffix(".png"))
+    if args.result:
+        plot(curves, Path(args.result).with_suffix(".png"))
     print(f"{'M x N':>16} {'best us':>9} {'cold to 95%':>12} {'warm to 95%':>12}")
     for r in rows:
         print(f"{r['M']:>7} x {r['N']:<7} {r['best_us']:9.1f} {str(r['cold_candidates_to_95']):>12} "

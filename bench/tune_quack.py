@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kb", default=None, help="knowledge base path (default: a new one beside the result)")
     ap.add_argument("--shapes", help="MxN,... (default: QuACK's 11 shapes)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=8, help="candidates proposed and compiled together")
+    ap.add_argument("--result", help="also write the JSON result here")
     args = ap.parse_args(argv)
 
     import torch
@@ -48,7 +50,8 @@ def main(argv=None) -> int:
     try:
         for m, n in shapes:
             t0 = time.perf_counter()
-            r = tune(spec, target, {"M": m, "N": n}, args.budget, SearchPolicy(seed=args.seed), kb, ev)
+            r = tune(spec, target, {"M": m, "N": n}, args.budget, SearchPolicy(seed=args.seed), kb, ev,
+                     batch=args.batch)
             base, best = r.baseline.outcome, r.best.outcome
             nbytes = best.bytes_moved or base.bytes_moved
             rows.append({"M": m, "N": n, "run": r.run_id, "candidates": r.candidates,
@@ -65,7 +68,8 @@ def main(argv=None) -> int:
     ok = all(r["best_us"] <= r["baseline_us"] for r in rows)
     path = save(f"tune-{args.op}", {"op": args.op, "budget": args.budget, "policy": "search",
                                     "gpu": torch.cuda.get_device_name(), "rows": rows,
-                                    "all_at_least_as_fast_as_default": ok, "kb": str(args.kb)})
+                                    "all_at_least_as_fast_as_default": ok, "kb": str(args.kb),
+                                    "batch": args.batch}, also=args.result)
     print(f"{'M x N':>16} {'default TB/s':>13} {'best TB/s':>10} {'speedup':>8}")
     for r in rows:
         print(f"{r['M']:>7} x {r['N']:<7} {r['baseline_tbps']:13.2f} {r['best_tbps']:10.2f} "

@@ -88,16 +88,17 @@ def side_stream(x, w, out):
     return out
 
 
-class Memoiser:
-    """Does the work the first time it sees a set of input buffers, then nothing: the outputs
-    keep their old (right) values, and its time is below what moving the bytes can take."""
+class LazyOnceWarm:
+    """Honest for its first `honest_calls` calls (enough to pass every correctness check), then
+    does nothing: the timed graph is captured empty, the outputs keep the right values from the
+    warm-up calls, and the time is below what moving the bytes can take."""
 
-    def __init__(self):
-        self.seen = set()
+    def __init__(self, honest_calls):
+        self.honest_calls = honest_calls
+        self.calls = 0
 
     def __call__(self, x, w, out):
-        key = (x.data_ptr(), out.data_ptr())
-        if key not in self.seen:
-            self.seen.add(key)
+        self.calls += 1
+        if self.calls <= self.honest_calls:
             out.copy_(rmsnorm(x, w).to(out.dtype))
         return out
