@@ -157,12 +157,20 @@ def test_too_old_toolchain(tmp_path, monkeypatch):
 
 
 def test_register_spills_are_reported_with_numbers(capsys):
-    # 64 threads for a row of 65536: 1024 elements per thread cannot live in registers
+    # 128 elements of two fp32 rows per thread at 512 threads: more than 128 registers hold
+    pipe = "canonicalize,tile{threads=512,cluster=1},lower-reductions,lower-ptx"
+    assert main(["compile", "kernels/softmax.kfc", "--shape", "N=65536", "-p", pipe, "-o", "/tmp/kfc-never"]) == 2
+    err = capsys.readouterr().err
+    assert "spills registers to local memory" in err and "bytes stored" in err and "128 registers" in err
+    assert not Path("/tmp/kfc-never").exists()
+
+
+def test_a_share_of_the_row_too_large_for_registers_is_refused_before_nvcc(capsys):
     pipe = "canonicalize,tile{threads=64,cluster=1},lower-reductions,lower-ptx"
     assert main(["compile", "kernels/rmsnorm.kfc", "--shape", "N=65536", "-p", pipe, "-o", "/tmp/kfc-never"]) == 2
     err = capsys.readouterr().err
-    assert "spills registers to local memory" in err and "bytes stored" in err and "registers" in err
-    assert not Path("/tmp/kfc-never").exists()
+    assert "leaves 1024 elements per thread; at most 128 fit in registers" in err
+    assert "threads x cluster >= 512" in err
 
 
 def test_ops_without_a_code_generator_say_so(capsys):

@@ -5,6 +5,7 @@ and a pipeline string of that form maps back (others, e.g. from an agent, stay o
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -14,7 +15,7 @@ from ..passes.base import PassError
 from ..passes.lower_ptx import LowerPtx
 from ..passes.lower_reductions import FuseReductions
 from ..passes.pipeline import parse_pipeline
-from ..passes.tile import Tile, choose
+from ..passes.tile import MAX_ELEMS_PER_THREAD, Tile, choose
 
 THREADS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CLUSTERS = (1, 2, 4, 8, 16)
@@ -50,6 +51,9 @@ class SearchSpace:
     def valid(self, c: dict[str, Any]) -> bool:
         if c["cluster"] > 1 and c["threads"] < 32:
             return False
+        if c["vec"] and c["threads"] and c["cluster"] and \
+                c["vec"] * math.ceil(self.n / (c["vec"] * c["threads"] * c["cluster"])) > MAX_ELEMS_PER_THREAD:
+            return False  # the tile pass refuses it: the row's share would not fit in registers
         if c["rows"] and c["rows"] * c["threads"] > 1024:
             return False
         return all(c[k] in v for k, v in self.choices().items())

@@ -47,6 +47,9 @@ WARP = 32
 AUTO_MAX_THREADS = 512
 # Hopper and Blackwell run clusters of up to 16 CTAs once the kernel allows non-portable sizes
 MAX_CLUSTER = 16
+# A thread's share of a row lives in registers (255 at most): beyond this many elements it
+# spills, and the fully unrolled code takes nvcc minutes to build. Refused before codegen.
+MAX_ELEMS_PER_THREAD = 128
 
 
 def _pow2_ceil(x: int) -> int:
@@ -110,6 +113,11 @@ class Tile(Pass):
                 raise PassError(f"tile: {name}={value} must be a positive power of two")
         if cluster > 1 and not ctx.target.has("cluster"):
             raise PassError(f"tile: cluster={cluster} needs thread-block clusters, which {ctx.target} lacks")
+        per_thread = vec * math.ceil(n / (vec * threads * cluster))
+        if per_thread > MAX_ELEMS_PER_THREAD:
+            raise PassError(f"tile: {threads} thread(s) x {cluster} CTA(s) per row of {n} leaves {per_thread} elements "
+                            f"per thread; at most {MAX_ELEMS_PER_THREAD} fit in registers",
+                            hint=f"use more threads or a cluster: threads x cluster >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}")
         layout = row_layout(threads, vec, cluster)
         vmap = ValueMap()
 
