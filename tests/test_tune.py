@@ -2,7 +2,6 @@
 transfer from similar ops, and the worker's crash and hang handling (real subprocesses)."""
 
 import math
-import subprocess
 import sys
 from concurrent.futures import Future
 
@@ -145,27 +144,16 @@ def test_curve_is_the_best_so_far():
 # --- the worker process: crashes and hangs are failures, and the worker comes back ----------
 
 class ScriptedWorker(GpuWorker):
+    """The real worker plumbing around a scripted child process."""
+
     def __init__(self, script, timeout_s):
         super().__init__("0", timeout_s)
         self.script = script
         self.starts = 0
 
-    def start(self):
-        import queue
-        import threading
-
+    def command(self):
         self.starts += 1
-        self.proc = subprocess.Popen([sys.executable, "-c", self.script], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        self.lines = queue.Queue()
-        proc, lines = self.proc, self.lines
-
-        def pump():
-            for line in proc.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
+        return [sys.executable, "-c", self.script]
 
 
 def test_a_crashing_worker_is_a_failure_and_is_restarted():

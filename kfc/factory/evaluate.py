@@ -64,10 +64,13 @@ class GpuWorker:
         self.proc: subprocess.Popen | None = None
         self.lines: queue.Queue = queue.Queue()
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "kfc.factory.worker"]
+
     def start(self) -> None:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.gpu, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kfc.factory.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env)
         self.lines = queue.Queue()
         proc, lines = self.proc, self.lines
 
