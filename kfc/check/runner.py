@@ -94,7 +94,7 @@ def draw_inputs(func, check: CheckSpec | None, dims: dict[str, int], rng: np.ran
     return args
 
 
-def _reference_fn(spec: OpSpec) -> Callable[..., Any]:
+def reference_fn(spec: OpSpec) -> Callable[..., Any]:
     check = spec.check
     if check is None or check.reference is None:
         raise KfcError(f"{spec.path}: the op has no reference to check against",
@@ -124,12 +124,12 @@ def run_reference(spec: OpSpec, args: dict[str, Any], dims: dict[str, int]) -> l
     import torch
 
     func = spec.func
-    fn = _reference_fn(spec)
+    fn = reference_fn(spec)
     targs: dict[str, Any] = {}
     for v in func.inputs:
         a = args.get(v.name)
         if v.ttype.space is MemSpace.REG:
-            targs[v.name] = a if a is not None else _scalar_default(spec, v.name, dims)
+            targs[v.name] = a if a is not None else scalar_default(spec, v.name, dims)
         else:
             targs[v.name] = None if a is None else to_torch(a, v.ttype.dtype)
     ns = {**dims, **targs, "__args__": targs}
@@ -152,7 +152,7 @@ def run_reference(spec: OpSpec, args: dict[str, Any], dims: dict[str, int]) -> l
     return [np.asarray(to_numpy(torch.as_tensor(o)), dtype=np.float64) for o in out]
 
 
-def _scalar_default(spec: OpSpec, name: str, dims: dict[str, int]):
+def scalar_default(spec: OpSpec, name: str, dims: dict[str, int]):
     from ..ir import constexpr
 
     d = spec.func.default_of(name)
@@ -202,7 +202,7 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
     cases = shapes if shapes is not None else list(check.shapes)
     if not cases:
         raise KfcError(f"{spec.path}: the check block has no shapes", hint="add shapes = [{...}, ...]")
-    _reference_fn(spec)  # fail early on a reference that cannot be imported
+    reference_fn(spec)  # fail early on a reference that cannot be imported
     if seeds is None:
         seeds = list(check.seeds) + [secrets.randbits(31)]
     optional = [v.name for v in spec.func.inputs if v.ttype.optional]

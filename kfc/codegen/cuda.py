@@ -23,6 +23,7 @@ from ..ir.tile_ops import (
     BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, ReduceKind, UnaryOp, WhereOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
+from ..passes.rows import row_dependent_values
 from . import ptx
 
 C_TYPES = {
@@ -586,17 +587,10 @@ class RowKernelEmitter:
 
     def row_dependent(self, op) -> bool:
         idx = op.operands[1:] if isinstance(op, LdOp) else op.operands[2:]
-        dep = self._row_deps()
-        return any(v in dep for v in idx)
-
-    def _row_deps(self):
         if not hasattr(self, "_deps"):
-            dep = {self.launch.body.args[0]}
-            for o in self.launch.body.ops:
-                if any(v in dep for v in o.operands):
-                    dep.update(o.results)
-            self._deps = dep
-        return self._deps
+            self._deps = row_dependent_values(self.launch)
+        dep = self._deps
+        return any(v in dep for v in idx)
 
     def _other_bits(self, value, d: DType, word: int) -> str:
         import numpy as np

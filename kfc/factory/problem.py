@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..check.runner import _reference_fn, _scalar_default
+from ..check.runner import reference_fn, scalar_default
 from ..frontend.spec import CheckSpec, OpSpec
+from ..ir.dtypes import dtype_of_torch
 from ..ir.types import MemSpace, bind_dim
 from .gate import Case, Problem
 
@@ -58,7 +59,7 @@ def op_problem(spec: OpSpec, device: str = "cuda") -> Problem:
 
     func = spec.func
     check = spec.check or CheckSpec()
-    ref_fn = _reference_fn(spec)
+    ref_fn = reference_fn(spec)
     tensors = [v for v in func.inputs if v.ttype.space is not MemSpace.REG]
 
     def shape_of(v, dims):
@@ -72,7 +73,7 @@ def op_problem(spec: OpSpec, device: str = "cuda") -> Problem:
             t = v.ttype
             if t.space is MemSpace.REG:
                 default = func.default_of(v.name)
-                out.append(_scalar_default(spec, v.name, dims) if default is not None else 1.0)
+                out.append(scalar_default(spec, v.name, dims) if default is not None else 1.0)
                 continue
             g = check.inputs.get(v.name)
             if g is not None:
@@ -96,9 +97,8 @@ def op_problem(spec: OpSpec, device: str = "cuda") -> Problem:
         return tuple(torch.as_tensor(o).float() for o in out)
 
     def tolerance(out) -> float:
-        from ..runtime.kernel import _KFC_DTYPE
-
-        return check.tolerance_for(_KFC_DTYPE.get(str(out.dtype).replace("torch.", ""), "f32"))
+        d = dtype_of_torch(out.dtype)
+        return check.tolerance_for(d.value if d is not None else "f32")
 
     def bytes_moved(dims: dict[str, int]) -> int:
         total = 0

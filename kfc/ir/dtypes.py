@@ -101,6 +101,14 @@ def parse_dtype(name: str) -> DType | None:
     return DTYPE_NAMES.get(name)
 
 
+def dtype_of_torch(torch_dtype) -> DType | None:
+    """The kfc dtype a torch dtype holds (index maps to i64's torch.int64, so i64 wins)."""
+    for d in DType:
+        if d is not DType.INDEX and d.torch == torch_dtype:
+            return d
+    return None
+
+
 def promote_ints(a: DType, b: DType) -> DType:
     """Integers mix freely, as in C: the wider wins and `index` counts as the widest."""
     if a is DType.INDEX or b is DType.INDEX:

@@ -15,7 +15,7 @@ import attrs
 
 from .core import Op, Value, register_op
 from .dtypes import DType
-from .types import Dim, MemSpace, TensorType
+from .types import Dim, MemSpace, TensorType, bare_type
 
 
 # ---------------------------------------------------------------------------------------------
@@ -40,11 +40,6 @@ def _int_scalar(op: Op, v: Value, what: str) -> None:
     t = _tt(op, v, what)
     if not (t.is_scalar and t.dtype.is_int):
         raise op.error(f"{what} must be an integer scalar, not {t}")
-
-
-def _bare(t):
-    """A type with its layout slot ignored (passes fill layouts; inference does not)."""
-    return t.without_layout() if isinstance(t, TensorType) else t
 
 
 def _same_shape(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
@@ -387,7 +382,7 @@ class ExpandDimsOp(Op):
         rank = a.rank + len(self.axes)
         if len(set(self.axes)) != len(self.axes) or any(not 0 <= x < rank for x in self.axes):
             raise self.error(f"axes {list(self.axes)} are invalid for a rank-{rank} result")
-        if _bare(self.result.type) != _bare(self.infer_result_types([a], self.attributes())[0]):
+        if bare_type(self.result.type) != bare_type(self.infer_result_types([a], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} does not match the inserted axes")
 
 
@@ -431,7 +426,7 @@ class TransposeOp(Op):
         a = _reg(self, self.operands[0], "operand")
         if sorted(self.perm) != list(range(a.rank)):
             raise self.error(f"perm {list(self.perm)} is not a permutation of {a.rank} axes")
-        if _bare(self.result.type) != _bare(self.infer_result_types([a], self.attributes())[0]):
+        if bare_type(self.result.type) != bare_type(self.infer_result_types([a], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} does not match the permutation")
 
 
@@ -486,7 +481,7 @@ class ReduceOp(Op):
             raise self.error(f"{self.kind.value} needs a numeric operand, not {a.dtype}")
         if self.kind is ReduceKind.MEAN and not a.dtype.is_float:
             raise self.error(f"mean needs a floating-point operand, not {a.dtype}", "cast first, e.g. f32(x)")
-        if _bare(self.result.type) != _bare(self.infer_result_types([a], self.attributes())[0]):
+        if bare_type(self.result.type) != bare_type(self.infer_result_types([a], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} does not match reducing {a} over {list(self.axes)}")
 
 
@@ -557,7 +552,7 @@ class DotOp(Op):
             raise self.error(f"contraction dims differ: {ka} and {kb} "
                              f"({_shape_str(a.shape)}{'ᵀ' if self.trans_a else ''} · "
                              f"{_shape_str(b.shape)}{'ᵀ' if self.trans_b else ''})")
-        if _bare(self.result.type) != _bare(self.infer_result_types([a, b], self.attributes())[0]):
+        if bare_type(self.result.type) != bare_type(self.infer_result_types([a, b], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} must be {self.infer_result_types([a, b], self.attributes())[0]}")
 
 
@@ -655,7 +650,7 @@ class LoadOp(Op):
             raise self.error("needs a tensor operand")
         t = _tt(self, self.operands[0], "tensor")
         _verify_index(self, t, self.index, self.operands[1:])
-        if _bare(self.result.type) != _bare(self.infer_result_types([t], self.attributes())[0]):
+        if bare_type(self.result.type) != bare_type(self.infer_result_types([t], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} must be "
                              f"{self.infer_result_types([t], self.attributes())[0]}")
 
@@ -677,7 +672,7 @@ class StoreOp(Op):
         t = _tt(self, self.operands[1], "tensor")
         _verify_index(self, t, self.index, self.operands[2:])
         want = TensorType(t.dtype, tuple(indexed_shape(t, self.index)))
-        if _bare(v) != want:
+        if bare_type(v) != want:
             raise self.error(f"stores {v} where the indexed region is {want}")
 
 

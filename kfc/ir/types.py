@@ -146,6 +146,11 @@ class TensorType(Type):
         return s
 
 
+def bare_type(t):
+    """A type with its layout slot ignored: passes fill layouts, type inference does not."""
+    return t.without_layout() if isinstance(t, TensorType) else t
+
+
 def scalar(dtype: DType) -> TensorType:
     return TensorType(dtype, ())
 

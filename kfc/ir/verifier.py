@@ -8,11 +8,7 @@ from __future__ import annotations
 from .core import Block, Op
 from .func import FuncOp
 from .tile_ops import DimOp, ForOp, LoadOp, StoreOp, YieldOp
-from .types import MemSpace, SymDim, TensorType
-
-
-def _bare(t):
-    return t.without_layout() if isinstance(t, TensorType) else t
+from .types import MemSpace, SymDim, TensorType, bare_type
 
 
 def _dims_known(op: Op, t, symbols: set[str], what: str) -> None:
@@ -58,7 +54,7 @@ class _Verifier:
                 raise op.error("functions do not nest")
             op.verify_()
             inferred = op.infer_result_types([v.type for v in op.operands], op.attributes())
-            if inferred is not None and [_bare(r.type) for r in op.results] != [_bare(t) for t in inferred]:
+            if inferred is not None and [bare_type(r.type) for r in op.results] != [bare_type(t) for t in inferred]:
                 got = ", ".join(str(r.type) for r in op.results)
                 want = ", ".join(str(t) for t in inferred)
                 raise op.error(f"result type {got} should be {want}")

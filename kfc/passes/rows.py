@@ -71,7 +71,11 @@ def row_length(loop: Op, func: FuncOp) -> int:
     return next(iter(lengths))
 
 
-def is_row_dependent(op: Op, row_index) -> bool:
-    """Whether a load or store addresses something that moves with the row."""
-    idx = op.operands[1:] if isinstance(op, LoadOp) else op.operands[2:]
-    return any(v is row_index for v in idx)
+def row_dependent_values(launch) -> set:
+    """Values computed from the row index of a gpu.launch (loads and stores that use them
+    stream through memory once; the others are re-read by every row)."""
+    dep = {launch.body.args[0]}
+    for op in launch.body.ops:
+        if any(v in dep for v in op.operands):
+            dep.update(op.results)
+    return dep

@@ -18,16 +18,13 @@ from typing import Any
 
 from ..diagnostics import KfcError
 from ..frontend.spec import OpSpec, load_kfc
+from ..ir.dtypes import dtype_of_torch
 from ..ir.printer import print_ir
 from ..ir.signature import bind_dims, output_shape
 from ..ir.types import MemSpace
 from ..target import Target, parse_target
 from . import cache
 from .driver import CTYPES, LoadedKernel
-
-
-_KFC_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "int32": "i32",
-              "int64": "i64", "int8": "i8", "bool": "bool", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
 def spec_key(spec: OpSpec) -> tuple:
@@ -129,7 +126,8 @@ class KfcKernel:
             value = bound.get(param)
             if value is None or not hasattr(value, "dtype"):
                 continue
-            name = _KFC_DTYPE.get(str(value.dtype).replace("torch.", ""))
+            kd = dtype_of_torch(value.dtype)
+            name = kd.value if kd is not None else str(value.dtype)
             options = dict(self.spec.type_params)[tv]
             if name not in options:
                 raise KfcError(f"{self.name}: {param!r} is {value.dtype}; its type {tv} takes {' | '.join(options)}")
