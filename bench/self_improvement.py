@@ -13,7 +13,7 @@ best-so-far curves of both runs as PNG beside it.
 from __future__ import annotations
 
 import argparse
-import shutil
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -31,49 +31,57 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=8, help="candidates proposed and compiled together")
     ap.add_argument("--result", help="also write the JSON result here (and the plot beside it)")
+    ap.add_argument("--shapes", help="MxN,... (default: 32768x4096,32768x16384,32768x65536)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start both knowledge bases over (default: keep them, so a stopped call resumes)")
     args = ap.parse_args(argv)
 
     import torch
 
     from kfc.factory.evaluate import Evaluator
     from kfc.factory.offline import SearchPolicy
-    from kfc.factory.tune import candidates_to_reach, curve, tune
+    from kfc.factory.tune import candidates_to_reach, curve, finished_tune, tune
     from kfc.frontend import load_kfc
     from kfc.kb.store import KnowledgeBase
     from kfc.target import parse_target
 
     target = parse_target("sm_90a")
+    shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     cold_path, warm_path = out / "kb-cold.sqlite", out / "kb-warm.sqlite"
-    for p in (cold_path, warm_path):
-        p.unlink(missing_ok=True)
-    if args.warm_kb:
-        src = KnowledgeBase(args.warm_kb, create=False)
-        src.integrity_check()
-        src.close()
-        shutil.copyfile(args.warm_kb, warm_path)
+    if args.fresh:
+        for p in (cold_path, warm_path):
+            for f in (p, p.with_name(p.name + "-wal"), p.with_name(p.name + "-shm")):
+                f.unlink(missing_ok=True)
+    if args.warm_kb and not warm_path.exists():
+        with KnowledgeBase(args.warm_kb, create=False) as src, sqlite3.connect(warm_path) as dst:
+            src.integrity_check()
+            src.conn.backup(dst)  # the WAL's committed pages included, unlike a file copy
     specs = {k: load_kfc(ROOT / "kernels" / f"{k}.kfc") for k in ("rmsnorm", "layernorm", "softmax")}
     ev = Evaluator([str(i) for i in range(torch.cuda.device_count())])
     runs = {"cold": {}, "warm": {}}
+
+    def run(op: str, kb, dims: dict, seed: int):
+        """Tune, or read back a tune this knowledge base already finished (a resumed call)."""
+        done = finished_tune(specs[op], target, dims, args.budget, "search", kb)
+        return done or tune(specs[op], target, dims, args.budget, SearchPolicy(seed=seed), kb, ev, batch=args.batch)
+
     try:
         cold = KnowledgeBase(cold_path)
-        for m, n in SHAPES:
-            runs["cold"][(m, n)] = tune(specs["softmax"], target, {"M": m, "N": n}, args.budget,
-                                        SearchPolicy(seed=args.seed), cold, ev, batch=args.batch)
+        for m, n in shapes:
+            runs["cold"][(m, n)] = run("softmax", cold, {"M": m, "N": n}, args.seed)
             print(f"cold softmax {m}x{n}: best {runs['cold'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
         warm = KnowledgeBase(warm_path)
         for op in ("rmsnorm", "layernorm"):
-            for m, n in SHAPES:
-                if warm.best_by_fingerprint(_fp(specs[op]), target.name, {"M": m, "N": n}) is None:
-                    tune(specs[op], target, {"M": m, "N": n}, args.budget, SearchPolicy(seed=args.seed + 1), warm, ev,
-                         batch=args.batch)
+            for m, n in shapes:
+                run(op, warm, {"M": m, "N": n}, args.seed + 1)
                 print(f"warm-up {op} {m}x{n} done", flush=True)
-        for m, n in SHAPES:
-            runs["warm"][(m, n)] = tune(specs["softmax"], target, {"M": m, "N": n}, args.budget,
-                                        SearchPolicy(seed=args.seed), warm, ev, batch=args.batch)
+        for m, n in shapes:
+            runs["warm"][(m, n)] = run("softmax", warm, {"M": m, "N": n}, args.seed)
             print(f"warm softmax {m}x{n}: best {runs['warm'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
         rows, curves = [], {}
-        for m, n in SHAPES:
+        for m, n in shapes:
             trials = {k: (cold if k == "cold" else warm).trials(run_id=runs[k][(m, n)].run_id) for k in runs}
             search = {k: [t for t in ts if t.proposal.proposer != "baseline"] for k, ts in trials.items()}
             best = min(min(t.outcome.median_us for t in ts if t.outcome.median_us) for ts in search.values())
@@ -91,7 +99,7 @@ def main(argv=None) -> int:
     finally:
         ev.close()
     ok = all(r["warm_at_most_half"] for r in rows)
-    path = save("self_improvement", {"budget": args.budget, "shapes": [list(s) for s in SHAPES], "rows": rows,
+    path = save("self_improvement", {"budget": args.budget, "shapes": [list(s) for s in shapes], "rows": rows,
                                      "curves_best_so_far_us": curves, "warm_at_most_half_everywhere": ok,
                                      "gpu": torch.cuda.get_device_name(), "policy": "search", "batch": args.batch},
                 also=args.result)
@@ -104,12 +112,6 @@ def main(argv=None) -> int:
               f"{str(r['warm_candidates_to_95']):>12}")
     print(f"warm needs at most half the cold run's candidates everywhere: {ok}; saved {path}")
     return 0
-
-
-def _fp(spec):
-    from kfc.kb.fingerprint import op_fingerprint
-
-    return op_fingerprint(spec.func)
 
 
 def plot(curves: dict, path: Path) -> None:

@@ -11,7 +11,7 @@ from kfc.factory.evaluate import Compiled, GpuWorker
 from kfc.factory.gate import GateResult
 from kfc.factory.model import Stage
 from kfc.factory.offline import SearchPolicy
-from kfc.factory.tune import candidates_to_reach, curve, space_for, tune
+from kfc.factory.tune import candidates_to_reach, curve, finished_tune, space_for, tune
 from kfc.frontend import load_kfc
 from kfc.kb.store import KnowledgeBase
 from kfc.target import parse_target
@@ -92,8 +92,34 @@ def test_an_interrupted_tune_loses_nothing_recorded(kb):
     assert len(trials) == 4  # the baseline and three candidates, each with its outcome
     assert all(t.outcome.stage is Stage.TIMED for t in trials)
     assert kb.runs()[-1]["status"] == "interrupted"
+    (in_flight,) = kb.pending(kb.runs()[-1]["id"])  # added, then the interrupt hit its evaluation
+    gpu = FakeGpu(spec)
+    r = tune(spec, TARGET, DIMS, 10, SearchPolicy(seed=2), kb, gpu)  # the same command again
+    assert r.run_id == kb.runs()[-1]["id"] and len(kb.runs()) == 1  # resumed, not a new run
+    assert r.candidates == 10 and gpu.calls == 7 and not r.interrupted
+    trials = kb.trials(target="sm_90a", shape=DIMS)
+    assert len(trials) == 11 and trials[4].candidate_id == in_flight[0]  # the one in flight went first
+    assert kb.pending(r.run_id) == [] and kb.runs()[-1]["status"] == "finished"
+
+
+def test_after_a_finished_run_the_same_command_searches_further(kb):
+    spec = load_kfc("kernels/rmsnorm.kfc")
+    first = tune(spec, TARGET, DIMS, 4, SearchPolicy(seed=2), kb, FakeGpu(spec))
+    assert finished_tune(spec, TARGET, DIMS, 4, "search", kb).run_id == first.run_id
+    assert finished_tune(spec, TARGET, DIMS, 5, "search", kb) is None  # a larger budget is not done yet
+    second = tune(spec, TARGET, DIMS, 4, SearchPolicy(seed=2), kb, FakeGpu(spec))
+    assert second.run_id != first.run_id and second.candidates == 4
+    assert finished_tune(spec, TARGET, DIMS, 4, "search", kb).run_id == second.run_id
+
+
+def test_a_run_killed_during_its_baseline_resumes_with_that_candidate(kb):
+    spec = load_kfc("kernels/rmsnorm.kfc")
+    with pytest.raises(KeyboardInterrupt):
+        tune(spec, TARGET, DIMS, 3, SearchPolicy(seed=2), kb, FakeGpu(spec, fail_after=0))
+    (base_id, p), = kb.pending(kb.runs()[-1]["id"])
+    assert p.proposer == "baseline"
     r = tune(spec, TARGET, DIMS, 3, SearchPolicy(seed=2), kb, FakeGpu(spec))
-    assert r.candidates == 3 and len(kb.trials(target="sm_90a", shape=DIMS)) == 7
+    assert r.baseline.candidate_id == base_id and r.candidates == 3 and len(kb.runs()) == 1
 
 
 def test_what_was_learned_on_one_op_seeds_a_similar_one(kb):
@@ -182,3 +208,53 @@ def test_a_worker_answer_is_matched_to_its_job():
     r = w.run({"id": 41})
     assert r.stage is Stage.TIMED and r.median_us == 12.5
     w.stop()
+
+
+KILLED_TUNE = r"""
+import sys, time
+sys.path.insert(0, "tests")
+from test_tune import DIMS, TARGET, FakeGpu
+from kfc.factory.offline import SearchPolicy
+from kfc.factory.tune import tune
+from kfc.frontend import load_kfc
+from kfc.kb.store import KnowledgeBase
+
+class SlowGpu(FakeGpu):
+    def evaluate(self, *args):
+        time.sleep(0.01)
+        return super().evaluate(*args)
+
+spec = load_kfc("kernels/rmsnorm.kfc")
+tune(spec, TARGET, DIMS, int(sys.argv[2]), SearchPolicy(seed=5), KnowledgeBase(sys.argv[1]), SlowGpu(spec), batch=2,
+     on_trial=lambda t, best, n: print(t.candidate_id, flush=True))
+"""
+
+
+def test_a_tune_killed_with_sigkill_keeps_every_record_and_resumes(tmp_path):
+    import signal
+    import subprocess
+
+    path, budget = tmp_path / "kb.sqlite", 60
+    child = subprocess.Popen([sys.executable, "-c", KILLED_TUNE, str(path), str(budget)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    printed = []
+    try:
+        while len(printed) < 20:
+            line = child.stdout.readline()
+            assert line, f"the tune died on its own: {child.stderr.read()}"
+            printed.append(int(line))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    with KnowledgeBase(path, create=False) as k:
+        assert k.integrity_check() == "ok"
+        trials = {t.candidate_id: t for t in k.trials()}
+        assert all(trials[c].outcome.stage is Stage.TIMED for c in printed)  # every reported record intact
+        (run,) = k.runs()
+        assert run["status"] == "running"  # nobody closed it
+        spec = load_kfc("kernels/rmsnorm.kfc")
+        r = tune(spec, TARGET, DIMS, budget, SearchPolicy(seed=5), k, FakeGpu(spec), batch=2)  # the same command
+        assert r.run_id == run["id"] and r.candidates == budget and not r.interrupted
+        assert len(k.trials(run_id=r.run_id)) == budget + 1 and k.pending(r.run_id) == []
+        assert {t.candidate_id for t in k.trials()} >= set(printed)

@@ -3,13 +3,16 @@ GPU -> time -> record -> update, for one op instance, target and shape.
 
 Every candidate is recorded in the knowledge base in its own transaction the moment its
 outcome is known, so an interrupted tune (Ctrl-C, or a killed process) loses nothing already
-recorded; running the same command again resumes: what was tried is not tried again, and the
-policy sees the earlier trials. The default pipeline is timed first as the baseline (not
-counted in the budget) and stays the answer unless a candidate beats it.
+recorded. Running the same command again resumes the interrupted run: candidates that were in
+flight are evaluated first, the ones already evaluated count against the budget, and the
+policy sees every earlier trial. After a run that finished, the same command starts a new run
+that searches further (nothing tried is tried again). The default pipeline is timed first as
+the baseline (not counted in the budget) and stays the answer unless a candidate beats it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 from typing import Any, Callable
@@ -19,7 +22,7 @@ import attrs
 from ..compile import row_dims
 from ..frontend.spec import OpSpec
 from ..kb.fingerprint import op_features, op_fingerprint
-from ..kb.store import KnowledgeBase
+from ..kb.store import KnowledgeBase, canonical_shape
 from ..passes import default_pipeline
 from ..passes.base import PassError
 from ..passes.pipeline import parse_pipeline
@@ -67,15 +70,23 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
     space = space_for(spec, dims, target)
     fp, features = op_fingerprint(spec.func), op_features(spec.func)
     op_id = kb.op_id(fp, spec.instance_name, features)
-    run_id = kb.start_run(op_id, target.name, dims, policy.name, budget, env or default_env())
+    run_id = kb.unfinished_run(op_id, target.name, dims, policy.name)
+    if run_id is None:
+        run_id = kb.start_run(op_id, target.name, dims, policy.name, budget, env or default_env())
+        done, pending = 0, []
+    else:
+        kb.reopen_run(run_id, budget)
+        done = sum(1 for t in kb.trials(run_id=run_id) if t.proposal.proposer != "baseline")
+        pending = kb.pending(run_id)
     cases = gate_cases(spec, dims, row_dims(spec.func))
     batch = batch or max(2, 2 * getattr(evaluator, "n_gpus", 1))
-    done = 0
     status = "interrupted"
 
-    def evaluate(proposals: list[Proposal], baseline_us: float | None) -> list[Trial]:
-        futures = [(p, kb.add_candidate(run_id, op_id, target.name, dims, p, space.config_of(p.pipeline)),
-                    evaluator.evaluate(spec, target, p.pipeline, cases, dims)) for p in proposals]
+    def evaluate(proposals: list[Proposal], baseline_us: float | None, ids: list[int] | None = None) -> list[Trial]:
+        ids = ids or [kb.add_candidate(run_id, op_id, target.name, dims, p, space.config_of(p.pipeline))
+                      for p in proposals]
+        futures = [(p, cid, evaluator.evaluate(spec, target, p.pipeline, cases, dims))
+                   for p, cid in zip(proposals, ids)]
         out = []
         for p, cid, fut in futures:
             compiled, gated = fut.result()
@@ -88,10 +99,16 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
         history = kb.trials(op_id=op_id, target=target.name, shape=dims)
         baseline = _baseline(history, spec)
         if baseline is None:
+            ids = [cid for cid, p in pending if p.proposer == "baseline"][-1:]
             (baseline,) = evaluate([Proposal(_canonical(default_pipeline("row")), "kfc's default pipeline",
-                                             "baseline")], None)
+                                             "baseline")], None, ids)
             history.append(baseline)
         base_us = baseline.outcome.median_us
+        pending = [(cid, p) for cid, p in pending if p.proposer != "baseline"][: max(0, budget - done)]
+        if pending:  # in flight when the interrupted run stopped: theirs to finish
+            trials = evaluate([p for _, p in pending], base_us, [cid for cid, _ in pending])
+            history += trials
+            done += len(trials)
         lessons: list[str] = [ls["text"] for ls in kb.lessons(op_id)]
         while done < budget:
             ctx = TuneContext(spec.instance_name, fp, features, target.name, dims, space, tuple(history),
@@ -118,6 +135,24 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
     history = kb.trials(op_id=op_id, target=target.name, shape=dims)
     return TuneResult(run_id, spec.instance_name, dims, done, _baseline(history, spec), _best(history),
                       status != "finished")
+
+
+def finished_tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy: str,
+                  kb: KnowledgeBase) -> TuneResult | None:
+    """The newest finished run of this op at this target and shape with at least this budget,
+    as a TuneResult (for a benchmark that resumes after being stopped), or None."""
+    op = kb.op_by_fingerprint(op_fingerprint(spec.func))
+    if op is None:
+        return None
+    shape = json.loads(canonical_shape(dims))
+    runs = [r for r in kb.runs(op["id"]) if r["target"] == target.name and r["shape"] == shape
+            and r["policy"] == policy and r["status"] == "finished" and (r["budget"] or 0) >= budget]
+    if not runs:
+        return None
+    run = runs[-1]
+    history = kb.trials(op_id=op["id"], target=target.name, shape=dims)
+    mine = [t for t in kb.trials(run_id=run["id"]) if t.proposal.proposer != "baseline"]
+    return TuneResult(run["id"], spec.instance_name, dims, len(mine), _baseline(history, spec), _best(history))
 
 
 def _canonical(pipeline: str) -> str:

@@ -392,6 +392,32 @@ class KnowledgeBase:
             else:
                 conn.execute("UPDATE runs SET status = ?, finished_utc = ? WHERE id = ?", (status, _now(), run_id))
 
+    def unfinished_run(self, op_id: int, target: str, shape: dict[str, int], policy: str) -> int | None:
+        """The id of the newest run of this op, target and shape, if it used this policy and
+        did not finish (interrupted, or still 'running' because its process was killed): a
+        re-run of the same command continues it. None when the newest run finished."""
+        row = self.conn.execute(
+            "SELECT id, policy, status FROM runs WHERE op_id = ? AND target = ? AND shape = ? ORDER BY id DESC LIMIT 1",
+            (op_id, target, canonical_shape(shape))).fetchone()
+        if row is None or row["policy"] != (policy or "") or row["status"] not in ("running", "interrupted"):
+            return None
+        return row["id"]
+
+    def reopen_run(self, run_id: int, budget: int | None) -> None:
+        """Mark an unfinished run as running again, with the budget of the command resuming it."""
+        self._require("runs", run_id, "run")
+        with self._write() as conn:
+            conn.execute("UPDATE runs SET status = 'running', finished_utc = NULL, budget = ? WHERE id = ?",
+                         (budget, run_id))
+
+    def pending(self, run_id: int) -> list[tuple[int, Proposal]]:
+        """Candidates of a run recorded without an outcome (in flight when its process died)."""
+        rows = self.conn.execute(
+            "SELECT c.id, c.pipeline, c.rationale, c.proposer, c.parent_id FROM candidates c LEFT JOIN outcomes o "
+            "ON o.candidate_id = c.id WHERE c.run_id = ? AND o.candidate_id IS NULL ORDER BY c.id", (run_id,))
+        return [(r["id"], Proposal(pipeline=r["pipeline"], rationale=r["rationale"], proposer=r["proposer"],
+                                   parent=r["parent_id"])) for r in rows]
+
     def runs(self, op_id: int | None = None) -> list[dict[str, Any]]:
         """Runs, oldest first, each with its op's name and fingerprint and a summary: candidates,
         evaluated (with an outcome), timed, best_us and best_speedup (over timed candidates)."""
