@@ -101,7 +101,9 @@ def main(argv=None) -> int:
     ok = all(r["warm_at_most_half"] for r in rows)
     path = save("self_improvement", {"budget": args.budget, "shapes": [list(s) for s in shapes], "rows": rows,
                                      "curves_best_so_far_us": curves, "warm_at_most_half_everywhere": ok,
-                                     "gpu": torch.cuda.get_device_name(), "policy": "search", "batch": args.batch},
+                                     "gpu": torch.cuda.get_device_name(), "policy": "search", "batch": args.batch,
+                                     "seed": args.seed, "command": " ".join(["python -m bench.self_improvement"]
+                                                                            + list(argv or sys.argv[1:]))},
                 also=args.result)
     plot(curves, path.with_suffix(".png"))
     if args.result:

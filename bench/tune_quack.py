@@ -54,7 +54,8 @@ def main(argv=None) -> int:
         return {"op": args.op, "budget": args.budget, "policy": "search", "gpu": torch.cuda.get_device_name(),
                 "rows": rows, "complete": complete, "all_at_least_as_fast_as_default":
                 complete and all(r["best_us"] <= r["baseline_us"] for r in rows), "kb": str(args.kb),
-                "batch": args.batch}
+                "batch": args.batch, "seed": args.seed,
+                "command": " ".join(["python -m bench.tune_quack"] + list(argv or sys.argv[1:]))}
 
     try:
         for m, n in shapes:

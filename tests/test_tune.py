@@ -258,3 +258,61 @@ def test_a_tune_killed_with_sigkill_keeps_every_record_and_resumes(tmp_path):
         assert r.run_id == run["id"] and r.candidates == budget and not r.interrupted
         assert len(k.trials(run_id=r.run_id)) == budget + 1 and k.pending(r.run_id) == []
         assert {t.candidate_id for t in k.trials()} >= set(printed)
+
+
+def test_the_default_pipeline_is_a_point_of_the_space():
+    """The baseline's configuration is known to the policies (as prior and as data), and its
+    explicit spelling is the same candidate."""
+    from kfc.passes import ROW_PIPELINE
+
+    for n in (256, 4096, 16384, 65536, 4100):
+        space = space_for(load_kfc("kernels/softmax.kfc"), {"M": 32768, "N": n}, TARGET)
+        assert space.config_of(ROW_PIPELINE) == space.default()
+        assert space.canonical(ROW_PIPELINE) == space.pipeline(space.default())
+        assert space.canonical("canonicalize,cse") == "canonicalize,cse"  # outside the space: unchanged
+
+
+def test_the_default_and_its_explicit_spelling_build_the_same_kernel():
+    from kfc.compile import compile_op
+    from kfc.passes import ROW_PIPELINE
+
+    spec = load_kfc("kernels/rmsnorm.kfc").instances()[0]
+    for n in (16384, 65536):
+        dims = {"M": 32768, "N": n}
+        a = compile_op(spec, TARGET, ROW_PIPELINE, dims)
+        b = compile_op(spec, TARGET, space_for(spec, dims, TARGET).canonical(ROW_PIPELINE), dims)
+        assert a.ir == b.ir and a.plan == b.plan
+
+
+def test_a_tune_never_retries_the_baseline_under_another_spelling(kb):
+    spec = load_kfc("kernels/rmsnorm.kfc")
+    space = space_for(spec, DIMS, TARGET)
+    r = tune(spec, TARGET, DIMS, 40, SearchPolicy(seed=6), kb, FakeGpu(spec))
+    configs = [space.config_of(t.proposal.pipeline) for t in kb.trials(run_id=r.run_id)]
+    assert configs.count(space.default()) == 1
+
+
+def _trial(cid, space, c, us):
+    from kfc.factory.model import Outcome, Proposal, Trial
+
+    return Trial(cid, Proposal(space.pipeline(c)), Outcome(Stage.TIMED, median_us=us))
+
+
+def test_a_similar_op_that_is_uniformly_faster_does_not_outvote_this_ops_measurements():
+    from kfc.factory.model import TuneContext
+
+    spec = load_kfc("kernels/softmax.kfc")
+    space = space_for(spec, DIMS, TARGET)
+    base = space.default()
+    fast, slow = dict(base, threads=256), dict(base, threads=128)
+    # this op: 256 threads beat 128; the other op, twice as fast overall, tried mostly 128
+    history = [_trial(1, space, fast, 100.0), _trial(2, space, slow, 120.0)]
+    prior = [_trial(10 + i, space, dict(slow, vec=v), 50.0) for i, v in enumerate((2, 4, 8))] + \
+        [_trial(20, space, dict(fast, vec=8), 45.0)]
+    ctx = TuneContext("softmax_bf16", "fp", {}, "sm_90a", DIMS, space, tuple(history), tuple(prior))
+    policy = SearchPolicy(seed=0)
+    _, _, effect, _ = policy.fit(ctx)
+    assert effect[("threads", 256)] < effect[("threads", 128)]
+    # and a best configuration to step from is ranked against its own op's mean
+    obs = sorted((o for o in policy.observations(ctx) if o[1] is not None), key=lambda o: o[1])
+    assert obs[0][0]["threads"] == 256

@@ -4,8 +4,9 @@ It proposes, in order:
   1. the knowledge base's prior: the best configurations recorded for this op at this target
      and shape, then those of similar ops (transfer: a layernorm's tile at N=16384 is a good
      first guess for a softmax at N=16384);
-  2. candidates ranked by a model fitted to every timed trial (this run's and the prior's):
-     log time as a sum of one effect per (choice, value), optimistic for values seen rarely.
+  2. candidates ranked by a model fitted to every trial of this op and the prior's: log time,
+     centred per op, as a sum of one effect per (choice, value), a similar op's trials counting
+     for less than this op's own, optimistic for values seen rarely.
      The pool holds the model's best guess (each choice at its best-looking value) and the
      one-step neighbours of the best configurations so far;
   3. random configurations, with probability `explore`, and whenever there is nothing else.
@@ -23,44 +24,59 @@ from typing import Any, Sequence
 from .model import Proposal, Stage, Trial, TuneContext
 
 
-def _timed(trials: Sequence[Trial]) -> list[Trial]:
-    return [t for t in trials if t.outcome.stage is Stage.TIMED and t.outcome.median_us]
-
-
 class SearchPolicy:
     name = "search"
 
-    def __init__(self, seed: int = 0, explore: float = 0.15, width: int = 3, bonus: float = 0.5) -> None:
+    def __init__(self, seed: int = 0, explore: float = 0.15, width: int = 3, bonus: float = 0.5,
+                 transfer: float = 0.5) -> None:
         self.rng = random.Random(seed)
+        self.transfer = transfer    # weight of a similar op's trial against one of this op's own
         self.explore = explore
         self.width = width          # how many of the best configurations to move around
         self.bonus = bonus          # optimism for values tried rarely, in standard deviations
 
     # --- the model: log time as a sum of per-choice effects -------------------------------------
-    def fit(self, ctx: TuneContext) -> tuple[float, float, dict, dict]:
-        """(mean, spread, effect, count) of log(time) over timed trials of this run and the prior,
-        effect[(choice, value)] being the mean deviation of trials with that value."""
-        ys: list[tuple[dict, float]] = []
-        for t in list(ctx.prior) + list(ctx.history):
+    def observations(self, ctx: TuneContext) -> list[tuple[dict, float | None, float]]:
+        """(configuration, log-time deviation, weight) per trial of this op and of the prior.
+
+        Trials of similar ops (prior trials not in this op's history) are centred on their own
+        mean and weighted by `transfer`: another op may be uniformly slower or faster, and what
+        it says about a choice is a hint that this op's own measurements outweigh. A failed
+        trial's deviation is None."""
+        own_ids = {t.candidate_id for t in ctx.history}
+        groups: dict[bool, list[tuple[dict, float | None]]] = {True: [], False: []}
+        for t in list(ctx.history) + [t for t in ctx.prior if t.candidate_id not in own_ids]:
             c = ctx.space.config_of(t.proposal.pipeline)
-            if c is not None and t.outcome.stage is Stage.TIMED and t.outcome.median_us:
-                ys.append((c, math.log(t.outcome.median_us)))
-            elif c is not None and t.outcome.stage is not Stage.TIMED:
-                ys.append((c, None))  # failures count as slow, below
-        timed = [y for _, y in ys if y is not None]
-        if not timed:
+            if c is None:
+                continue
+            timed = t.outcome.stage is Stage.TIMED and t.outcome.median_us
+            groups[t.candidate_id in own_ids].append((c, math.log(t.outcome.median_us) if timed else None))
+        out = []
+        for is_own, ys in groups.items():
+            logs = [y for _, y in ys if y is not None]
+            centre = sum(logs) / len(logs) if logs else 0.0
+            w = 1.0 if is_own else self.transfer
+            out += [(c, None if y is None else y - centre, w) for c, y in ys]
+        return out
+
+    def fit(self, ctx: TuneContext) -> tuple[float, float, dict, dict]:
+        """(0, spread, effect, count) of centred log(time) over `observations`, effect[(choice,
+        value)] being the weighted mean deviation of trials with that value."""
+        obs = self.observations(ctx)
+        devs = [d for _, d, _ in obs if d is not None]
+        if not devs:
             return 0.0, 1.0, {}, {}
-        mean = sum(timed) / len(timed)
-        spread = (sum((y - mean) ** 2 for y in timed) / len(timed)) ** 0.5 or 0.1
-        worst = max(timed) + spread
+        spread = (sum(d * d for d in devs) / len(devs)) ** 0.5 or 0.1
+        worst = max(devs) + spread  # failures count as slower than anything timed
         sums: dict = defaultdict(float)
+        weights: dict = defaultdict(float)
         counts: dict = defaultdict(int)
-        for c, y in ys:
-            y = worst if y is None else y
+        for c, d, w in obs:
             for k, v in c.items():
-                sums[(k, v)] += y - mean
+                sums[(k, v)] += w * (worst if d is None else d)
+                weights[(k, v)] += w
                 counts[(k, v)] += 1
-        return mean, spread, {a: sums[a] / counts[a] for a in counts}, counts
+        return 0.0, spread, {a: sums[a] / weights[a] for a in weights}, counts
 
     @staticmethod
     def importance(model) -> dict[str, float]:
@@ -87,7 +103,7 @@ class SearchPolicy:
     # --- proposals ----------------------------------------------------------------------------
     def propose(self, ctx: TuneContext, n: int) -> list[Proposal]:
         space = ctx.space
-        tried = {t.proposal.pipeline for t in ctx.history}
+        tried = {space.canonical(t.proposal.pipeline) for t in ctx.history}
         out: list[Proposal] = []
 
         def add(c: dict, why: str) -> None:
@@ -105,9 +121,9 @@ class SearchPolicy:
                 add(c, f"prior from the knowledge base ({t.outcome.median_us:.1f} us{sp})")
         model = self.fit(ctx)
         imp = self.importance(model)
-        starts = [space.config_of(t.proposal.pipeline) for t in
-                  sorted(_timed(list(ctx.history) + list(ctx.prior)), key=lambda t: t.outcome.median_us)]
-        starts = [c for c in starts if c is not None][: self.width]
+        # the best configurations so far, each against its own op's mean
+        starts = [c for c, d, _ in sorted((o for o in self.observations(ctx) if o[1] is not None),
+                                          key=lambda o: o[1])][: self.width]
         pool: list[tuple[float, dict, str]] = []
         if model[2]:  # 2. the model's own best guess: every choice at its best-looking value
             guess = {k: min(vals, key=lambda v: self.predict({k: v}, model, imp)) for k, vals in space.choices().items()}

@@ -79,19 +79,33 @@ class SearchSpace:
         return str(parse_pipeline(",".join(steps)))  # canonical: one text per configuration
 
     def config_of(self, pipeline: str) -> dict[str, Any] | None:
-        """The configuration a pipeline of this space's form encodes, or None."""
+        """The configuration a pipeline of this space's form encodes, or None. Tile options left
+        to the pass's heuristics (as in the default pipeline) are resolved the way the pass
+        resolves them, so the default pipeline maps to the configuration it builds."""
         try:
             passes = list(parse_pipeline(pipeline))
         except PassError:
             return None
-        tile = next((p for p in passes if isinstance(p, Tile)), None)
+        at = next((i for i, p in enumerate(passes) if isinstance(p, Tile)), None)
         ptx = next((p for p in passes if isinstance(p, LowerPtx)), None)
-        if tile is None or ptx is None:
+        if at is None or ptx is None:
             return None
-        c = {"threads": tile.threads, "cluster": tile.cluster, "rows": tile.rows, "persistent": tile.persistent,
-             "vec": tile.vec, "stream": ptx.stream, "store": ptx.store, "approx": ptx.approx,
+        tile = passes[at]
+        _, threads, vec, cluster = choose(self.n, self.itemsize, tile.rows, tile.threads, tile.vec, tile.cluster,
+                                          self.has_cluster)
+        c = {"threads": threads, "cluster": cluster, "rows": tile.rows, "persistent": tile.persistent,
+             "vec": vec, "stream": ptx.stream, "store": ptx.store, "approx": ptx.approx,
              "fuse": any(isinstance(p, FuseReductions) for p in passes)}
-        return c if self.valid(c) and self.pipeline(c) == str(parse_pipeline(pipeline)) else None
+        if not self.valid(c):
+            return None
+        passes[at] = attrs.evolve(tile, threads=threads, vec=vec, cluster=cluster)
+        return c if self.pipeline(c) == ",".join(str(p) for p in passes) else None
+
+    def canonical(self, pipeline: str) -> str:
+        """One text per kernel: the space's form where the pipeline has one (so the default
+        pipeline and its explicit spelling count as the same candidate), else the text."""
+        c = self.config_of(pipeline)
+        return self.pipeline(c) if c is not None else pipeline
 
     def random(self, rng: random.Random) -> dict[str, Any]:
         for _ in range(1000):

@@ -113,9 +113,9 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
         while done < budget:
             ctx = TuneContext(spec.instance_name, fp, features, target.name, dims, space, tuple(history),
                               tuple(kb.prior(fp, features, target.name, dims)), tuple(lessons[-20:]))
-            tried = {t.proposal.pipeline for t in history}
-            proposals = [p for p in policy.propose(ctx, min(batch, budget - done)) if p.pipeline not in tried]
-            proposals = _dedupe(proposals)[: budget - done]
+            tried = {space.canonical(t.proposal.pipeline) for t in history}
+            proposals = _dedupe(policy.propose(ctx, min(batch, budget - done)), space)
+            proposals = [p for p in proposals if p.pipeline not in tried][: budget - done]
             if not proposals:
                 break  # the policy has nothing new: the space is exhausted for it
             trials = evaluate(proposals, base_us)
@@ -159,11 +159,13 @@ def _canonical(pipeline: str) -> str:
     return str(parse_pipeline(pipeline))
 
 
-def _dedupe(proposals: list[Proposal]) -> list[Proposal]:
+def _dedupe(proposals: list[Proposal], space: SearchSpace) -> list[Proposal]:
+    """Each kernel once, in the space's spelling where it has one (the default pipeline and its
+    explicit form are one candidate)."""
     seen, out = set(), []
     for p in proposals:
         try:
-            canon = _canonical(p.pipeline)
+            canon = space.canonical(_canonical(p.pipeline))
         except PassError:
             canon = p.pipeline  # recorded as failing to parse
         if canon not in seen:
