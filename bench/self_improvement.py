@@ -32,19 +32,23 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="candidates proposed and compiled together")
     ap.add_argument("--result", help="also write the JSON result here (and the plot beside it)")
     ap.add_argument("--shapes", help="MxN,... (default: 32768x4096,32768x16384,32768x65536)")
+    ap.add_argument("--summarize-only", action="store_true",
+                    help="no tuning and no GPU: summarize the finished tunes in --out's knowledge bases")
     ap.add_argument("--fresh", action="store_true",
                     help="start both knowledge bases over (default: keep them, so a stopped call resumes)")
     args = ap.parse_args(argv)
-
-    import torch
+    if args.summarize_only and args.fresh:
+        ap.error("--fresh would delete the knowledge bases --summarize-only reads")
 
     from kfc.factory.evaluate import Evaluator
     from kfc.factory.offline import SearchPolicy
-    from kfc.factory.tune import candidates_to_reach, curve, finished_tune, tune
+    from kfc.factory.tune import finished_tune, tune
     from kfc.frontend import load_kfc
     from kfc.kb.store import KnowledgeBase
     from kfc.target import parse_target
 
+    if not args.summarize_only:
+        import torch
     target = parse_target("sm_90a")
     shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     out = Path(args.out)
@@ -59,49 +63,49 @@ def main(argv=None) -> int:
             src.integrity_check()
             src.conn.backup(dst)  # the WAL's committed pages included, unlike a file copy
     specs = {k: load_kfc(ROOT / "kernels" / f"{k}.kfc") for k in ("rmsnorm", "layernorm", "softmax")}
-    ev = Evaluator([str(i) for i in range(torch.cuda.device_count())])
     runs = {"cold": {}, "warm": {}}
+    if args.summarize_only:  # no GPU: the finished tunes are read back from both knowledge bases
+        with KnowledgeBase(cold_path, create=False) as cold, KnowledgeBase(warm_path, create=False) as warm:
+            for kind, kb in (("cold", cold), ("warm", warm)):
+                for m, n in shapes:
+                    r = finished_tune(specs["softmax"], target, {"M": m, "N": n}, args.budget, "search", kb)
+                    if r is None:
+                        sys.exit(f"error: {kb.path} holds no finished softmax tune at {m}x{n} with budget {args.budget}")
+                    runs[kind][(m, n)] = r
+            rows, curves = summarize(cold, warm, runs, shapes)
+            gpu = cold.runs()[-1]["gpu"]
+    else:
+        ev = Evaluator([str(i) for i in range(torch.cuda.device_count())])
 
-    def run(op: str, kb, dims: dict, seed: int):
-        """Tune, or read back a tune this knowledge base already finished (a resumed call)."""
-        done = finished_tune(specs[op], target, dims, args.budget, "search", kb)
-        return done or tune(specs[op], target, dims, args.budget, SearchPolicy(seed=seed), kb, ev, batch=args.batch)
+        def run(op: str, kb, dims: dict, seed: int):
+            """Tune, or read back a tune this knowledge base already finished (a resumed call)."""
+            done = finished_tune(specs[op], target, dims, args.budget, "search", kb)
+            return done or tune(specs[op], target, dims, args.budget, SearchPolicy(seed=seed), kb, ev,
+                                batch=args.batch)
 
-    try:
-        cold = KnowledgeBase(cold_path)
-        for m, n in shapes:
-            runs["cold"][(m, n)] = run("softmax", cold, {"M": m, "N": n}, args.seed)
-            print(f"cold softmax {m}x{n}: best {runs['cold'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
-        warm = KnowledgeBase(warm_path)
-        for op in ("rmsnorm", "layernorm"):
+        try:
+            cold = KnowledgeBase(cold_path)
             for m, n in shapes:
-                run(op, warm, {"M": m, "N": n}, args.seed + 1)
-                print(f"warm-up {op} {m}x{n} done", flush=True)
-        for m, n in shapes:
-            runs["warm"][(m, n)] = run("softmax", warm, {"M": m, "N": n}, args.seed)
-            print(f"warm softmax {m}x{n}: best {runs['warm'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
-        rows, curves = [], {}
-        for m, n in shapes:
-            trials = {k: (cold if k == "cold" else warm).trials(run_id=runs[k][(m, n)].run_id) for k in runs}
-            search = {k: [t for t in ts if t.proposal.proposer != "baseline"] for k, ts in trials.items()}
-            best = min(min(t.outcome.median_us for t in ts if t.outcome.median_us) for ts in search.values())
-            need = {k: candidates_to_reach(ts, best / 0.95) for k, ts in search.items()}
-            c, w = need["cold"], need["warm"]
-            rows.append({"M": m, "N": n, "best_us": best, "cold_candidates_to_95": c, "warm_candidates_to_95": w,
-                         "cold_best_us": min(t.outcome.median_us for t in search["cold"] if t.outcome.median_us),
-                         "warm_best_us": min(t.outcome.median_us for t in search["warm"] if t.outcome.median_us),
-                         "baseline_us": runs["cold"][(m, n)].baseline.outcome.median_us,
-                         "warm_at_most_half": w is not None and (c is None or w <= c / 2),
-                         "cold_run": runs["cold"][(m, n)].run_id, "warm_run": runs["warm"][(m, n)].run_id})
-            curves[f"{m}x{n}"] = {k: curve(ts) for k, ts in search.items()}
-        cold.close()
-        warm.close()
-    finally:
-        ev.close()
+                runs["cold"][(m, n)] = run("softmax", cold, {"M": m, "N": n}, args.seed)
+                print(f"cold softmax {m}x{n}: best {runs['cold'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
+            warm = KnowledgeBase(warm_path)
+            for op in ("rmsnorm", "layernorm"):
+                for m, n in shapes:
+                    run(op, warm, {"M": m, "N": n}, args.seed + 1)
+                    print(f"warm-up {op} {m}x{n} done", flush=True)
+            for m, n in shapes:
+                runs["warm"][(m, n)] = run("softmax", warm, {"M": m, "N": n}, args.seed)
+                print(f"warm softmax {m}x{n}: best {runs['warm'][(m, n)].best.outcome.median_us:.1f} us", flush=True)
+            rows, curves = summarize(cold, warm, runs, shapes)
+            cold.close()
+            warm.close()
+        finally:
+            ev.close()
+        gpu = torch.cuda.get_device_name()
     ok = all(r["warm_at_most_half"] for r in rows)
     path = save("self_improvement", {"budget": args.budget, "shapes": [list(s) for s in shapes], "rows": rows,
                                      "curves_best_so_far_us": curves, "warm_at_most_half_everywhere": ok,
-                                     "gpu": torch.cuda.get_device_name(), "policy": "search", "batch": args.batch,
+                                     "gpu": gpu, "policy": "search", "batch": args.batch,
                                      "seed": args.seed, "command": " ".join(["python -m bench.self_improvement"]
                                                                             + list(argv or sys.argv[1:]))},
                 also=args.result)
@@ -114,6 +118,28 @@ def main(argv=None) -> int:
               f"{str(r['warm_candidates_to_95']):>12}")
     print(f"warm needs at most half the cold run's candidates everywhere: {ok}; saved {path}")
     return 0
+
+
+def summarize(cold, warm, runs: dict, shapes: list) -> tuple[list[dict], dict]:
+    """Per shape: the best time either softmax run found, the candidates each needed to get
+    within 5% of it, and both best-so-far curves (the baseline left out of both)."""
+    from kfc.factory.tune import candidates_to_reach, curve
+
+    rows, curves = [], {}
+    for m, n in shapes:
+        trials = {k: (cold if k == "cold" else warm).trials(run_id=runs[k][(m, n)].run_id) for k in runs}
+        search = {k: [t for t in ts if t.proposal.proposer != "baseline"] for k, ts in trials.items()}
+        best = min(min(t.outcome.median_us for t in ts if t.outcome.median_us) for ts in search.values())
+        need = {k: candidates_to_reach(ts, best / 0.95) for k, ts in search.items()}
+        c, w = need["cold"], need["warm"]
+        rows.append({"M": m, "N": n, "best_us": best, "cold_candidates_to_95": c, "warm_candidates_to_95": w,
+                     "cold_best_us": min(t.outcome.median_us for t in search["cold"] if t.outcome.median_us),
+                     "warm_best_us": min(t.outcome.median_us for t in search["warm"] if t.outcome.median_us),
+                     "baseline_us": runs["cold"][(m, n)].baseline.outcome.median_us,
+                     "warm_at_most_half": w is not None and (c is None or w <= c / 2),
+                     "cold_run": runs["cold"][(m, n)].run_id, "warm_run": runs["warm"][(m, n)].run_id})
+        curves[f"{m}x{n}"] = {k: curve(ts) for k, ts in search.items()}
+    return rows, curves
 
 
 def plot(curves: dict, path: Path) -> None:

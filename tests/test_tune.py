@@ -316,23 +316,3 @@ def test_a_similar_op_that_is_uniformly_faster_does_not_outvote_this_ops_measure
     # and a best configuration to step from is ranked against its own op's mean
     obs = sorted((o for o in policy.observations(ctx) if o[1] is not None), key=lambda o: o[1])
     assert obs[0][0]["threads"] == 256
-
-
-def test_a_similar_ops_best_takes_half_a_batch_alternating_with_the_model():
-    from kfc.factory.model import TuneContext
-
-    spec = load_kfc("kernels/softmax.kfc")
-    space = space_for(spec, DIMS, TARGET)
-    base = space.default()
-    history = [_trial(1, space, base, 100.0)]
-    prior = [_trial(10 + i, space, dict(base, rows=r, vec=v), 50.0 + i)
-             for i, (r, v) in enumerate((r, v) for r in (1, 2, 4, 8) for v in (2, 4))]
-    ctx = TuneContext("softmax_bf16", "fp", {}, "sm_90a", DIMS, space, tuple(history), tuple(prior))
-    out = SearchPolicy(seed=0).propose(ctx, 8)
-    kinds = [p.rationale.startswith("prior") for p in out]
-    assert len(out) == 8 and kinds == [True, False] * 4
-    # the prior's proposals are its best four, best first
-    assert [space.config_of(p.pipeline) for p in out[::2]] == [space.config_of(t.proposal.pipeline) for t in prior[:4]]
-    # with nothing of its own measured yet, the prior may fill the batch
-    alone = SearchPolicy(seed=0).propose(TuneContext("softmax_bf16", "fp", {}, "sm_90a", DIMS, space, (), tuple(prior)), 8)
-    assert all(p.rationale.startswith("prior") for p in alone)

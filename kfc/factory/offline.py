@@ -36,9 +36,8 @@ class SearchPolicy:
         self.bonus = bonus          # optimism for values tried rarely, in standard deviations
 
     # --- the model: log time as a sum of per-choice effects -------------------------------------
-    def observations(self, ctx: TuneContext) -> list[tuple[dict, float | None, float, bool]]:
-        """(configuration, log-time deviation, weight, this op's own?) per trial of this op and of
-        the prior.
+    def observations(self, ctx: TuneContext) -> list[tuple[dict, float | None, float]]:
+        """(configuration, log-time deviation, weight) per trial of this op and of the prior.
 
         Trials of similar ops (prior trials not in this op's history) are centred on their own
         mean and weighted by `transfer`: another op may be uniformly slower or faster, and what
@@ -57,14 +56,14 @@ class SearchPolicy:
             logs = [y for _, y in ys if y is not None]
             centre = sum(logs) / len(logs) if logs else 0.0
             w = 1.0 if is_own else self.transfer
-            out += [(c, None if y is None else y - centre, w, is_own) for c, y in ys]
+            out += [(c, None if y is None else y - centre, w) for c, y in ys]
         return out
 
     def fit(self, ctx: TuneContext) -> tuple[float, float, dict, dict]:
         """(0, spread, effect, count) of centred log(time) over `observations`, effect[(choice,
         value)] being the weighted mean deviation of trials with that value."""
         obs = self.observations(ctx)
-        devs = [d for _, d, _, _ in obs if d is not None]
+        devs = [d for _, d, _ in obs if d is not None]
         if not devs:
             return 0.0, 1.0, {}, {}
         spread = (sum(d * d for d in devs) / len(devs)) ** 0.5 or 0.1
@@ -72,7 +71,7 @@ class SearchPolicy:
         sums: dict = defaultdict(float)
         weights: dict = defaultdict(float)
         counts: dict = defaultdict(int)
-        for c, d, w, _ in obs:
+        for c, d, w in obs:
             for k, v in c.items():
                 sums[(k, v)] += w * (worst if d is None else d)
                 weights[(k, v)] += w
@@ -113,28 +112,18 @@ class SearchPolicy:
                 tried.add(p)
                 out.append(Proposal(p, why, "search"))
 
-        prior: list[Proposal] = []
         for t in ctx.prior:  # 1. what the knowledge base already knows
+            if len(out) >= n:
+                return out
             c = space.config_of(t.proposal.pipeline)
-            if c is not None and len(prior) < n:
+            if c is not None:
                 sp = f", {t.outcome.speedup:.2f}x its baseline" if t.outcome.speedup else ""
-                before = len(out)
                 add(c, f"prior from the knowledge base ({t.outcome.median_us:.1f} us{sp})")
-                prior += out[before:]
-        # another op's best is a hint, not a certainty: it takes at most half a batch while the
-        # model has anything of this op's own to go on, and the two kinds alternate
-        keep = len(prior) if len(ctx.history) == 0 else min(len(prior), math.ceil(n / 2))
-        for extra in prior[keep:]:
-            tried.discard(extra.pipeline)
-        out.clear()
         model = self.fit(ctx)
         imp = self.importance(model)
-        # the best configurations so far, each against its own op's mean; this op's measurement
-        # of a configuration replaces a similar op's
-        obs = [o for o in self.observations(ctx) if o[1] is not None]
-        measured = {space.pipeline(c) for c, _, _, mine in obs if mine}
-        starts = [c for c, _, _, mine in sorted(obs, key=lambda o: o[1]) if mine or space.pipeline(c) not in measured]
-        starts = starts[: self.width]
+        # the best configurations so far, each against its own op's mean
+        starts = [c for c, d, _ in sorted((o for o in self.observations(ctx) if o[1] is not None),
+                                          key=lambda o: o[1])][: self.width]
         pool: list[tuple[float, dict, str]] = []
         if model[2]:  # 2. the model's own best guess: every choice at its best-looking value
             guess = {k: min(vals, key=lambda v: self.predict({k: v}, model, imp)) for k, vals in space.choices().items()}
@@ -145,16 +134,16 @@ class SearchPolicy:
                 pool.append((self.predict(d, model, imp), d, f"a step from a best configuration: {changed}"))
         pool.sort(key=lambda m: m[0])
         for _, d, why in pool:
-            if len(out) >= n - keep:
+            if len(out) >= n:
                 break
             if self.rng.random() < self.explore:
                 add(space.random(self.rng), "exploration: a random configuration")
             add(d, why)
         for _ in range(200):  # 4. random configurations
-            if len(out) >= n - keep:
+            if len(out) >= n:
                 break
             add(space.random(self.rng), "exploration: a random configuration")
-        return _alternate(prior[:keep], out, n)
+        return out[:n]
 
     def reflect(self, ctx: TuneContext, trials: Sequence[Trial]) -> list[str]:
         """Lessons from the model: a choice whose best and worst values differ by over 15%."""
@@ -172,11 +161,3 @@ class SearchPolicy:
                     lessons.append(f"{ctx.op_name} {ctx.shape} on {ctx.target}: {k}={vlo} ran about "
                                    f"{math.exp(hi - lo):.2f}x faster than {k}={vhi} on average")
         return lessons
-
-
-def _alternate(first: list[Proposal], second: list[Proposal], n: int) -> list[Proposal]:
-    """first[0], second[0], first[1], second[1], ... (the rest of the longer list after), n at most."""
-    out: list[Proposal] = []
-    for i in range(max(len(first), len(second))):
-        out += first[i:i + 1] + second[i:i + 1]
-    return out[:n]
