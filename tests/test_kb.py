@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -316,20 +315,10 @@ while True:
 
 
 def test_sigkill_mid_run_loses_nothing_committed(tmp_path):
+    from killed_child import run_and_kill
+
     path = tmp_path / "kb.sqlite"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    printed = []
-    try:
-        while len(printed) < 40:
-            line = child.stdout.readline()
-            assert line, f"the child died: {child.stderr.read()}"
-            printed.append(int(line))
-    finally:
-        child.send_signal(signal.SIGKILL)
-        rest, _ = child.communicate(timeout=30)
-    assert child.returncode == -signal.SIGKILL
-    printed += [int(x) for x in rest.split()]
+    printed, _ = run_and_kill(CHILD, [str(path)], after=40)
     # a plain connection first: the file (with its WAL) is a sound database
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

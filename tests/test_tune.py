@@ -231,22 +231,10 @@ tune(spec, TARGET, DIMS, int(sys.argv[2]), SearchPolicy(seed=5), KnowledgeBase(s
 
 
 def test_a_tune_killed_with_sigkill_keeps_every_record_and_resumes(tmp_path):
-    import signal
-    import subprocess
+    from killed_child import run_and_kill
 
     path, budget = tmp_path / "kb.sqlite", 60
-    child = subprocess.Popen([sys.executable, "-c", KILLED_TUNE, str(path), str(budget)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    printed = []
-    try:
-        while len(printed) < 20:
-            line = child.stdout.readline()
-            assert line, f"the tune died on its own: {child.stderr.read()}"
-            printed.append(int(line))
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.communicate(timeout=30)
-    assert child.returncode == -signal.SIGKILL
+    printed, _ = run_and_kill(KILLED_TUNE, [str(path), str(budget)], after=20)
     with KnowledgeBase(path, create=False) as k:
         assert k.integrity_check() == "ok"
         trials = {t.candidate_id: t for t in k.trials()}
