@@ -260,10 +260,27 @@ def planner_prompt(ctx: TuneContext, n: int) -> str:
         prior = _best(ctx.prior, MAX_PRIOR)
         parts.append("Prior trials from the knowledge base (this op and similar ops):\n"
                      + "\n".join(_trial_line(t) for t in prior))
+    payoffs = _step_payoffs(ctx)
+    if payoffs:
+        parts.append("Pass steps that paid off (from the pass-sequence graph over these trials; speedup over each "
+                     "op's default pipeline):\n" + payoffs)
     if ctx.lessons:
         parts.append("Lessons:\n" + "\n".join(f"- {x}" for x in ctx.lessons[-MAX_LESSONS:]))
     parts.append(f"Propose {n} new pipeline{'s' if n > 1 else ''} by calling {PLANNER_TOOL}.")
     return "\n\n".join(parts)
+
+
+def _step_payoffs(ctx: TuneContext, per_pass: int = 4) -> str:
+    """The best steps of each pass with options, by mean speedup, one line each."""
+    graph = ctx.graph()
+    lines = []
+    for name in ("tile", "lower-ptx"):
+        steps = [(n, d) for n, d in graph.nodes(data=True)
+                 if (n == name or n.startswith(name + "{")) and d.get("mean_speedup") is not None]
+        steps.sort(key=lambda nd: nd[1]["mean_speedup"], reverse=True)
+        lines += [f"- {n}: mean {d['mean_speedup']:.3f}x, best {d['best_speedup']:.3f}x over {d['timed']} timed "
+                  f"of {d['count']}" for n, d in steps[:per_pass]]
+    return "\n".join(lines)
 
 
 def critic_prompt(ctx: TuneContext, trials: Sequence[Trial]) -> str:

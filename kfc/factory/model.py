@@ -77,6 +77,15 @@ class TuneContext:
     prior: tuple[Trial, ...] = ()   # from the knowledge base: this op's and similar ops' best trials
     lessons: tuple[str, ...] = ()
 
+    def graph(self):
+        """The pass-sequence graph (kfc.kb.graph) over the history and the prior, with payoff
+        statistics per step and transition; speedups are each over their own op's baseline, so
+        they compare across ops."""
+        from ..kb.graph import pipeline_graph
+
+        own = {t.candidate_id for t in self.history}
+        return pipeline_graph(list(self.history) + [t for t in self.prior if t.candidate_id not in own])
+
 
 class Policy(Protocol):
     name: str

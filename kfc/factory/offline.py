@@ -4,12 +4,15 @@ It proposes, in order:
   1. the knowledge base's prior: the best configurations recorded for this op at this target
      and shape, then those of similar ops (transfer: a layernorm's tile at N=16384 is a good
      first guess for a softmax at N=16384);
-  2. candidates ranked by a model fitted to every trial of this op and the prior's: log time,
+  2. the pass-sequence graph's recombination: the `tile` step, the `lower-ptx` step and the
+     choice of `fuse-reductions` that paid off best on average (mean speedup over their own
+     op's baseline), from whichever trials they come;
+  3. candidates ranked by a model fitted to every trial of this op and the prior's: log time,
      centred per op, as a sum of one effect per (choice, value), a similar op's trials counting
      for less than this op's own, optimistic for values seen rarely.
      The pool holds the model's best guess (each choice at its best-looking value) and the
      one-step neighbours of the best configurations so far;
-  3. random configurations, with probability `explore`, and whenever there is nothing else.
+  4. random configurations, with probability `explore`, and whenever there is nothing else.
 With an empty knowledge base it starts from random configurations: it knows nothing of kfc's
 hand-written heuristics (the tuner measures those separately, as the baseline).
 """
@@ -119,6 +122,10 @@ class SearchPolicy:
             if c is not None:
                 sp = f", {t.outcome.speedup:.2f}x its baseline" if t.outcome.speedup else ""
                 add(c, f"prior from the knowledge base ({t.outcome.median_us:.1f} us{sp})")
+        graph_pick = graph_proposal(ctx)  # 2. recombination: each pass's best-paying step
+        if graph_pick is not None and len(out) < n:
+            c, why = graph_pick
+            add(c, why)
         model = self.fit(ctx)
         imp = self.importance(model)
         # the best configurations so far, each against its own op's mean
@@ -161,3 +168,38 @@ class SearchPolicy:
                     lessons.append(f"{ctx.op_name} {ctx.shape} on {ctx.target}: {k}={vlo} ran about "
                                    f"{math.exp(hi - lo):.2f}x faster than {k}={vhi} on average")
         return lessons
+
+
+def graph_proposal(ctx: TuneContext) -> tuple[dict[str, Any], str] | None:
+    """A configuration from the pass-sequence graph: the `tile` and `lower-ptx` steps with the
+    highest mean speedup, and `fuse-reductions` if the trials through it paid off better on
+    average than those around it. None when the graph has no timed speedups yet or the
+    recombination is not a point of the space."""
+    graph = ctx.graph()
+
+    def paying(name: str) -> list[tuple[str, dict]]:
+        return [(n, d) for n, d in graph.nodes(data=True)
+                if (n == name or n.startswith(name + "{")) and d.get("mean_speedup") is not None]
+
+    def best(name: str) -> tuple[str, dict] | None:
+        steps = paying(name)
+        return max(steps, key=lambda nd: (nd[1]["mean_speedup"], nd[1]["timed"])) if steps else None
+
+    tile, ptx = best("tile"), best("lower-ptx")
+    if tile is None or ptx is None:
+        return None
+    # fuse-reductions: the edge into it against the other ways out of lower-reductions
+    fused = without = None
+    if "lower-reductions" in graph:
+        outs = [(b, d) for b, d in graph.succ["lower-reductions"].items() if d.get("mean_speedup") is not None]
+        fused = next((d["mean_speedup"] for b, d in outs if b == "fuse-reductions"), None)
+        rest = [(d["mean_speedup"], d["timed"]) for b, d in outs if b != "fuse-reductions"]
+        without = sum(m * k for m, k in rest) / sum(k for _, k in rest) if rest and sum(k for _, k in rest) else None
+    fuse = fused is not None and (without is None or fused >= without)
+    steps = ["canonicalize", "cse", "dce", tile[0], "lower-reductions"] + (["fuse-reductions"] if fuse else [])
+    c = ctx.space.config_of(",".join(steps + [ptx[0], "canonicalize", "cse", "dce"]))
+    if c is None:
+        return None
+    why = (f"the pass-sequence graph: {tile[0]} (mean {tile[1]['mean_speedup']:.2f}x over {tile[1]['timed']} "
+           f"trials) with {ptx[0]} (mean {ptx[1]['mean_speedup']:.2f}x), {'with' if fuse else 'without'} fuse-reductions")
+    return c, why
