@@ -331,3 +331,44 @@ def test_the_search_policy_recombines_the_best_paying_steps_of_the_pass_sequence
     assert out[0].pipeline == space.pipeline(c) and out[0].rationale == why
     # nothing timed with a speedup yet: no recombination
     assert graph_proposal(TuneContext("softmax_bf16", "fp", {}, "sm_90a", DIMS, space, ())) is None
+
+
+def _ctx(space, configs_and_times, baseline=None):
+    from kfc.factory.model import Outcome, Proposal, Trial, TuneContext
+
+    history = []
+    if baseline is not None:
+        c, us = baseline
+        history.append(Trial(1, Proposal(space.pipeline(c), "default", "baseline"), Outcome(Stage.TIMED, median_us=us)))
+    history += [_trial(10 + i, space, c, us) for i, (c, us) in enumerate(configs_and_times)]
+    return TuneContext("softmax_bf16", "fp", {}, "sm_90a", DIMS, space, tuple(history))
+
+
+def test_the_search_keeps_stepping_from_the_default_configuration():
+    space = space_for(load_kfc("kernels/softmax.kfc"), DIMS, TARGET)
+    base = space.default()
+    far = dict(base, threads=64, vec=2, rows=4, stream="none", store="none")
+    best = [dict(far, approx=a, fuse=f) for a in ("auto", "off") for f in (True, False)][:3]
+    ctx = _ctx(space, [(c, 100.0) for c in best], baseline=(base, 200.0))
+    near_base = {space.pipeline(d) for d in space.neighbours(base)} - \
+        {space.pipeline(d) for c in best for d in space.neighbours(c)}
+
+    def proposed(policy):
+        return {p.pipeline for p in policy.propose(ctx, 60)}
+
+    assert proposed(SearchPolicy(seed=0, explore=0.0)) & near_base
+    assert not proposed(SearchPolicy(seed=0, explore=0.0, anchor=False)) & near_base
+
+
+def test_the_joint_model_shares_a_slow_trials_blame_between_its_choices():
+    space = space_for(load_kfc("kernels/softmax.kfc"), {"M": 32768, "N": 65536}, TARGET)
+    base = dict(space.default(), cluster=2, threads=512)
+    # log time = +1 for 1024 threads, -0.2 for clusters of 4; 1024 threads were only tried with clusters of 4
+    times = [(dict(base, threads=1024, cluster=4), math.exp(0.8)), (dict(base, cluster=4), math.exp(-0.2)),
+             (dict(base, cluster=4, vec=4), math.exp(-0.2)), (base, 1.0), (dict(base, vec=4), 1.0)]
+    ctx = _ctx(space, times)
+    _, _, per_value, _ = SearchPolicy(joint=False).fit(ctx)
+    _, _, joint, _ = SearchPolicy(joint=True, ridge=0.01).fit(ctx)
+    assert per_value[("cluster", 4)] > per_value[("cluster", 2)]  # the per-value mean blames clusters of 4
+    assert joint[("cluster", 4)] < joint[("cluster", 2)]
+    assert joint[("threads", 1024)] - joint[("threads", 512)] == pytest.approx(1.0, abs=0.05)

@@ -13,8 +13,10 @@ It proposes, in order:
      The pool holds the model's best guess (each choice at its best-looking value) and the
      one-step neighbours of the best configurations so far;
   4. random configurations, with probability `explore`, and whenever there is nothing else.
-With an empty knowledge base it starts from random configurations: it knows nothing of kfc's
-hand-written heuristics (the tuner measures those separately, as the baseline).
+With an empty knowledge base it starts from the default pipeline's configuration (timed first,
+as the baseline, by the tuner) and its neighbours, and keeps stepping from that configuration
+as well as from the best ones so far: it is this op's known-good basin, which another op's
+optimum may not share.
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ class SearchPolicy:
     name = "search"
 
     def __init__(self, seed: int = 0, explore: float = 0.15, width: int = 3, bonus: float = 0.5,
-                 transfer: float = 0.5) -> None:
+                 transfer: float = 0.5, joint: bool = False, ridge: float = 1.0,
+                 anchor: bool = True) -> None:
         self.rng = random.Random(seed)
+        self.joint = joint          # fit the effects jointly (ridge) rather than as per-value means
+        self.ridge = ridge
+        self.anchor = anchor        # also step from the default pipeline's configuration
         self.transfer = transfer    # weight of a similar op's trial against one of this op's own
         self.explore = explore
         self.width = width          # how many of the best configurations to move around
@@ -79,7 +85,28 @@ class SearchPolicy:
                 sums[(k, v)] += w * (worst if d is None else d)
                 weights[(k, v)] += w
                 counts[(k, v)] += 1
-        return 0.0, spread, {a: sums[a] / weights[a] for a in weights}, counts
+        if not self.joint:
+            return 0.0, spread, {a: sums[a] / weights[a] for a in weights}, counts
+        return 0.0, spread, self._joint_effects(obs, worst, list(weights)), counts
+
+    def _joint_effects(self, obs, worst: float, columns: list) -> dict:
+        """Effects fitted jointly (weighted ridge regression on one-hot choices): a slow trial's
+        blame is shared by the choices that explain it across all trials, not charged in full to
+        each of its values as a per-value mean does."""
+        import numpy as np
+
+        index = {a: i for i, a in enumerate(columns)}
+        x = np.zeros((len(obs), len(columns)))
+        y = np.empty(len(obs))
+        w = np.empty(len(obs))
+        for r, (c, d, wt) in enumerate(obs):
+            for k, v in c.items():
+                x[r, index[(k, v)]] = 1.0
+            y[r] = worst if d is None else d
+            w[r] = wt
+        xtw = x.T * w
+        beta = np.linalg.solve(xtw @ x + self.ridge * np.eye(len(columns)), xtw @ y)
+        return {a: float(beta[i]) for a, i in index.items()}
 
     @staticmethod
     def importance(model) -> dict[str, float]:
@@ -131,6 +158,11 @@ class SearchPolicy:
         # the best configurations so far, each against its own op's mean
         starts = [c for c, d, _ in sorted((o for o in self.observations(ctx) if o[1] is not None),
                                           key=lambda o: o[1])][: self.width]
+        if self.anchor:  # the default pipeline's configuration: this op's own known-good basin
+            base = next((ctx.space.config_of(t.proposal.pipeline) for t in ctx.history
+                         if t.proposal.proposer == "baseline"), None)
+            if base is not None and base not in starts:
+                starts.append(base)
         pool: list[tuple[float, dict, str]] = []
         if model[2]:  # 2. the model's own best guess: every choice at its best-looking value
             guess = {k: min(vals, key=lambda v: self.predict({k: v}, model, imp)) for k, vals in space.choices().items()}
