@@ -43,16 +43,12 @@ class Measurement:
     error: str = ""
 
 
-def rel_error(out, ref) -> tuple[float, float]:
-    """(relative RMSE, worst element error relative to |ref| + rms(ref))."""
-    import torch
+def wrong(out, ref, tol: float) -> str:
+    """What is wrong with a contender's output by kfc's tolerance rule ("" when it matches)."""
+    from kfc.check.tolerance import compare_arrays
 
-    o = out.float()
-    if not torch.isfinite(o).all():
-        return math.inf, math.inf
-    diff = (o - ref).abs()
-    rms = ref.pow(2).mean().sqrt().clamp_min(1e-30)
-    return float(diff.pow(2).mean().sqrt() / rms), float((diff / (ref.abs() + rms)).max())
+    c = compare_arrays(out.float(), ref.float(), tol)
+    return "" if c.ok else f"rel RMSE {c.rel_rmse:.3g}, worst {c.worst:.3g}, {c.unwritten} not finite"
 
 
 def time_graph(fn: Callable, arg_sets: list[tuple], replays: int = 10) -> tuple[list[float], list[Any]]:
@@ -111,9 +107,9 @@ def measure(c: Contender, fn: Callable, arg_sets: list[tuple], reference: Callab
     try:
         first = fn(*arg_sets[0])
         torch.cuda.synchronize()
-        rel, worst = rel_error(first, reference(*arg_sets[0]))
-        if not (rel <= tol and worst <= tol):
-            return Measurement(c.name, False, error=f"wrong before timing: rel RMSE {rel:.3g}, worst {worst:.3g}")
+        problem = wrong(first, reference(*arg_sets[0]), tol)
+        if problem:
+            return Measurement(c.name, False, error=f"wrong before timing: {problem}")
         try:
             times, outs = time_graph(fn, arg_sets)
             how = "graph"
@@ -122,9 +118,9 @@ def measure(c: Contender, fn: Callable, arg_sets: list[tuple], reference: Callab
             times, outs = time_loop(fn, arg_sets)
             how = "loop"
         for args, out in zip(arg_sets, outs):
-            rel, worst = rel_error(out, reference(*args))
-            if not (rel <= tol and worst <= tol):
-                return Measurement(c.name, False, error=f"timed outputs wrong: rel RMSE {rel:.3g}")
+            problem = wrong(out, reference(*args), tol)
+            if problem:
+                return Measurement(c.name, False, error=f"timed outputs wrong: {problem}")
         med = statistics.median(times)
         q = statistics.quantiles(times, n=10) if len(times) >= 2 else [med] * 9
         return Measurement(c.name, True, med, q[0], q[-1], bytes_per_call / (med * 1e-6) / 1e12,

@@ -25,6 +25,7 @@ from ..ir.types import MemSpace, bind_dim
 from ..ir.verifier import verify
 from .generators import GENERATORS, draw_default
 from .tensors import to_numpy, to_torch
+from .tolerance import compare_arrays
 
 DEFAULT_BUDGET = 1 << 20  # elements over all tensors of one case, for the interpreter
 
@@ -160,36 +161,23 @@ def scalar_default(spec: OpSpec, name: str, dims: dict[str, int]):
 
 
 def compare(out: np.ndarray, ref: np.ndarray, tol: float) -> tuple[float, float, bool, str]:
-    o = out.astype(np.float64)
-    if o.shape != ref.shape:
-        return math.inf, math.inf, False, f"shape {list(o.shape)} vs reference {list(ref.shape)}"
-    if o.size == 0:
-        return 0.0, 0.0, True, "empty"
-    ref_finite = np.isfinite(ref)
-    bad = ~np.isfinite(o) & ref_finite
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        return math.inf, math.inf, False, f"{int(bad.sum())} element(s) NaN/inf or unwritten, first at {list(where)}"
-    mismatch_special = (~ref_finite) & ~((o == ref) | (np.isnan(o) & np.isnan(ref)))
-    if mismatch_special.any():
-        return math.inf, math.inf, False, "reference has NaN/inf where the output differs"
-    diff = np.where(ref_finite, np.abs(o - ref), 0.0)
-    r = np.where(ref_finite, ref, 0.0)
-    max_abs = float(diff.max())
-    norm = float(np.sqrt(np.mean(r * r)))
-    rel = float(np.sqrt(np.mean(diff * diff)) / norm) if norm > 0 else (0.0 if max_abs == 0 else math.inf)
-    if tol == 0.0:
-        ok = max_abs == 0.0
-        return max_abs, rel, ok, "" if ok else "integers differ"
-    elementwise = diff <= tol * (np.abs(r) + norm)
-    ok = rel <= tol and bool(elementwise.all())
-    note = ""
-    if not elementwise.all():
-        where = tuple(int(i) for i in np.argwhere(~elementwise)[0])
-        note = f"{int((~elementwise).sum())} element(s) off, first at {list(where)}"
-    elif rel > tol:
+    """(max abs error, relative RMSE, ok, what is wrong) by the rule of kfc.check.tolerance."""
+    c = compare_arrays(out.astype(np.float64), ref.astype(np.float64), tol)
+    if c.shape_mismatch:
+        return math.inf, math.inf, False, f"shape {list(out.shape)} vs reference {list(ref.shape)}"
+    if c.unwritten:
+        note = f"{c.unwritten} element(s) NaN/inf or unwritten, first at {list(c.first_bad)}"
+    elif c.special_mismatch:
+        note = "reference has NaN/inf where the output differs"
+    elif tol == 0.0 and not c.ok:
+        note = "integers differ"
+    elif c.beyond:
+        note = f"{c.beyond} element(s) off, first at {list(c.first_bad)}"
+    elif not c.ok:
         note = "relative RMSE over tolerance"
-    return max_abs, rel, ok, note
+    else:
+        note = ""
+    return c.max_abs, c.rel_rmse, c.ok, note
 
 
 def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, budget: int = DEFAULT_BUDGET,

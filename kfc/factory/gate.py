@@ -87,32 +87,26 @@ def _tuple(x) -> tuple:
 
 
 def compare(out, ref, tol: float) -> str | None:
-    """None when `out` matches `ref` (relative RMSE and every element within tol·(|ref| +
-    rms(ref)), no NaN/inf where ref is finite); else what is wrong."""
+    """None when `out` matches `ref` by the rule of kfc.check.tolerance; else what is wrong."""
     import torch
+
+    from ..check.tolerance import compare_arrays
 
     # fp32 is exact enough for tolerances of 1e-6 and up, and halves the memory of a huge check
     wide = torch.float64 if tol < 1e-6 else torch.float32
     o = out.detach().to(wide)
-    r = ref.detach().to(device=o.device, dtype=wide)
-    if o.shape != r.shape:
-        return f"shape {tuple(o.shape)} where {tuple(r.shape)} is expected"
-    if o.numel() == 0:
+    c = compare_arrays(o, ref.detach().to(device=o.device, dtype=wide), tol)
+    if c.ok:
         return None
-    finite = torch.isfinite(r)
-    bad = ~torch.isfinite(o) & finite
-    if bool(bad.any()):
-        return f"{int(bad.sum())} element(s) unwritten or not finite"
-    diff = torch.where(finite, (o - r).abs(), torch.zeros_like(o))
-    rr = torch.where(finite, r, torch.zeros_like(r))
-    rms = float(rr.pow(2).mean().sqrt())
+    if c.shape_mismatch:
+        return c.shape_mismatch
+    if c.unwritten:
+        return f"{c.unwritten} element(s) unwritten or not finite"
+    if c.special_mismatch:
+        return f"{c.special_mismatch} element(s) differ where the reference is NaN or inf"
     if tol == 0.0:
-        return None if float(diff.max()) == 0.0 else "integers differ"
-    rel = float(diff.pow(2).mean().sqrt()) / rms if rms > 0 else float(diff.max())
-    worst = diff > tol * (rr.abs() + rms)
-    if rel > tol or bool(worst.any()):
-        return f"wrong results: relative RMSE {rel:.3g}, {int(worst.sum())} element(s) beyond tolerance {tol:g}"
-    return None
+        return "integers differ"
+    return f"wrong results: relative RMSE {c.rel_rmse:.3g}, {c.beyond} element(s) beyond tolerance {tol:g}"
 
 
 class Gate:

@@ -106,6 +106,7 @@ class PassManager:
     # --- --verify-each ------------------------------------------------------------------------
     def _verify_semantics(self, p: Pass, before: FuncOp, after: FuncOp) -> None:
         from ..check.runner import compare, draw_inputs
+        from ..check.tolerance import compare_arrays
         from ..frontend.spec import CheckSpec
         from ..ir.interpreter import run_tracked
 
@@ -122,7 +123,7 @@ class PassManager:
                 _, rel, ok, note = compare(a, b, tol)
                 if ok:
                     continue
-                where = _first_difference(a.astype(np.float64), b, tol)
+                where = compare_arrays(a.astype(np.float64), b, tol).first_bad
                 writer = writers[out.name][where] if where else None
                 who = ("an element no op wrote" if writer is None or writer < 0 else None)
                 span = None
@@ -150,22 +151,6 @@ class PassManager:
         d = Path(self.ctx.dump_dir)
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{index:02d}-{name}.kir").write_text(print_ir(func))
-
-
-def _first_difference(got: np.ndarray, ref: np.ndarray, tol: float) -> tuple[int, ...]:
-    """Where the comparison of kfc.check.runner.compare fails first: a non-finite element where
-    the reference is finite, else the first element outside tol * (|ref| + rms(ref)), else (when
-    only the overall error is too large) the largest difference."""
-    if got.shape != ref.shape or got.size == 0:
-        return ()
-    finite = np.isfinite(ref)
-    bad = (~np.isfinite(got) & finite) | (~finite & ~((got == ref) | (np.isnan(got) & np.isnan(ref))))
-    diff = np.where(finite & np.isfinite(got), np.abs(got - ref), 0.0)
-    norm = float(np.sqrt(np.mean(np.where(finite, ref, 0.0) ** 2)))
-    bad |= diff > tol * (np.abs(np.where(finite, ref, 0.0)) + norm)
-    if bad.any():
-        return tuple(int(i) for i in np.argwhere(bad)[0])
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
 
 
 def _copy(v):
