@@ -7,7 +7,6 @@ Exit status: 0 success; 1 a check ran and failed; 2 bad input (a message with fi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .diagnostics import KfcError
+from .files import write_atomically
 
 EXAMPLES = """\
 examples:
@@ -134,32 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
     w.set_defaults(run=cmd_warm)
 
-    t = sub.add_parser(
-        "tune", help="search pass pipelines on the GPU; every candidate gated, timed and recorded",
-        description="Rounds of propose -> apply passes (verified) -> compile (in parallel on the CPU cores) -> gate "
-        "on the GPU (outputs poisoned and checked over several seeds, value ranges and unseen shapes; inputs "
-        "unchanged; deterministic; timed by CUDA events over inputs rotated beyond L2; a time below the memory "
-        "roofline re-measured in a fresh process) -> record in the knowledge base -> update the policy. The default "
-        "pipeline is timed first as the baseline. Ctrl-C loses nothing recorded; the same command resumes. Ends by "
-        "writing the best kernel (.cu/.ptx/.cubin/report.json) and tune.json for each shape.",
-        epilog="examples:\n  kfc tune kernels/rmsnorm.kfc --target sm_90a --budget 32\n"
-               "  kfc tune kernels/softmax.kfc --shape M=32768,N=16384 --shape M=16384,N=65536 --kb kb.sqlite\n"
-               "  kfc compile kernels/rmsnorm.kfc --from-kb --shape N=4096     # reuse the best recorded pipeline",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("file", help="a .kfc file of a row op")
-    t.add_argument("--target", default="sm_90a", metavar="SM", help="the target (the GPU must be of its family)")
-    t.add_argument("--budget", type=int, default=32, help="candidates per shape, the baseline not counted (32)")
-    t.add_argument("--shape", type=_parse_shape, action="append", metavar="M=..,N=..",
-                   help="a shape to tune at (repeatable; default: the check block's first shape)")
-    t.add_argument("--dtype", type=_parse_dtypes, metavar="T=bf16", help="bind the op's type parameters")
-    t.add_argument("--policy", choices=["search", "claude"], default="search",
-                   help="search: offline, the knowledge base as prior (default); claude: needs ANTHROPIC_API_KEY")
-    t.add_argument("--kb", metavar="PATH", help="the knowledge base (default $KFC_KB or ~/.cache/kfc/kb.sqlite)")
-    t.add_argument("--gpus", metavar="LIST", help="GPU indices to use, e.g. 0,1 (default: every visible GPU)")
-    t.add_argument("--seed", type=int, default=0, help="the search policy's random seed")
-    t.add_argument("--timeout", type=float, default=300.0, help="seconds before a candidate counts as hung")
-    t.add_argument("-o", "--output", metavar="DIR", help="where the best kernels go (default kfc-out/tune)")
-    t.set_defaults(run=cmd_tune)
+    from .factory.cli import add_tune_command
+
+    add_tune_command(sub, _parse_shape, _parse_dtypes)
 
     from .kb.cli import add_commands as add_kb_commands
 
@@ -211,7 +188,7 @@ def cmd_opt(args) -> int:
         func = PassManager(parse_pipeline(args.pipeline), ctx).run(func)
     text = print_ir(func)
     if args.output:
-        _write_atomically(Path(args.output), text)
+        write_atomically(Path(args.output), text)
     else:
         sys.stdout.write(text)
     return 0
@@ -345,98 +322,6 @@ def best_recorded_pipeline(spec, target, shape, kb_path) -> str:
     return best.proposal.pipeline
 
 
-def cmd_tune(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .compile import choose_dims, compile_op, write_outputs
-    from .factory.evaluate import Evaluator
-    from .frontend import load_kfc
-    from .kb.store import KnowledgeBase
-    from .runtime.driver import GpuUnavailable
-    from .target import parse_target
-
-    spec = load_kfc(args.file, args.dtype)
-    target = parse_target(args.target)
-    shapes = [choose_dims(spec, s) for s in (args.shape or [None])]
-    gpus = _visible_gpus(args.gpus)
-    if not gpus:
-        raise GpuUnavailable("kfc tune times candidates on a GPU, and none is visible",
-                             hint="run it on a machine with an NVIDIA GPU; kfc compile and kfc check need none")
-    policy = _policy(args)
-    kb = KnowledgeBase(args.kb)
-    console = Console()
-    evaluator = Evaluator(gpus, timeout_s=args.timeout)
-    out_root = Path(args.output or "kfc-out/tune")
-    results = []
-    try:
-        for dims in shapes:
-            label = ",".join(f"{k}={v}" for k, v in dims.items())
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=console, transient=False) as bar:
-                task = bar.add_task(f"{spec.instance_name} {label}: baseline", total=args.budget)
-
-                def progress(trial, best, done, task=task, bar=bar, label=label):
-                    b = f"best {best.outcome.median_us:.1f} us" if best else "nothing timed yet"
-                    bar.update(task, completed=done, description=f"{spec.instance_name} {label}: {b}")
-
-                from .factory.tune import tune
-
-                r = tune(spec, target, dims, args.budget, policy, kb, evaluator, on_trial=progress)
-            results.append(r)
-            _report_shape(console, r, target)
-            if r.best is not None:
-                kernel = compile_op(spec, target, r.best.proposal.pipeline, dims)
-                d = out_root / f"{spec.instance_name}-{target.name}-{label.replace(',', '-').replace('=', '')}"
-                write_outputs(kernel, d)
-                summary = {"op": spec.instance_name, "target": target.name, "shape": dims, "run": r.run_id,
-                           "candidates": r.candidates, "best_pipeline": r.best.proposal.pipeline,
-                           "best_us": r.best.outcome.median_us,
-                           "baseline_us": r.baseline.outcome.median_us if r.baseline else None,
-                           "speedup_over_default": r.speedup}
-                _write_atomically(d / "tune.json", json.dumps(summary, indent=2) + "\n")
-                console.print(f"  wrote {d}")
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: every candidate evaluated so far is recorded; run the same command "
-                      "to resume")
-        return 130
-    finally:
-        evaluator.close()
-        kb.close()
-    return 0
-
-
-def _report_shape(console, r, target) -> None:
-    if r.best is None:
-        console.print(f"  no candidate of {r.op} was timed at {r.shape}")
-        return
-    base = r.baseline.outcome.median_us if r.baseline else None
-    console.print(f"  {r.op} {r.shape} on {target}: {r.candidates} candidates; best {r.best.outcome.median_us:.1f} us"
-                  + (f" vs default {base:.1f} us ({r.speedup:.3f}x)" if base else ""))
-    console.print(f"  best pipeline: {r.best.proposal.pipeline}")
-
-
-def _visible_gpus(spec: str | None) -> list[str]:
-    if spec:
-        return [g.strip() for g in spec.split(",") if g.strip()]
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except ImportError:
-        return []
-
-
-def _policy(args):
-    if args.policy == "claude":
-        from .factory.claude import ClaudePolicy
-
-        return ClaudePolicy()
-    from .factory.offline import SearchPolicy
-
-    return SearchPolicy(seed=args.seed)
-
-
 def cmd_warm(args) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -486,18 +371,6 @@ def cmd_passes(args) -> int:
             print(f"{'':18} options: {opts}")
     print(f"\ndefault pipeline for row ops: {ROW_PIPELINE}")
     return 0
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write through a temporary file so an interrupted run never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from .codegen.cuda import LaunchPlan, generate_cuda
 from .codegen.resources import check_resources
 from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
 from .diagnostics import KfcError
+from .files import write_atomically
 from .frontend.spec import OpSpec
 from .ir.func import FuncOp
 from .ir.printer import print_ir
@@ -163,9 +163,6 @@ def write_outputs(result: CompileResult, out_dir: Path) -> list[Path]:
     }
     written = []
     for name, data in files.items():
-        path = out_dir / name
-        tmp = path.with_name(f".{name}.tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        written.append(path)
+        write_atomically(out_dir / name, data)
+        written.append(out_dir / name)
     return written

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..diagnostics import KfcError
+from ..files import write_atomically
 
 KB_HELP = "the knowledge base file (default: $KFC_KB, else ~/.cache/kfc/kb.sqlite)"
 
@@ -199,27 +199,6 @@ class _NotFound(Exception):
     """Nothing to report: exit status 1 with a message on stderr."""
 
 
-def _write_atomically(path: Path, data: bytes | None = None, writer=None) -> None:
-    """Write through a temporary file in the same folder, so a reader never sees half a file."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise KfcError(f"cannot create the folder for {path}: {e.strerror or e}") from None
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        if writer is not None:
-            writer(tmp)
-        else:
-            tmp.write_bytes(data or b"")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise KfcError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 # --- commands ------------------------------------------------------------------------------------
 
 
@@ -351,7 +330,7 @@ def cmd_export(args) -> int:
         data = kb.export()
     text = json.dumps(data, indent=2, sort_keys=False) + "\n"
     if args.output:
-        _write_atomically(Path(args.output), text.encode())
+        write_atomically(Path(args.output), text.encode())
         print(f"wrote {args.output}: {len(data['ops'])} ops, {len(data['runs'])} runs, "
               f"{len(data['candidates'])} candidates, {len(data['lessons'])} lessons", file=sys.stderr)
     else:
@@ -413,6 +392,6 @@ def cmd_plot(args) -> int:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     fig.tight_layout()
-    _write_atomically(Path(args.output), writer=lambda tmp: fig.savefig(tmp, format="png"))
+    write_atomically(Path(args.output), writer=lambda tmp: fig.savefig(tmp, format="png"))
     print(f"wrote {args.output} ({len(series)} run{'s' * (len(series) != 1)})", file=sys.stderr)
     return 0
