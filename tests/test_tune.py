@@ -372,3 +372,37 @@ def test_the_joint_model_shares_a_slow_trials_blame_between_its_choices():
     assert per_value[("cluster", 4)] > per_value[("cluster", 2)]  # the per-value mean blames clusters of 4
     assert joint[("cluster", 4)] < joint[("cluster", 2)]
     assert joint[("threads", 1024)] - joint[("threads", 512)] == pytest.approx(1.0, abs=0.05)
+
+
+def test_kfc_tune_runs_end_to_end_with_a_stand_in_gpu(tmp_path, monkeypatch, capsys):
+    """The command: progress, the report, the best kernel and tune.json written, and
+    `kfc compile --from-kb` reusing the best recorded pipeline."""
+    import json
+
+    import kfc.factory.evaluate as evaluate
+    from kfc.cli import main
+
+    spec = load_kfc("kernels/rmsnorm.kfc")
+
+    class StandIn(FakeGpu):
+        def __init__(self, gpus, timeout_s):
+            super().__init__(spec)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(evaluate, "Evaluator", StandIn)
+    monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path / "cache"))
+    kb, out = tmp_path / "kb.sqlite", tmp_path / "out"
+    shape = "M=4096,N=4096"
+    assert main(["tune", "kernels/rmsnorm.kfc", "--shape", shape, "--budget", "6", "--gpus", "0", "--kb", str(kb),
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "6 candidates; best" in printed and "best pipeline:" in printed
+    (folder,) = out.iterdir()
+    summary = json.loads((folder / "tune.json").read_text())
+    assert summary["candidates"] == 6 and summary["best_us"] <= summary["baseline_us"]
+    assert (folder / "rmsnorm.cubin").stat().st_size > 0 and (folder / "report.json").exists()
+    assert main(["compile", "kernels/rmsnorm.kfc", "--from-kb", "--kb", str(kb), "--shape", shape,
+                 "-o", str(tmp_path / "again")]) == 0
+    assert summary["best_pipeline"] in capsys.readouterr().out
