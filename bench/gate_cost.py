@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from .shapes import parse_shapes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -32,8 +34,7 @@ def main(argv=None) -> int:
     spec = load_kfc(ROOT / "kernels" / f"{args.op}.kfc")
     problem = op_problem(spec)
     k = KfcKernel(spec, parse_target("sm_90a"))
-    for s in args.shapes.split(","):
-        m, n = (int(v) for v in s.split("x"))
+    for m, n in parse_shapes(args.shapes):
         dims = {"M": m, "N": n}
         gate = Gate(problem)
         inputs = problem.make_inputs(dims, 1, 1.0)

@@ -55,16 +55,21 @@ def collect(paths: list[str]) -> dict:
                 if config is None:
                     continue
                 shape = f"{dims['M']}x{dims['N']}"
-                ck = json.dumps(config, sort_keys=True)
+                ck = config_key(config)
                 entry = points.setdefault(r["name"], {}).setdefault(shape, {}).setdefault(
                     ck, {"config": config, "times_us": []})
                 if r["stage"] == "timed" and r["median_us"]:
                     entry["times_us"].append(round(r["median_us"], 3))
                 else:
                     entry["error"] = f"{r['stage']}: {(r['error'] or '').splitlines()[0][:200]}"
-    ops = {op: {shape: sorted(cfgs.values(), key=lambda e: json.dumps(e["config"], sort_keys=True))
+    ops = {op: {shape: sorted(cfgs.values(), key=lambda e: config_key(e["config"]))
                 for shape, cfgs in sorted(shapes.items())} for op, shapes in sorted(points.items())}
     return {"gpus": sorted(g for g in gpus if g), "kfc_commits": sorted(c for c in commits if c), "ops": ops}
+
+
+def config_key(config: dict) -> str:
+    """One text per configuration, whatever the order of its choices."""
+    return json.dumps(config, sort_keys=True)
 
 
 class Landscape:
@@ -75,11 +80,11 @@ class Landscape:
     def __init__(self, points: list[dict], k: int = 3) -> None:
         self.points = points
         self.k = k
-        self.by_key = {json.dumps(p["config"], sort_keys=True): p for p in points}
+        self.by_key = {config_key(p["config"]): p for p in points}
 
     def lookup(self, config: dict) -> tuple[float | None, str, bool]:
         """(time in us or None, error, measured?)."""
-        p = self.by_key.get(json.dumps(config, sort_keys=True))
+        p = self.by_key.get(config_key(config))
         if p is not None:
             if p["times_us"]:
                 return statistics.median(p["times_us"]), "", True

@@ -21,7 +21,7 @@ import tempfile
 from concurrent.futures import Future
 from pathlib import Path
 
-from .landscape import Landscape, load
+from .landscape import Landscape, config_key, load
 from .provenance import save
 from .self_improvement import SHAPES, summarize
 
@@ -61,7 +61,7 @@ class ReplayGpu:
         if us is None:
             f.set_result((Compiled(Stage.VERIFIED, error), None))
             return f
-        point = land.by_key.get(_key(config))
+        point = land.by_key.get(config_key(config))
         if point is not None and point["times_us"]:
             us = self.rng.choice(point["times_us"])
         f.set_result((Compiled(Stage.COMPILED, "", 40, 0, 0),
@@ -71,12 +71,6 @@ class ReplayGpu:
 
     def close(self) -> None:
         pass
-
-
-def _key(config: dict) -> str:
-    import json
-
-    return json.dumps(config, sort_keys=True)
 
 
 def replay(landscape: dict, seed: int, budget: int, batch: int, shapes, policy_factory) -> list[dict]:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from . import harness
 from .provenance import save
+from .shapes import QUACK_SHAPES, parse_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
-QUACK_SHAPES = [(32768, 1 << k) for k in range(8, 17)] + [(16384, 131072), (8192, 262144)]
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
 
@@ -270,7 +270,7 @@ def main(op: str, argv=None) -> int:
     args = ap.parse_args(argv)
     global QUACK_TUNED
     QUACK_TUNED = args.quack_tuned
-    shapes = QUACK_SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes) if args.shapes else QUACK_SHAPES
     if args.prebuild:
         return prebuild(op, shapes, args.prebuild, args.sweep)
     result = run(op, shapes, args.sweep, not args.no_peers)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .provenance import save
+from .shapes import parse_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [(32768, 4096), (32768, 16384), (32768, 65536)]
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     if not args.summarize_only:
         import torch
     target = parse_target("sm_90a")
-    shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cold_path, warm_path = out / "kb-cold.sqlite", out / "kb-warm.sqlite"

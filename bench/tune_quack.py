@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .provenance import save
-from .rows import QUACK_SHAPES
+from .shapes import QUACK_SHAPES, parse_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from kfc.kb.store import KnowledgeBase
     from kfc.target import parse_target
 
-    shapes = QUACK_SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes) if args.shapes else QUACK_SHAPES
     spec = load_kfc(ROOT / "kernels" / f"{args.op}.kfc")
     target = parse_target("sm_90a")
     kb = KnowledgeBase(args.kb or f"kb-{args.op}.sqlite")

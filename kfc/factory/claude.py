@@ -272,14 +272,13 @@ def planner_prompt(ctx: TuneContext, n: int) -> str:
 
 def _step_payoffs(ctx: TuneContext, per_pass: int = 4) -> str:
     """The best steps of each pass with options, by mean speedup, one line each."""
+    from ..kb.graph import paying_steps
+
     graph = ctx.graph()
     lines = []
     for name in ("tile", "lower-ptx"):
-        steps = [(n, d) for n, d in graph.nodes(data=True)
-                 if (n == name or n.startswith(name + "{")) and d.get("mean_speedup") is not None]
-        steps.sort(key=lambda nd: nd[1]["mean_speedup"], reverse=True)
         lines += [f"- {n}: mean {d['mean_speedup']:.3f}x, best {d['best_speedup']:.3f}x over {d['timed']} timed "
-                  f"of {d['count']}" for n, d in steps[:per_pass]]
+                  f"of {d['count']}" for n, d in paying_steps(graph, name)[:per_pass]]
     return "\n".join(lines)
 
 

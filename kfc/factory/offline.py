@@ -207,15 +207,13 @@ def graph_proposal(ctx: TuneContext) -> tuple[dict[str, Any], str] | None:
     highest mean speedup, and `fuse-reductions` if the trials through it paid off better on
     average than those around it. None when the graph has no timed speedups yet or the
     recombination is not a point of the space."""
+    from ..kb.graph import paying_steps
+
     graph = ctx.graph()
 
-    def paying(name: str) -> list[tuple[str, dict]]:
-        return [(n, d) for n, d in graph.nodes(data=True)
-                if (n == name or n.startswith(name + "{")) and d.get("mean_speedup") is not None]
-
     def best(name: str) -> tuple[str, dict] | None:
-        steps = paying(name)
-        return max(steps, key=lambda nd: (nd[1]["mean_speedup"], nd[1]["timed"])) if steps else None
+        steps = paying_steps(graph, name)
+        return steps[0] if steps else None
 
     tile, ptx = best("tile"), best("lower-ptx")
     if tile is None or ptx is None:

@@ -2,7 +2,7 @@
 similarity, and a graph of pass sequences with payoff statistics for policies to read."""
 
 from .fingerprint import op_features, op_fingerprint, similarity
-from .graph import END, START, best_steps, pipeline_graph, step_payoff
+from .graph import END, START, best_steps, paying_steps, pipeline_graph, step_payoff
 from .store import SCHEMA_VERSION, KnowledgeBase, canonical_shape, default_path
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
            "START",
            "KnowledgeBase",
            "best_steps",
+           "paying_steps",
            "canonical_shape",
            "default_path",
            "op_features",

@@ -157,3 +157,11 @@ def best_steps(graph: nx.DiGraph, prefix: str | Sequence[Any] | None = None,
     ranked = sorted(((b, {k2: graph.edges[last, b].get(k2) for k2 in _STATS}) for b in graph.successors(last)),
                     key=lambda item: _rank(item[1]), reverse=True)
     return ranked[:max(k, 0)]
+
+
+def paying_steps(graph: nx.DiGraph, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """The steps of one pass (with any options, e.g. every `tile{...}`) that have a mean
+    speedup, best paying first (ties: more timed trials first), each with its statistics."""
+    steps = [(n, d) for n, d in graph.nodes(data=True)
+             if (n == name or n.startswith(name + "{")) and d.get("mean_speedup") is not None]
+    return sorted(steps, key=lambda nd: (nd[1]["mean_speedup"], nd[1]["timed"]), reverse=True)

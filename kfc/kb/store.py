@@ -184,10 +184,13 @@ def _outcome_of(row: sqlite3.Row) -> Outcome:
         speedup=row["speedup"], times_us=tuple(json.loads(row["times_us"] or "[]")), notes=row["notes"])
 
 
+def _proposal_of(row: sqlite3.Row) -> Proposal:
+    return Proposal(pipeline=row["pipeline"], rationale=row["rationale"], proposer=row["proposer"],
+                    parent=row["parent_id"])
+
+
 def _trial_of(row: sqlite3.Row) -> Trial:
-    proposal = Proposal(pipeline=row["pipeline"], rationale=row["rationale"], proposer=row["proposer"],
-                        parent=row["parent_id"])
-    return Trial(candidate_id=row["id"], proposal=proposal, outcome=_outcome_of(row))
+    return Trial(candidate_id=row["id"], proposal=_proposal_of(row), outcome=_outcome_of(row))
 
 
 _TRIAL_SELECT = """
@@ -415,8 +418,7 @@ class KnowledgeBase:
         rows = self.conn.execute(
             "SELECT c.id, c.pipeline, c.rationale, c.proposer, c.parent_id FROM candidates c LEFT JOIN outcomes o "
             "ON o.candidate_id = c.id WHERE c.run_id = ? AND o.candidate_id IS NULL ORDER BY c.id", (run_id,))
-        return [(r["id"], Proposal(pipeline=r["pipeline"], rationale=r["rationale"], proposer=r["proposer"],
-                                   parent=r["parent_id"])) for r in rows]
+        return [(r["id"], _proposal_of(r)) for r in rows]
 
     def runs(self, op_id: int | None = None) -> list[dict[str, Any]]:
         """Runs, oldest first, each with its op's name and fingerprint and a summary: candidates,
