@@ -74,13 +74,22 @@ def config_key(config: dict) -> str:
 
 class Landscape:
     """Times of one op at one shape: measured where recorded, else the geometric mean of the
-    nearest recorded configurations (fewest choices differing), so an unmeasured point is
-    answered by its neighbourhood rather than by a model of any policy's."""
+    nearest recorded configurations, so an unmeasured point is answered by its neighbourhood
+    rather than by a model of any policy's. Nearness counts a differing launch-geometry choice
+    (kfc.factory.space.GEOMETRY) as `geometry_weight` differing details: another geometry is
+    another kernel. Every point as near as the k-th nearest is averaged, so ties do not favour
+    the fastest."""
 
-    def __init__(self, points: list[dict], k: int = 3) -> None:
+    def __init__(self, points: list[dict], k: int = 3, geometry_weight: int = 3) -> None:
         self.points = points
         self.k = k
+        self.geometry_weight = geometry_weight
         self.by_key = {config_key(p["config"]): p for p in points}
+
+    def distance(self, a: dict, b: dict) -> int:
+        from kfc.factory.space import GEOMETRY
+
+        return sum((self.geometry_weight if c in GEOMETRY else 1) for c in a if a[c] != b.get(c))
 
     def lookup(self, config: dict) -> tuple[float | None, str, bool]:
         """(time in us or None, error, measured?)."""
@@ -89,13 +98,12 @@ class Landscape:
             if p["times_us"]:
                 return statistics.median(p["times_us"]), "", True
             return None, p.get("error", "failed"), True
-        timed = [q for q in self.points if q["times_us"]]
-        dist = sorted(timed, key=lambda q: (sum(q["config"][c] != config.get(c) for c in q["config"]),
-                                            statistics.median(q["times_us"])))
-        near = dist[: self.k]
-        if not near:
+        timed = sorted(((self.distance(q["config"], config), q) for q in self.points if q["times_us"]),
+                       key=lambda dq: dq[0])
+        if not timed:
             return None, "no recorded neighbour", False
-        logs = [math.log(statistics.median(q["times_us"])) for q in near]
+        reach = timed[min(self.k, len(timed)) - 1][0]
+        logs = [math.log(statistics.median(q["times_us"])) for d, q in timed if d <= reach]
         return math.exp(sum(logs) / len(logs)), "", False
 
 

@@ -129,7 +129,7 @@ def test_candidates_and_outcomes_round_trip(kb):
     child = add(kb, run, op, "canonicalize", Outcome(Stage.VERIFIED, error="ptxas: too many registers"),
                 parent=first, proposer="mutate")
     (t1, t2) = kb.trials()
-    assert t1 == Trial(first, Proposal("canonicalize,cse", "why canonicalize,cse", "test", None), full)
+    assert t1 == Trial(first, Proposal("canonicalize,cse", "why canonicalize,cse", "test", None), full, op)
     assert t2.candidate_id == child and t2.proposal.parent == first and t2.proposal.proposer == "mutate"
     assert t2.outcome.stage is Stage.VERIFIED and t2.outcome.error == "ptxas: too many registers"
     assert t2.outcome.median_us is None and t2.outcome.times_us == ()
@@ -208,7 +208,8 @@ def test_similar_ops_and_prior(kb):
     own_fast = add(kb, runs["layernorm"], ops["layernorm"], "cse", timed(4.0))
     add(kb, runs["layernorm"], ops["layernorm"], "dce", Outcome(Stage.VERIFIED, error="no"))
     rms = add(kb, runs["rmsnorm"], ops["rmsnorm"], "cse,dce", timed(1.0))
-    add(kb, runs["rmsnorm"], ops["rmsnorm"], "cse", timed(0.5))  # same pipeline as own_fast: listed once
+    rms_fast = add(kb, runs["rmsnorm"], ops["rmsnorm"], "cse", timed(0.5))  # own_fast's pipeline: another op's fact
+    add(kb, runs["rmsnorm"], ops["rmsnorm"], "cse , dce", timed(3.0))  # rms's pipeline again: listed once
     add(kb, runs["rmsnorm"], ops["rmsnorm"], "lower-ptx", timed(0.1), shape={"N": 8})  # other shape
     sm = add(kb, runs["softmax"], ops["softmax"], "canonicalize", timed(2.0))
     add(kb, runs["gemm"], ops["gemm"], "dce,dce", timed(0.1))  # gemm is not like layernorm
@@ -222,9 +223,11 @@ def test_similar_ops_and_prior(kb):
     assert len(kb.similar_ops(features_of("layernorm"), k=1)) == 1
 
     prior = kb.prior(fp_of("layernorm"), features_of("layernorm"), SM, SHAPE)
-    assert [t.candidate_id for t in prior] == [own_fast, own, rms, sm]
-    assert [t.candidate_id for t in kb.prior(fp_of("layernorm"), features_of("layernorm"), SM, SHAPE, k=3)] == \
-        [own_fast, own, rms]
+    assert [t.candidate_id for t in prior] == [own_fast, own, rms_fast, rms, sm]
+    assert {t.op_id for t in prior} == {ops["layernorm"], ops["rmsnorm"], ops["softmax"]}
+    # k is per op: each op's best k
+    assert [t.candidate_id for t in kb.prior(fp_of("layernorm"), features_of("layernorm"), SM, SHAPE, k=1)] == \
+        [own_fast, rms_fast, sm]
     # a new op: only similar ops' trials
     new_features = dict(features_of("layernorm"), loads=4)
     assert kb.prior("0000000000000000", new_features, SM, SHAPE)[0].candidate_id == own_fast

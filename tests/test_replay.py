@@ -4,6 +4,8 @@ import json
 import math
 import statistics
 
+import pytest
+
 from bench.landscape import Landscape, collect, load
 from bench.replay import ReplayGpu, replay
 from kfc.factory.model import Outcome, Proposal, Stage
@@ -77,3 +79,21 @@ def test_one_seed_of_the_protocol_replays(tmp_path):
     rows = replay(load(H200), 0, 4, 4, [(32768, 4096)], lambda s: SearchPolicy(seed=s))
     (row,) = rows
     assert row["seed"] == 0 and row["best_us"] > 0 and 0 <= row["answered_from_neighbours"] <= 1
+
+
+def test_an_unmeasured_point_is_answered_by_its_own_geometry_and_ties_are_averaged():
+    details = {"vec": 8, "rows": 0, "stream": "cs", "store": "cs", "approx": "auto", "fuse": True}
+    geometry = {"threads": 512, "cluster": 2, "persistent": True}
+    other_geometry = dict(geometry, cluster=4)
+    near = dict(other_geometry, **dict(details, stream="nc_na", rows=1))
+    points = [{"config": dict(geometry, **details), "times_us": [100.0]},
+              {"config": near, "times_us": [200.0]}]
+    probe = dict(other_geometry, **details)
+    # one geometry choice apart from the first point, two details from the second: the second answers
+    us, _, known = Landscape(points, k=1).lookup(probe)
+    assert not known and us == pytest.approx(200.0)
+    # two points one detail away: both answer, not the faster alone
+    tied = points + [{"config": dict(probe, approx="off"), "times_us": [50.0]},
+                     {"config": dict(probe, fuse=False), "times_us": [400.0]}]
+    us, _, _ = Landscape(tied, k=1).lookup(probe)
+    assert us == pytest.approx(math.sqrt(50.0 * 400.0))

@@ -61,6 +61,7 @@ class Trial:
     candidate_id: int
     proposal: Proposal
     outcome: Outcome
+    op_id: int | None = None   # the knowledge base's id of the op it ran for, where known
 
 
 @attrs.frozen

@@ -1,9 +1,10 @@
 """The offline search policy (the default; no network).
 
 It proposes, in order:
-  1. the knowledge base's prior: the best configurations recorded for this op at this target
-     and shape, then those of similar ops (transfer: a layernorm's tile at N=16384 is a good
-     first guess for a softmax at N=16384);
+  1. the knowledge base's prior: the configurations recorded for this op at this target and
+     shape, fastest first, then those of similar ops (transfer: a layernorm's tile at N=16384 is
+     a good first guess for a softmax at N=16384), hedged: the best of each near-best basin
+     (launch geometry) of theirs first, since which basin wins is what differs between ops;
   2. the pass-sequence graph's recombination: the `tile` step, the `lower-ptx` step and the
      choice of `fuse-reductions` that paid off best on average (mean speedup over their own
      op's baseline), from whichever trials they come;
@@ -34,11 +35,13 @@ class SearchPolicy:
 
     def __init__(self, seed: int = 0, explore: float = 0.15, width: int = 3, bonus: float = 0.5,
                  transfer: float = 0.5, joint: bool = False, ridge: float = 1.0,
-                 anchor: bool = True) -> None:
+                 anchor: bool = True, basin_tolerance: float = 0.05, basin_distance: int = 2) -> None:
         self.rng = random.Random(seed)
         self.joint = joint          # fit the effects jointly (ridge) rather than as per-value means
         self.ridge = ridge
         self.anchor = anchor        # also step from the default pipeline's configuration
+        self.basin_tolerance = basin_tolerance  # a similar op's configuration this near its best...
+        self.basin_distance = basin_distance    # ...and this far from the others is a basin to try
         self.transfer = transfer    # weight of a similar op's trial against one of this op's own
         self.explore = explore
         self.width = width          # how many of the best configurations to move around
@@ -53,18 +56,19 @@ class SearchPolicy:
         it says about a choice is a hint that this op's own measurements outweigh. A failed
         trial's deviation is None."""
         own_ids = {t.candidate_id for t in ctx.history}
-        groups: dict[bool, list[tuple[dict, float | None]]] = {True: [], False: []}
+        groups: dict[Any, list[tuple[dict, float | None]]] = defaultdict(list)
         for t in list(ctx.history) + [t for t in ctx.prior if t.candidate_id not in own_ids]:
             c = ctx.space.config_of(t.proposal.pipeline)
             if c is None:
                 continue
             timed = t.outcome.stage is Stage.TIMED and t.outcome.median_us
-            groups[t.candidate_id in own_ids].append((c, math.log(t.outcome.median_us) if timed else None))
+            key = "own" if t.candidate_id in own_ids else t.op_id  # one centre per op
+            groups[key].append((c, math.log(t.outcome.median_us) if timed else None))
         out = []
-        for is_own, ys in groups.items():
+        for key, ys in groups.items():
             logs = [y for _, y in ys if y is not None]
             centre = sum(logs) / len(logs) if logs else 0.0
-            w = 1.0 if is_own else self.transfer
+            w = 1.0 if key == "own" else self.transfer
             out += [(c, None if y is None else y - centre, w) for c, y in ys]
         return out
 
@@ -142,19 +146,17 @@ class SearchPolicy:
                 tried.add(p)
                 out.append(Proposal(p, why, "search"))
 
-        for t in ctx.prior:  # 1. what the knowledge base already knows
+        model = self.fit(ctx)
+        imp = self.importance(model)
+        for c, t, why in self.prior_order(ctx):  # 1. what the knowledge base already knows
             if len(out) >= n:
                 return out
-            c = space.config_of(t.proposal.pipeline)
-            if c is not None:
-                sp = f", {t.outcome.speedup:.2f}x its baseline" if t.outcome.speedup else ""
-                add(c, f"prior from the knowledge base ({t.outcome.median_us:.1f} us{sp})")
+            sp = f", {t.outcome.speedup:.2f}x its baseline" if t.outcome.speedup else ""
+            add(c, f"prior from the knowledge base ({t.outcome.median_us:.1f} us{sp}; {why})")
         graph_pick = graph_proposal(ctx)  # 2. recombination: each pass's best-paying step
         if graph_pick is not None and len(out) < n:
             c, why = graph_pick
             add(c, why)
-        model = self.fit(ctx)
-        imp = self.importance(model)
         # the best configurations so far, each against its own op's mean
         starts = [c for c, d, _ in sorted((o for o in self.observations(ctx) if o[1] is not None),
                                           key=lambda o: o[1])][: self.width]
@@ -183,6 +185,43 @@ class SearchPolicy:
                 break
             add(space.random(self.rng), "exploration: a random configuration")
         return out[:n]
+
+    def prior_order(self, ctx: TuneContext) -> list[tuple[dict, Trial, str]]:
+        """The prior's configurations in the order to try them: this op's own first (fastest
+        first); then similar ops', hedged across basins.
+
+        A similar op's optimum may not be this op's: at a long row one op wants persistent
+        clusters of 2 while another wants clusters of 8 that are not persistent, and a similar
+        op's record can show both as near-best. So the best of each basin comes first, ranked by
+        how close to its own op's best it ran, then the rest in the same ranking. A basin's best
+        is a configuration within `basin_tolerance` of its op's best whose launch geometry (the
+        space's `geometry` choices) differs from every one taken before in at least
+        `basin_distance` choices; configurations that differ only in details share a basin."""
+        own_ids = {t.candidate_id for t in ctx.history}
+        own_op = {t.op_id for t in ctx.history if t.op_id is not None}
+        own, other = [], []
+        for t in ctx.prior:
+            c = ctx.space.config_of(t.proposal.pipeline)
+            if c is not None and t.outcome.median_us:
+                (own if t.candidate_id in own_ids or t.op_id in own_op else other).append((c, t))
+        best: dict = {}
+        for _, t in other:
+            best[t.op_id] = min(best.get(t.op_id, math.inf), t.outcome.median_us)
+        other.sort(key=lambda ct: ct[1].outcome.median_us / best[ct[1].op_id])
+        geometry = ctx.space.geometry
+
+        heads: list[tuple[dict, Trial]] = []
+        for c, t in other:
+            if t.outcome.median_us > best[t.op_id] * (1 + self.basin_tolerance):
+                break
+            if all(sum(c[k] != h[k] for k in geometry) >= self.basin_distance for h, _ in heads):
+                heads.append((c, t))
+        head_ids = {t.candidate_id for _, t in heads}
+        rest = [(c, t) for c, t in other if t.candidate_id not in head_ids]
+        return ([(c, t, "this op's own record") for c, t in own]
+                + [(c, t, f"the best of a basin, {t.outcome.median_us / best[t.op_id]:.3f}x its op's best")
+                   for c, t in heads]
+                + [(c, t, f"a similar op's, {t.outcome.median_us / best[t.op_id]:.3f}x its best") for c, t in rest])
 
     def reflect(self, ctx: TuneContext, trials: Sequence[Trial]) -> list[str]:
         """Lessons from the model: a choice whose best and worst values differ by over 15%."""

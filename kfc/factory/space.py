@@ -23,6 +23,9 @@ ROWS = (0, 1, 2, 4, 8, 16, 32)
 STREAM = ("cs", "nc_na", "none")
 STORE = ("cs", "none")
 APPROX = ("auto", "off")
+# the choices that decide how a row is laid out over threads, CTAs and clusters (and whether a
+# CTA loops over rows): configurations alike in these are variations of one kernel shape
+GEOMETRY = ("threads", "cluster", "persistent")
 
 
 
@@ -33,6 +36,7 @@ class SearchSpace:
     n: int
     itemsize: int = 2
     has_cluster: bool = True
+    geometry: tuple[str, ...] = GEOMETRY
 
     def choices(self) -> dict[str, tuple]:
         vec_max = max(1, 16 // self.itemsize)

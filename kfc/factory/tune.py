@@ -35,6 +35,11 @@ from .problem import gate_cases
 from .space import SearchSpace
 
 
+# trials of the knowledge base a policy is shown: enough of a similar op's record to see its
+# other good basins, not only its best few configurations
+PRIOR_TRIALS = 64
+
+
 @attrs.frozen
 class TuneResult:
     run_id: int
@@ -92,7 +97,7 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
             compiled, gated = fut.result()
             outcome = to_outcome(compiled, gated, baseline_us)
             kb.record_outcome(cid, outcome)
-            out.append(Trial(cid, p, outcome))
+            out.append(Trial(cid, p, outcome, op_id))
         return out
 
     try:
@@ -112,7 +117,8 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
         lessons: list[str] = [ls["text"] for ls in kb.lessons(op_id)]
         while done < budget:
             ctx = TuneContext(spec.instance_name, fp, features, target.name, dims, space, tuple(history),
-                              tuple(kb.prior(fp, features, target.name, dims)), tuple(lessons[-20:]))
+                              tuple(kb.prior(fp, features, target.name, dims, k=PRIOR_TRIALS)),
+                              tuple(lessons[-20:]))
             tried = {space.canonical(t.proposal.pipeline) for t in history}
             proposals = _dedupe(policy.propose(ctx, min(batch, budget - done)), space)
             proposals = [p for p in proposals if p.pipeline not in tried][: budget - done]

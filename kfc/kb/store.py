@@ -190,11 +190,11 @@ def _proposal_of(row: sqlite3.Row) -> Proposal:
 
 
 def _trial_of(row: sqlite3.Row) -> Trial:
-    return Trial(candidate_id=row["id"], proposal=_proposal_of(row), outcome=_outcome_of(row))
+    return Trial(candidate_id=row["id"], proposal=_proposal_of(row), outcome=_outcome_of(row), op_id=row["op_id"])
 
 
 _TRIAL_SELECT = """
-SELECT c.id, c.pipeline, c.rationale, c.proposer, c.parent_id, o.*
+SELECT c.id, c.op_id, c.pipeline, c.rationale, c.proposer, c.parent_id, o.*
 FROM candidates c JOIN outcomes o ON o.candidate_id = c.id
 """
 
@@ -568,31 +568,29 @@ class KnowledgeBase:
 
     def prior(self, fingerprint: str, features: dict[str, Any], target: str, shape: dict[str, int],
               k: int = 8) -> list[Trial]:
-        """What to start a search from: up to k TIMED trials at this target and shape, first this
-        op's (fastest first), then those of similar ops (most similar op first, fastest first within
-        an op). A pipeline appears once (its first, i.e. best-ranked, trial)."""
+        """What to start a search from: up to k TIMED trials of each op at this target and shape,
+        first this op's (fastest first), then those of each similar op (most similar op first,
+        fastest first within an op). A pipeline appears once per op (its best-ranked trial): the
+        same pipeline measured for two ops is two facts, and each op's record stays whole, so a
+        policy can tell how near a configuration came to its own op's best."""
         out: list[Trial] = []
-        seen: set[str] = set()
-
-        def take(trials: list[Trial]) -> bool:
-            for t in trials:
-                if len(out) >= k:
-                    return True
-                key = _canonical_pipeline(t.proposal.pipeline) or t.proposal.pipeline
-                if key not in seen:
-                    seen.add(key)
-                    out.append(t)
-            return len(out) >= k
-
         if k <= 0:
             return out
+
+        def take(trials: list[Trial]) -> None:
+            seen: set[str] = set()
+            for t in trials:
+                key = _canonical_pipeline(t.proposal.pipeline) or t.proposal.pipeline
+                if key not in seen and len(seen) < k:
+                    seen.add(key)
+                    out.append(t)
+
         own = self.op_by_fingerprint(fingerprint)
-        if own is not None and take(self._timed(own["id"], target, shape)):
-            return out
+        if own is not None:
+            take(self._timed(own["id"], target, shape))
         for op_id, _name, _s in self.similar_ops(features, k=1_000_000, min_similarity=0.5,
                                                  exclude_fingerprint=fingerprint):
-            if take(self._timed(op_id, target, shape)):
-                break
+            take(self._timed(op_id, target, shape))
         return out
 
     # --- lessons --------------------------------------------------------------------------
