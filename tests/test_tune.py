@@ -424,19 +424,23 @@ def test_a_similar_ops_prior_is_tried_basin_by_basin():
     four = dict(base, cluster=4, persistent=False, threads=512)     # a third, 3.3% slower
     far = dict(base, cluster=16, persistent=True, threads=256)      # another geometry, but 20% slower
     other_op = dict(persistent, threads=1024)                       # a second op's best: the first basin
+    narrow = dict(persistent, vec=4)                                # the first basin, another layout, 3% slower
     own_earlier = dict(base, vec=4)                                 # this op's own record comes first
     history = (Trial(1, Proposal(space.pipeline(base), "default", "baseline"), Outcome(Stage.TIMED, median_us=300.0), 9),)
     prior = (trial(2, own_earlier, 290.0, 9),
              trial(10, persistent, 100.0, 7), trial(11, detail, 100.1, 7), trial(12, wide, 102.4, 7),
-             trial(13, four, 103.3, 7), trial(14, far, 120.0, 7), trial(20, other_op, 50.0, 8))
+             trial(13, four, 103.3, 7), trial(14, far, 120.0, 7), trial(15, narrow, 103.0, 7),
+             trial(20, other_op, 50.0, 8))
     ctx = TuneContext("softmax_bf16", "fp", {}, "sm_90a", dims, space, history, prior)
 
     def order(policy):
         return [c for c, _, _ in policy.prior_order(ctx)]
 
-    assert order(SearchPolicy()) == [own_earlier, persistent, wide, four, other_op, detail, far]
+    # basins first, then the other layouts of near-best configurations, then details
+    assert order(SearchPolicy()) == [own_earlier, persistent, wide, four, other_op, narrow, detail, far]
     # without the hedge, the similar ops' record ranks by closeness to each op's best alone
-    assert order(SearchPolicy(basin_tolerance=0.0)) == [own_earlier, persistent, other_op, detail, wide, four, far]
+    assert order(SearchPolicy(basin_tolerance=0.0)) == \
+        [own_earlier, persistent, other_op, detail, wide, narrow, four, far]
     out = SearchPolicy(seed=0, explore=0.0).propose(ctx, 4)
     assert [p.pipeline for p in out] == [space.pipeline(c) for c in (own_earlier, persistent, wide, four)]
     assert "the best of a basin, 1.024x its op's best" in out[2].rationale

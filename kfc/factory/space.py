@@ -23,9 +23,9 @@ ROWS = (0, 1, 2, 4, 8, 16, 32)
 STREAM = ("cs", "nc_na", "none")
 STORE = ("cs", "none")
 APPROX = ("auto", "off")
-# the choices that decide how a row is laid out over threads, CTAs and clusters (and whether a
-# CTA loops over rows): configurations alike in these are variations of one kernel shape
-GEOMETRY = ("threads", "cluster", "persistent")
+# the choices that decide how a row is laid out over vector loads, threads, CTAs and clusters (and
+# whether a CTA loops over rows): configurations alike in these are variations of one kernel shape
+GEOMETRY = ("threads", "vec", "cluster", "persistent")
 
 
 
