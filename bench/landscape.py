@@ -2,7 +2,7 @@
 -> measured times or the failure, gathered from knowledge bases into one JSON file, so policy
 work can be replayed without a GPU (`bench.replay`).
 
-    python -m bench.landscape KB.sqlite ... -o bench/data/h200-rows.json
+    python -m bench.landscape KB.sqlite ... -o bench/data/h200-rows.json [--add-to bench/data/h200-rows.json]
 
 A configuration measured several times keeps every median (runs on different days, different
 machines of the same kind). Records copied from one knowledge base into another (a warm start)
@@ -22,8 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def collect(paths: list[str]) -> dict:
-    """{"gpus": [...], "kfc_commits": [...], "ops": {op: {"MxN": [{"config", "times_us"|"error"}]}}}."""
+def collect(paths: list[str], base: dict | None = None) -> dict:
+    """{"gpus": [...], "kfc_commits": [...], "ops": {op: {"MxN": [{"config", "times_us"|"error"}]}}},
+    added to `base` (an earlier landscape) when given."""
     from kfc.factory.tune import space_for
     from kfc.frontend import load_kfc
     from kfc.target import parse_target
@@ -32,7 +33,12 @@ def collect(paths: list[str]) -> dict:
     specs: dict[str, object] = {}
     seen: set[tuple] = set()
     points: dict[str, dict[str, dict[str, dict]]] = {}
-    gpus, commits = set(), set()
+    gpus, commits = set((base or {}).get("gpus", [])), set((base or {}).get("kfc_commits", []))
+    for op, shapes in (base or {}).get("ops", {}).items():
+        for shape, entries in shapes.items():
+            for e in entries:
+                points.setdefault(op, {}).setdefault(shape, {})[config_key(e["config"])] = \
+                    {**e, "times_us": list(e["times_us"])}
     for path in paths:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             db.row_factory = sqlite3.Row
@@ -132,8 +138,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kb", nargs="+", help="knowledge bases to read (opened read-only)")
     ap.add_argument("-o", "--output", required=True, help="the landscape JSON to write")
+    ap.add_argument("--add-to", metavar="LANDSCAPE.json",
+                    help="keep this landscape's points and add those of the knowledge bases, which must not be "
+                         "ones it was gathered from (it may be the output)")
     args = ap.parse_args(argv)
-    doc = collect(args.kb)
+    doc = collect(args.kb, load(args.add_to) if args.add_to else None)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

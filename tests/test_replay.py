@@ -73,6 +73,17 @@ def test_collect_reads_knowledge_bases_and_counts_a_copied_record_once(tmp_path)
     points = doc["ops"]["rmsnorm_bf16"]["32768x4096"]
     assert doc["gpus"] == ["NVIDIA H200"] and doc["kfc_commits"] == ["abc"]
     assert sorted(p["times_us"] for p in points) == [[150.0], [160.0]]
+    # a later knowledge base added to the landscape: its measurements join the earlier ones
+    later = tmp_path / "c.sqlite"
+    with KnowledgeBase(later) as kb:
+        op = kb.op_id(op_fingerprint(spec.func), spec.instance_name, op_features(spec.func))
+        run = kb.start_run(op, "sm_90a", dims, "search", 1, {"gpu": "NVIDIA H200", "kfc_commit": "def"})
+        cid = kb.add_candidate(run, op, "sm_90a", dims, Proposal(space.pipeline(space.default())))
+        kb.record_outcome(cid, Outcome(Stage.TIMED, median_us=155.0))
+    merged = collect([str(later)], base=doc)
+    assert merged["kfc_commits"] == ["abc", "def"]
+    assert sorted(p["times_us"] for p in merged["ops"]["rmsnorm_bf16"]["32768x4096"]) == [[150.0, 155.0], [160.0]]
+    assert sorted(p["times_us"] for p in points) == [[150.0], [160.0]]  # the earlier landscape is left as it was
 
 
 def test_one_seed_of_the_protocol_replays(tmp_path):
