@@ -3,6 +3,7 @@
 policies before they are measured for real.
 
     python -m bench.replay [--seeds 0-19] [--budget 24] [--landscape bench/data/h200-rows.json]
+                           [--basin-tolerance 0] [--no-anchor] [--joint]
 
 A candidate's time is one of its recorded medians (drawn at random: the run-to-run noise), its
 recorded failure, or, for a configuration never measured, the geometric mean of the nearest
@@ -142,11 +143,15 @@ def main(argv=None) -> int:
                     help="the search policy steps only from the best configurations, not also from the default's")
     ap.add_argument("--joint", action="store_true", help="the search policy fits its effects jointly (ridge)")
     ap.add_argument("--ridge", type=float, default=None, help="the ridge strength with --joint")
+    ap.add_argument("--basin-tolerance", type=float, default=None,
+                    help="how near a similar op's best a configuration must be to be tried as its basin's best "
+                         "(0: no hedging across basins)")
     args = ap.parse_args(argv)
 
     from kfc.factory.offline import SearchPolicy
 
-    kw = {k: v for k, v in (("transfer", args.transfer), ("ridge", args.ridge)) if v is not None}
+    kw = {k: v for k, v in (("transfer", args.transfer), ("ridge", args.ridge),
+                            ("basin_tolerance", args.basin_tolerance)) if v is not None}
     if args.joint:
         kw["joint"] = True
     if args.no_anchor:

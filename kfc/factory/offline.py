@@ -203,20 +203,14 @@ class SearchPolicy:
         norms barely notice)."""
         own_ids = {t.candidate_id for t in ctx.history}
         own_op = {t.op_id for t in ctx.history if t.op_id is not None}
-        tried = {ctx.space.canonical(t.proposal.pipeline) for t in ctx.history}
         own, other = [], []
-        best: dict = {}
         for t in ctx.prior:
             c = ctx.space.config_of(t.proposal.pipeline)
-            if c is None or not t.outcome.median_us:
-                continue
-            mine = t.candidate_id in own_ids or t.op_id in own_op
-            if not mine:
-                best[t.op_id] = min(best.get(t.op_id, math.inf), t.outcome.median_us)
-            # what this op already ran needs no proposing: a basin whose best it ran is
-            # represented by the basin's best that it has not
-            if ctx.space.pipeline(c) not in tried:
-                (own if mine else other).append((c, t))
+            if c is not None and t.outcome.median_us:
+                (own if t.candidate_id in own_ids or t.op_id in own_op else other).append((c, t))
+        best: dict = {}
+        for _, t in other:
+            best[t.op_id] = min(best.get(t.op_id, math.inf), t.outcome.median_us)
         other.sort(key=lambda ct: ct[1].outcome.median_us / best[ct[1].op_id])
         geometry = ctx.space.geometry
 
