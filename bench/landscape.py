@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from kfc.factory.space import GEOMETRY
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -93,8 +95,6 @@ class Landscape:
         self.by_key = {config_key(p["config"]): p for p in points}
 
     def distance(self, a: dict, b: dict) -> int:
-        from kfc.factory.space import GEOMETRY
-
         return sum((self.geometry_weight if c in GEOMETRY else 1) for c in a if a[c] != b.get(c))
 
     def lookup(self, config: dict) -> tuple[float | None, str, bool]:

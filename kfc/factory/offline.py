@@ -211,19 +211,20 @@ class SearchPolicy:
         best: dict = {}
         for _, t in other:
             best[t.op_id] = min(best.get(t.op_id, math.inf), t.outcome.median_us)
-        other.sort(key=lambda ct: ct[1].outcome.median_us / best[ct[1].op_id])
-        geometry = ctx.space.geometry
+        def rel(t: Trial) -> float:  # how near its own op's best it ran
+            return t.outcome.median_us / best[t.op_id]
 
-        near = [(c, t) for c, t in other if t.outcome.median_us <= best[t.op_id] * (1 + self.basin_tolerance)]
+        other.sort(key=lambda ct: rel(ct[1]))
+        geometry = ctx.space.geometry
+        near = [(c, t) for c, t in other if rel(t) <= 1 + self.basin_tolerance]
         heads: list[tuple[dict, Trial, str]] = []
         for level in range(self.basin_distance, 0, -1):
             for c, t in near:
                 if all(sum(c[k] != h[k] for k in geometry) >= level for h, _, _ in heads):
                     kind = "the best of a basin" if level == self.basin_distance else "the best of a layout"
-                    heads.append((c, t, f"{kind}, {t.outcome.median_us / best[t.op_id]:.3f}x its op's best"))
+                    heads.append((c, t, f"{kind}, {rel(t):.3f}x its op's best"))
         head_ids = {t.candidate_id for _, t, _ in heads}
-        rest = [(c, t, f"a similar op's, {t.outcome.median_us / best[t.op_id]:.3f}x its best")
-                for c, t in other if t.candidate_id not in head_ids]
+        rest = [(c, t, f"a similar op's, {rel(t):.3f}x its best") for c, t in other if t.candidate_id not in head_ids]
         return [(c, t, "this op's own record") for c, t in own] + heads + rest
 
     def reflect(self, ctx: TuneContext, trials: Sequence[Trial]) -> list[str]:
