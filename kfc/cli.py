@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .diagnostics import KfcError
+from . import cli_args
+from .cli_args import KfcArgumentParser, float_in, gib, int_in
+from .diagnostics import InternalError, KfcError
 from .files import write_atomically
 
 EXAMPLES = """\
@@ -28,27 +30,8 @@ exit status: 0 ok, 1 a check failed, 2 bad input, 3 internal error (KFC_DEBUG=1 
 """
 
 
-def _assignments(text: str, what: str, example: str, value_ok) -> dict[str, str]:
-    out = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        if not name.strip() or not value_ok(value.strip()):
-            raise argparse.ArgumentTypeError(f"bad {what} {text!r}: write NAME=VALUE[,NAME=VALUE...], e.g. {example}")
-        out[name.strip()] = value.strip()
-    return out
-
-
-def _parse_shape(text: str) -> dict[str, int]:
-    pairs = _assignments(text, "shape", "M=4,N=7", lambda v: v.isdigit() and int(v) >= 1)
-    return {k: int(v) for k, v in pairs.items()}
-
-
-def _parse_dtypes(text: str) -> dict[str, str]:
-    return _assignments(text, "--dtype", "T=f16", bool)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = KfcArgumentParser(
         prog="kfc", description="kfc, the kernel factory compiler: turns a .kfc op description into a "
         "typed tile IR, proves it against its reference, and (with a GPU toolchain) into kernels.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,15 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  kfc check kernels/kda_fwd.kfc --seed 7 --shape N=2,T=100,H=1,K=16,V=16",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", help="a .kfc file with a check block")
-    c.add_argument("--seed", type=int, action="append", metavar="N",
-                   help="use this seed instead of the block's seeds and a fresh one (repeatable)")
-    c.add_argument("--shape", type=_parse_shape, action="append", metavar="M=..,N=..",
+    c.add_argument("--seed", type=int_in(0, 2**63 - 1), action="append", metavar="N",
+                   help="use this seed (0 to 2**63-1) instead of the block's seeds and a fresh one (repeatable)")
+    c.add_argument("--shape", type=cli_args.shape, action="append", metavar="M=..,N=..",
                    help="check this shape instead of the block's (repeatable)")
     c.add_argument("--full", action="store_true", help="do not scale huge shapes down (slow)")
-    c.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16",
+    c.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16",
                    help="check only this instance of the op's type parameters (default: every combination)")
-    c.add_argument("--budget", type=int, default=None, metavar="ELEMS",
+    c.add_argument("--budget", type=int_in(1), default=None, metavar="ELEMS",
                    help="scale a case down until its tensors hold at most this many elements (default 1048576)")
+    _add_reference_flags(c)
     c.set_defaults(run=cmd_check)
 
     o = sub.add_parser(
@@ -84,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     o.add_argument("file", help="a .kfc file or IR text")
     o.add_argument("-o", "--output", metavar="PATH", help="write the IR here instead of to stdout")
-    o.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16", help="bind the op's type parameters")
-    o.add_argument("--shape", type=_parse_shape, metavar="M=..,N=..",
+    o.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the op's type parameters")
+    o.add_argument("--shape", type=cli_args.shape, metavar="M=..,N=..",
                    help="specialise: bind these dims to sizes (the others stay symbolic)")
     o.add_argument("-p", "--pipeline", metavar="PIPELINE",
                    help='run these passes first, e.g. "canonicalize,cse,dce" (see kfc passes)')
@@ -105,12 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
                "--verify-each --print-ir-after-all",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     k.add_argument("file", help="a .kfc file")
-    k.add_argument("--target", default=None, metavar="SM",
+    k.add_argument("--target", type=cli_args.target, default=None, metavar="SM",
                    help="sm_90, sm_90a (Hopper), sm_100, sm_100a (Blackwell); default: the file's first target, "
                         "else sm_90a")
     k.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: by kind of op)")
-    k.add_argument("--shape", type=_parse_shape, metavar="N=..", help="sizes for the dims (all but the row count)")
-    k.add_argument("--dtype", type=_parse_dtypes, metavar="T=f16", help="bind the op's type parameters")
+    k.add_argument("--shape", type=cli_args.shape, metavar="N=..", help="sizes for the dims (all but the row count)")
+    k.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the op's type parameters")
     k.add_argument("-o", "--output", metavar="DIR", help="output folder (default kfc-out/NAME-TARGET)")
     k.add_argument("--allow-spills", action="store_true", help="accept a kernel that spills registers")
     k.add_argument("--from-kb", action="store_true",
@@ -127,16 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  KFC_CACHE_DIR=.kfc-cache kfc warm kernels/rmsnorm.kfc --target sm_90a --shape N=256 --shape N=4096",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("files", nargs="+", help=".kfc files")
-    w.add_argument("--target", default="sm_90a", metavar="SM")
-    w.add_argument("--shape", type=_parse_shape, action="append", required=True, metavar="N=..")
+    w.add_argument("--target", type=cli_args.target, default="sm_90a", metavar="SM",
+                   help="sm_90, sm_90a, sm_100, sm_100a (default sm_90a)")
+    w.add_argument("--shape", type=cli_args.shape, action="append", required=True, metavar="N=..")
     w.add_argument("-p", "--pipeline", action="append", metavar="PIPELINE",
                    help="pipelines to build (repeatable; default: the default pipeline)")
-    w.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
+    w.add_argument("-j", "--jobs", type=int_in(1, 1024), default=os.cpu_count() or 1,
+                   help="parallel compiles (1 to 1024; default: the CPU count)")
     w.set_defaults(run=cmd_warm)
 
     from .factory.cli import add_tune_command
 
-    add_tune_command(sub, _parse_shape, _parse_dtypes)
+    add_tune_command(sub, cli_args.shape, cli_args.dtypes, _add_reference_flags)
 
     from .kb.cli import add_commands as add_kb_commands
 
@@ -145,6 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     ps = sub.add_parser("passes", help="list the passes and their options")
     ps.set_defaults(run=cmd_passes)
     return p
+
+
+def _add_reference_flags(p) -> None:
+    from .check.sandbox import DEFAULT_TIMEOUT_S, default_memory_bytes
+
+    p.add_argument("--reference-timeout", type=float_in(0.0, 86400.0), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop a reference call that runs longer (default {DEFAULT_TIMEOUT_S:g} s). The reference is "
+                        "Python code, run with your rights in a child process")
+    p.add_argument("--reference-memory", type=gib, default=default_memory_bytes(), metavar="GIB",
+                   help=f"stop a reference that uses more memory (default half of this machine's: "
+                        f"{default_memory_bytes() / (1 << 30):.3g})")
+
+
+def reference_limits(args):
+    from .check.sandbox import Limits
+
+    return Limits(args.reference_timeout, args.reference_memory)
 
 
 def _add_pass_flags(p) -> None:
@@ -172,9 +175,14 @@ def cmd_opt(args) -> int:
         if unknown:
             raise KfcError(f"--shape names {unknown[0]}, which is not a dimension of {func.sym_name}",
                            hint=f"its dimensions are {', '.join(func.symbols) or 'none'}")
-        func = verify(specialize(func, args.shape, partial=True))
+        func = verify(specialize(func, args.shape, partial=True, where="--shape"))
+    given = [f for f, on in (("--verify-each", args.verify_each), ("--print-ir-after-all", args.print_ir_after_all),
+                             ("--print-ir-before", args.print_ir_before), ("--timing", args.timing)) if on]
+    if given and args.pipeline is None:
+        raise KfcError(f"{given[0]} instruments a pipeline, and kfc opt runs none without -p",
+                       hint='give the passes to run, e.g. -p "canonicalize,cse,dce"')
     if args.pipeline is not None:
-        from .passes import PassContext, PassManager, VerifyEach, parse_pipeline
+        from .passes import PassContext, PassManager, VerifyEach, parse_user_pipeline
         from .target import parse_target
 
         verify_each = None
@@ -185,10 +193,16 @@ def cmd_opt(args) -> int:
         ctx = PassContext(parse_target("sm_90a"), check=spec.check if spec else None, verify_each=verify_each,
                           print_ir_after_all=args.print_ir_after_all,
                           print_ir_before=frozenset(args.print_ir_before), timing=args.timing)
-        func = PassManager(parse_pipeline(args.pipeline), ctx).run(func)
+        func = PassManager(parse_user_pipeline(args.pipeline), ctx).run(func)
     text = print_ir(func)
     if args.output:
-        write_atomically(Path(args.output), text)
+        out = Path(args.output)
+        if out.exists() and out.resolve() == Path(args.file).resolve():
+            raise KfcError(f"-o {out} is the input file; writing the IR there would replace it",
+                           hint="give -o another path, e.g. -o out.kir")
+        if out.is_dir():
+            raise KfcError(f"-o {out} is a folder; kfc opt writes one file", hint="give -o a file path, e.g. -o out.kir")
+        write_atomically(out, text)
     else:
         sys.stdout.write(text)
     return 0
@@ -230,7 +244,7 @@ def cmd_check(args) -> int:
         results = []
         for inst in instances:
             results += check_op(inst, seeds=args.seed, full=args.full, budget=args.budget or DEFAULT_BUDGET,
-                                shapes=args.shape, on_result=progress)
+                                shapes=args.shape, on_result=progress, limits=reference_limits(args))
     finally:
         if status is not None:
             status.stop()
@@ -264,7 +278,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .compile import compile_op, write_outputs
+    from .compile import check_output_dir, compile_op, write_outputs
     from .frontend import load_kfc
     from .target import parse_target
 
@@ -275,11 +289,12 @@ def cmd_compile(args) -> int:
         if pipeline:
             raise KfcError("give either -p or --from-kb, not both")
         pipeline = best_recorded_pipeline(spec, target, args.shape, args.kb)
+    out_dir = Path(args.output or f"kfc-out/{spec.instance_name}-{target.name}")
+    check_output_dir(out_dir)  # before the work: a bad -o fails at once
     result = compile_op(spec, target, pipeline, args.shape, verify_each=args.verify_each,
                         print_ir_after_all=args.print_ir_after_all, print_ir_before=args.print_ir_before,
                         timing=args.timing, allow_spills=args.allow_spills)
     rep = result.kernel.report
-    out_dir = Path(args.output or f"kfc-out/{spec.instance_name}-{target.name}")
     written = write_outputs(result, out_dir)
     dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
     dyn = ", ".join(result.dynamic_dims) or "none"
@@ -375,7 +390,10 @@ def cmd_passes(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad option (its message is printed)
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
@@ -383,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except KfcError as e:
         print(e.render(), file=sys.stderr)
-        return 2
+        return 3 if isinstance(e, InternalError) else 2
     except KeyboardInterrupt:
         print("kfc: interrupted", file=sys.stderr)
         return 130

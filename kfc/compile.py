@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from .ir.func import FuncOp
 from .ir.printer import print_ir
 from .ir.specialize import specialize
 from .ir.tile_ops import DimOp, ParallelOp
-from .passes import PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline
+from .passes import PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline, parse_user_pipeline
 from .passes.base import PassError
 from .target import Target
 
@@ -61,15 +62,35 @@ def row_dims(func: FuncOp) -> list[str]:
     return out
 
 
-def op_kind(func: FuncOp) -> str:
+def op_kind(func: FuncOp) -> tuple[str, PassError | None]:
+    """("row", None) for a row program; ("other", why not) for anything else."""
     from .passes.rows import find_row_loop, row_length
 
     try:
         loop = find_row_loop(func)
         row_length(loop, func)
-        return "row"
-    except PassError:
-        return "other"
+        return "row", None
+    except PassError as e:
+        return "other", e
+
+
+def check_lowered(func: FuncOp, pipe) -> None:
+    """A pipeline given with -p must leave IR the code generator takes: one gpu.launch, every
+    op inside lowered. Said of the pipeline (the source line is only where the op came from)."""
+    from .codegen.cuda import unlowered_ops
+    from .ir.gpu_ops import LaunchOp
+    from .passes import ROW_PIPELINE
+
+    if not any(isinstance(op, LaunchOp) for op in func.body.ops):
+        raise KfcError(f"the pipeline {str(pipe) or '(empty)'!r} maps no loop onto the GPU: it has no tile pass",
+                       hint=f"add tile{{...}}, or leave out -p for the default pipeline: {ROW_PIPELINE}")
+    left = unlowered_ops(func)
+    if left:
+        op = left[0]
+        where = f" (from {op.loc})" if op.loc is not None else ""
+        raise KfcError(f"the pipeline {str(pipe)!r} leaves {op.NAME}{where} unlowered; code generation needs "
+                       "every op of the kernel lowered", hint="run lower-reductions and lower-ptx after tile, or "
+                       f"leave out -p for the default pipeline: {ROW_PIPELINE}")
 
 
 def choose_dims(spec: OpSpec, shape: dict[str, int] | None) -> dict[str, int]:
@@ -102,10 +123,10 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     if missing:
         raise KfcError(f"no size for {', '.join(missing)}: kfc compile fixes every dim but the row count",
                        hint=f"pass --shape {','.join(f'{m}=...' for m in missing)}")
-    special = specialize(func, fixed, partial=True)
-    kind = op_kind(special)
-    text = pipeline if pipeline is not None else default_pipeline(kind)
-    pipe = parse_pipeline(text)
+    special = specialize(func, fixed, partial=True,
+                         where="--shape" if shape else "the check block's first shape")
+    kind, why_not = op_kind(special)
+    pipe = parse_user_pipeline(pipeline) if pipeline is not None else parse_pipeline(default_pipeline(kind))
     sample = {k: min(v, 5) for k, v in dims.items() if k in dynamic}
     ctx_kwargs = dict(target=target, check=spec.check, print_ir_after_all=print_ir_after_all, print_ir_before=frozenset(print_ir_before),
                       timing=timing, verify_each=VerifyEach({**fixed, **sample}, spec.check) if verify_each else None)
@@ -116,10 +137,11 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     lowered = PassManager(pipe, ctx).run(special)
     t_passes = time.perf_counter() - t0
     if kind != "row":
-        raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: it is not a row program "
-                       "(one parallel loop over rows whose tiles are rows)", func.loc,
-                       "`kfc opt` still parses, verifies and lowers it; code generation covers row ops such as "
-                       "rmsnorm, layernorm and softmax")
+        raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: it is not a row program (one parallel "
+                       f"loop over rows whose tiles are rows): {why_not.message}", why_not.span or func.loc,
+                       why_not.hint or "`kfc opt` still parses, verifies and lowers it; code generation covers row "
+                       "ops such as rmsnorm, layernorm and softmax")
+    check_lowered(lowered, pipe)
     code, plan = generate_cuda(lowered)
     arch = target.name  # row kernels use no arch-specific ('a') instructions
     t1 = time.perf_counter()
@@ -152,9 +174,34 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
                          plan, report)
 
 
+def check_output_dir(out_dir: Path) -> None:
+    """Fail now, before any work, if `out_dir` cannot become the output folder: a file in its
+    place, or no writable folder to create it in. Creates nothing."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KfcError(f"the output {out_dir} is a file; kfc writes a folder of outputs there",
+                       hint="give -o a folder path (it is created if missing)")
+    base = out_dir.absolute()
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise KfcError(f"cannot create the output folder {out_dir}: {base} is not a writable folder",
+                       hint="give -o a folder in a writable place")
+
+
+def prepare_output_dir(out_dir: Path) -> None:
+    """The output folder, created if need be (check_output_dir's errors, or the OS's)."""
+    check_output_dir(out_dir)
+    try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KfcError(f"cannot create the output folder {out_dir}: {e.strerror or e}",
+                       hint="give -o a folder in a writable place") from None
+
+
 def write_outputs(result: CompileResult, out_dir: Path) -> list[Path]:
     """Write .cu, .ptx, .cubin, .kir and report.json; each file appears whole or not at all."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out_dir)
     stem = result.op
     files = {
         f"{stem}.cu": result.kernel.cu.encode(), f"{stem}.ptx": result.kernel.ptx.encode(),

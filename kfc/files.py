@@ -17,7 +17,8 @@ def write_atomically(path: Path, data: bytes | str | None = None,
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise KfcError(f"cannot create the folder for {path}: {e.strerror or e}") from None
+        raise KfcError(f"cannot create the folder for {path}: {e.strerror or e}",
+                       hint="choose an output path in a writable place") from None
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         if writer is not None:
@@ -26,7 +27,8 @@ def write_atomically(path: Path, data: bytes | str | None = None,
             tmp.write_bytes(data.encode() if isinstance(data, str) else (data or b""))
         os.replace(tmp, path)
     except OSError as e:
-        raise KfcError(f"cannot write {path}: {e.strerror or e}") from None
+        raise KfcError(f"cannot write {path}: {e.strerror or e}",
+                       hint="choose an output path in a writable place") from None
     finally:
         if tmp.exists():
             tmp.unlink()

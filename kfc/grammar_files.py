@@ -92,3 +92,26 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: st
         elif foreign:
             hint = f"{ch!r} is not part of the language; remove or replace it" + (f" ({hint})" if hint else "")
     return KfcError(f"syntax error: {msg}", span, hint)
+
+
+MAX_NESTING = 200  # levels of the parse tree; a chain `a + b + c ...` counts as one level
+
+
+def check_nesting(tree: lark.Tree, file: str, chains: frozenset[str] = frozenset(), limit: int = MAX_NESTING) -> None:
+    """Refuse input nested deeper than `limit` (iteratively: no recursion limit is ever met).
+    A node of a left-associative chain kind whose first child has a chain kind too counts as
+    the same level, so flat sums and products of any length pass."""
+    from .diagnostics import KfcError, Span
+
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            m = node.meta
+            span = None if getattr(m, "empty", True) else Span(file, m.line, m.column, m.end_line, m.end_column)
+            raise KfcError(f"this is nested more than {limit} levels deep, which kfc does not read", span,
+                           "name intermediate values (t = ...) instead of nesting expressions this deeply")
+        for i, child in enumerate(node.children):
+            if isinstance(child, lark.Tree):
+                same = i == 0 and node.data in chains and child.data in chains
+                stack.append((child, depth if same else depth + 1))

@@ -10,7 +10,6 @@ import io
 import re
 import subprocess
 import sys
-import typing
 import uuid
 from pathlib import Path
 from typing import ClassVar
@@ -28,7 +27,6 @@ from kfc.ir import ALL, Builder, DType, parse_ir, print_ir, verify
 from kfc.ir.func import FuncOp
 from kfc.ir.gpu_ops import LaunchOp, ThreadReduceOp
 from kfc.ir.interpreter import run
-from kfc.ir.ptx_ops import CACHE_HINTS
 from kfc.ir.rewrite import rebuild
 from kfc.ir.specialize import specialize
 from kfc.ir.tile_ops import (
@@ -58,7 +56,7 @@ from kfc.passes import (
     parse_pipeline,
     register_pass,
 )
-from kfc.passes.base import format_option
+from kfc.passes.base import format_option, option_range
 from kfc.passes.rewriter import PatternRewriter, RewritePattern, RewriteStats, apply_patterns_greedily
 from kfc.passes.tile import choose
 from kfc.target import Target, parse_target
@@ -305,33 +303,14 @@ def test_lower_ptx_option_values_are_checked_when_parsing(text):
     _pass_error(text)
 
 
-def _option_types(cls) -> dict:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints.get(f.name, f.type) for f in attrs.fields(cls)}
-
-
-def _value_strategy(pass_name: str, option: str, t):
-    hints = ["none"] + [h for h in CACHE_HINTS if h]
-    known = {
-        ("lower-ptx", "approx"): st.sampled_from(["auto", "on", "off"]),
-        ("lower-ptx", "stream"): st.sampled_from(hints),
-        ("lower-ptx", "store"): st.sampled_from(hints),
-        ("tile", "rows"): st.integers(0, 64),
-        ("tile", "threads"): st.sampled_from([0, 1, 2, 8, 32, 128, 512, 1024]),
-        ("tile", "vec"): st.sampled_from([0, 1, 2, 4, 8, 16]),
-        ("tile", "cluster"): st.sampled_from([0, 1, 2, 4, 8, 16]),
-    }
-    if isinstance(t, type) and issubclass(t, enum.Enum):  # checked first: an option may become an enum
-        return st.sampled_from(list(t))
-    if t in (int, str) and (pass_name, option) in known:
-        return known[(pass_name, option)]
-    if t is bool:
-        return st.booleans()
-    if t is int:
-        return st.integers(0, 1 << 20)
-    if t is float:
-        return st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False)
-    return st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True)
+def _option_values(field):
+    """Values an option declares it takes (kfc.passes.base.option)."""
+    allowed = option_range(field)
+    assert allowed is not None, f"option {field.name} declares no allowed values"
+    listed = allowed.values()
+    if listed is not None:
+        return st.sampled_from(listed)
+    return st.integers(allowed.lo, allowed.hi if allowed.hi is not None else allowed.lo + (1 << 20))
 
 
 @st.composite
@@ -339,9 +318,9 @@ def _passes(draw):
     name = draw(st.sampled_from(sorted(n for n in PASSES if not n.startswith("test-"))))
     cls = PASSES[name]
     kwargs = {}
-    for opt, t in _option_types(cls).items():
+    for field in attrs.fields(cls):
         if draw(st.booleans()):
-            kwargs[opt] = draw(_value_strategy(name, opt, t))
+            kwargs[field.name] = draw(_option_values(field))
     return cls(**kwargs)
 
 
@@ -1192,9 +1171,9 @@ def test_explicit_options_are_fitted_to_a_valid_launch(n, rows, threads, cluster
 
 def test_tile_rejects_options_that_cannot_be_fitted():
     _, f = kernel("rmsnorm", 4096)
-    with pytest.raises(PassError, match="tile: threads=48 must be a positive power of two"):
+    with pytest.raises(PassError, match=r"tile: threads=48 is not allowed\nhint: threads takes 0\|1\|2\|4"):
         run_pipeline(f, "tile{threads=48}")
-    with pytest.raises(PassError, match="tile: gpu.launch: .*exceeds 1024 threads"):
+    with pytest.raises(PassError, match=r"tile: threads=2048 is not allowed"):
         run_pipeline(f, "tile{threads=2048}")
 
 
@@ -1336,7 +1315,8 @@ def test_cli_passes_lists_every_registered_pass(capsys):
               and not line.startswith("default pipeline")}
     assert listed == set(PASSES) | {needy.NAME}
     assert f"{needy.NAME}" in out and "[needs wgmma]" in out
-    assert "options: rows: int=0, threads: int=0, vec: int=0, cluster: int=0, persistent: bool=false" in out
+    assert ("options: rows: 0..1024=0, threads: 0|1|2|4|8|16|32|64|128|256|512|1024=0, vec: 0|1|2|4|8|16=0, "
+            "cluster: 0|1|2|4|8|16=0, persistent: false|true=false") in out
     assert f"default pipeline for row ops: {ROW_PIPELINE}" in out
     assert main(["passes"]) == 0
     assert needy.NAME not in capsys.readouterr().out  # unregistered again

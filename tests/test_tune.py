@@ -191,6 +191,14 @@ def test_a_crashing_worker_is_a_failure_and_is_restarted():
     w.stop()
 
 
+def test_a_worker_killed_by_a_signal_says_which_signal():
+    w = ScriptedWorker("import os, signal, sys; sys.stdin.readline(); os.kill(os.getpid(), signal.SIGSEGV)",
+                       timeout_s=30)
+    r = w.run({"id": 1})
+    assert "crashed" in r.error and "killed by signal SIGSEGV" in r.error
+    w.stop()
+
+
 def test_a_hanging_worker_is_killed_after_the_timeout():
     w = ScriptedWorker("import sys, time; sys.stdin.readline(); time.sleep(60)", timeout_s=1.0)
     r = w.run({"id": 1})

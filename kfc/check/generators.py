@@ -6,6 +6,7 @@ zeros (zeros hide unwritten outputs and wrong indexing).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import attrs
@@ -26,6 +27,19 @@ class Generator:
     def check_args(self, args: tuple[Any, ...], t: TensorType, symbols: set[str]) -> str | None:
         if len(args) > self.max_args:
             return f"takes at most {self.max_args} argument(s), got {len(args)}"
+        for a in args:
+            if isinstance(a, bool) or (isinstance(a, float) and not math.isfinite(a)):
+                return f"its arguments are finite numbers or dimension names, not {a!r}"
+        numbers = [a for a in args if not isinstance(a, str)]
+        if self.name in ("uniform", "randint") and len(numbers) == 2 and not numbers[0] < numbers[1]:
+            return f"needs lo < hi, got lo={numbers[0]}, hi={numbers[1]}"
+        if self.name in ("normal", "logsigmoid", "sigmoid") and len(args) == 2 and not isinstance(args[1], str) \
+                and not args[1] > 0:
+            return f"needs a positive std, got {args[1]}"
+        if self.name == "randint" and any(isinstance(a, float) for a in args):
+            return "draws integers: its bounds are integers"
+        if self.name == "offsets" and args and not isinstance(args[0], str) and args[0] < 0:
+            return f"needs a total of 0 or more, got {args[0]}"
         if self.wants == "float" and not t.dtype.is_float:
             return f"draws floating-point values but the input is {t.dtype}"
         if self.wants == "int" and not t.dtype.is_int:
@@ -36,7 +50,12 @@ class Generator:
 
     def draw(self, rng: np.random.Generator, shape: tuple[int, ...], dtype: DType, dims: dict[str, int],
              args: tuple[Any, ...]) -> np.ndarray:
+        """Fresh values; ValueError (with what is wrong) where the arguments, once the dims are
+        known, do not make sense (randint(N, 8) at N = 9)."""
         resolved = tuple(dims[a] if isinstance(a, str) else a for a in args)
+        problem = self.check_args(resolved, TensorType(dtype, shape), set())
+        if problem:
+            raise ValueError(f"{self.name}{resolved}: {problem}")
         out = np.asarray(self.fn(rng, shape, *resolved))
         return out.astype(dtype.np)
 

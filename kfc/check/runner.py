@@ -9,7 +9,6 @@ the dtype's tolerance, and every element is within tol · (|ref| + rms(ref)).
 
 from __future__ import annotations
 
-import importlib
 import math
 import secrets
 from typing import Any, Callable
@@ -21,10 +20,11 @@ from ..diagnostics import KfcError
 from ..frontend.spec import CheckSpec, OpSpec
 from ..ir.interpreter import run
 from ..ir.specialize import specialize
-from ..ir.types import MemSpace, bind_dim
+from ..ir.types import MemSpace, SymDim, bind_dim
 from ..ir.verifier import verify
 from .generators import GENERATORS, draw_default
-from .tensors import to_numpy, to_torch
+from .sandbox import Limits, ReferenceSandbox, shared_sandbox
+from .tensors import to_torch
 from .tolerance import compare_arrays
 
 DEFAULT_BUDGET = 1 << 20  # elements over all tensors of one case, for the interpreter
@@ -57,14 +57,29 @@ def case_elements(spec: OpSpec, dims: dict[str, int]) -> int:
 
 
 def scale_down(spec: OpSpec, dims: dict[str, int], budget: int) -> dict[str, int]:
-    """Halve the largest dimension until one case's tensors hold at most `budget` elements."""
+    """Halve the largest dimension until one case's tensors hold at most `budget` elements; a
+    dimension is halved only while every dim of every tensor stays at least 1 (`N - 5000`)."""
     dims = dict(dims)
+    floors = dim_floors(spec.func)
     while case_elements(spec, dims) > budget:
-        name = max(dims, key=lambda k: dims[k])
-        if dims[name] <= 1:
+        for name in sorted(dims, key=lambda k: -dims[k]):
+            half = (dims[name] + 1) // 2
+            if half < dims[name] and half >= floors.get(name, 1):
+                dims[name] = half
+                break
+        else:
             break
-        dims[name] = (dims[name] + 1) // 2
     return dims
+
+
+def dim_floors(func) -> dict[str, int]:
+    """The least size of each shape symbol that keeps every dim it appears in at least 1."""
+    out: dict[str, int] = {}
+    for v in func.args:
+        for d in v.ttype.shape:
+            if isinstance(d, SymDim):
+                out[d.name] = max(out.get(d.name, 1), 1 - d.offset)
+    return out
 
 
 def make_inputs(spec: OpSpec, dims: dict[str, int], rng: np.random.Generator, with_optional: bool) -> dict[str, Any]:
@@ -90,67 +105,50 @@ def draw_inputs(func, check: CheckSpec | None, dims: dict[str, int], rng: np.ran
         gen = check.inputs.get(v.name)
         if gen is None:
             args[v.name] = draw_default(rng, t, shape)
-        else:
+            continue
+        try:
             args[v.name] = GENERATORS[gen.name].draw(rng, shape, t.dtype, dims, gen.args)
+        except ValueError as e:
+            shown = ", ".join(f"{k}={n}" for k, n in dims.items())
+            raise KfcError(f"cannot draw {v.name} at {shown}: {e}", gen.span,
+                           GENERATORS[gen.name].usage) from None
     return args
 
 
-def reference_fn(spec: OpSpec) -> Callable[..., Any]:
+def require_reference(spec: OpSpec) -> None:
     check = spec.check
     if check is None or check.reference is None:
         raise KfcError(f"{spec.path}: the op has no reference to check against",
                        hint='add check { reference = "..." shapes = [...] } to the .kfc file')
-    if check.reference_is_function:
-        mod_name, fn_name = check.reference.split(":")
-        try:
-            mod = importlib.import_module(mod_name)
-        except ImportError as e:
-            raise KfcError(f"cannot import the reference module {mod_name!r}: {e}", check.reference_span) from None
-        fn = getattr(mod, fn_name, None)
-        if fn is None:
-            raise KfcError(f"module {mod_name!r} has no function {fn_name!r}", check.reference_span)
-        return lambda ns: fn(**ns["__args__"])
-    code = compile(check.reference, "<reference>", "eval")
-
-    def evaluate(ns):
-        import torch
-        import torch.nn.functional as F
-
-        return eval(code, {"torch": torch, "F": F, "math": math, **ns})  # noqa: S307 - the user's own reference
-
-    return evaluate
 
 
-def run_reference(spec: OpSpec, args: dict[str, Any], dims: dict[str, int]) -> list[np.ndarray]:
-    import torch
-
+def reference_call(spec: OpSpec, args: dict[str, Any], dims: dict[str, int]):
+    """The reference's request for `args` (numpy arrays or torch tensors by input name): the
+    inputs as (name, kind, value) and the outputs as (name, shape)."""
     func = spec.func
-    fn = reference_fn(spec)
-    targs: dict[str, Any] = {}
+    inputs = []
     for v in func.inputs:
         a = args.get(v.name)
         if v.ttype.space is MemSpace.REG:
-            targs[v.name] = a if a is not None else scalar_default(spec, v.name, dims)
+            value = a if a is not None else scalar_default(spec, v.name, dims)
+            inputs.append((v.name, "scalar", value.item() if hasattr(value, "item") else value))
+        elif a is None:
+            inputs.append((v.name, "absent", None))
         else:
-            targs[v.name] = None if a is None else to_torch(a, v.ttype.dtype)
-    ns = {**dims, **targs, "__args__": targs}
-    try:
-        with torch.no_grad():
-            out = fn(ns)
-    except KfcError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure of user code is reported, not raised
-        raise KfcError(f"the reference raised {type(e).__name__}: {e}", spec.check.reference_span,
-                       "the reference sees the inputs by name as torch tensors (CPU), scalars as numbers, "
-                       "and dims as integers") from None
-    if isinstance(out, dict):
-        out = [out[n] for n in func.output_names]
-    elif not isinstance(out, (tuple, list)):
-        out = [out]
-    if len(out) != len(func.outputs):
-        raise KfcError(f"the reference returned {len(out)} value(s) for {len(func.outputs)} output(s)",
-                       spec.check.reference_span, f"return them in order: {', '.join(func.output_names)}")
-    return [np.asarray(to_numpy(torch.as_tensor(o)), dtype=np.float64) for o in out]
+            inputs.append((v.name, "tensor", to_torch(a, v.ttype.dtype) if isinstance(a, np.ndarray) else a))
+    outputs = [(v.name, tuple(int(bind_dim(d, dims)) for d in v.ttype.shape)) for v in func.outputs]
+    return inputs, outputs
+
+
+def run_reference(spec: OpSpec, args: dict[str, Any], dims: dict[str, int], limits: Limits | None = None,
+                  sandbox: ReferenceSandbox | None = None) -> list:
+    """The reference's outputs for `args`, computed in its child process (kfc.check.sandbox):
+    float64 numpy arrays for numpy or CPU inputs; float32 tensors on the GPU for CUDA inputs."""
+    require_reference(spec)
+    check = spec.check
+    inputs, outputs = reference_call(spec, args, dims)
+    box = sandbox or shared_sandbox(limits, "cpu")
+    return box.call(check.reference, check.reference_is_function, check.reference_span, inputs, dims, outputs)
 
 
 def scalar_default(spec: OpSpec, name: str, dims: dict[str, int]):
@@ -182,7 +180,8 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: float) -> tuple[float, float,
 
 def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, budget: int = DEFAULT_BUDGET,
              shapes: list[dict[str, int]] | None = None,
-             on_result: Callable[[OutputResult], None] | None = None) -> list[OutputResult]:
+             on_result: Callable[[OutputResult], None] | None = None,
+             limits: Limits | None = None) -> list[OutputResult]:
     """Run every case; return one result per (case, variant, seed, output)."""
     check = spec.check
     if check is None:
@@ -190,7 +189,8 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
     cases = shapes if shapes is not None else list(check.shapes)
     if not cases:
         raise KfcError(f"{spec.path}: the check block has no shapes", hint="add shapes = [{...}, ...]")
-    reference_fn(spec)  # fail early on a reference that cannot be imported
+    require_reference(spec)
+    shared_sandbox(limits, "cpu").warm()
     if seeds is None:
         seeds = list(check.seeds) + [secrets.randbits(31)]
     optional = [v.name for v in spec.func.inputs if v.ttype.optional]
@@ -200,14 +200,14 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
     for ci, dims in enumerate(cases):
         run_dims = dict(dims) if full else scale_down(spec, dims, budget)
         scaled = dict(dims) if run_dims != dims else None
-        func = verify(specialize(spec.func, run_dims))
+        func = verify(specialize(spec.func, run_dims, where=f"check case {ci}" + (" scaled down" if scaled else "")))
         for with_opt, label in variants:
             for seed in seeds:
                 rng = np.random.default_rng(seed)
                 args = make_inputs(spec, run_dims, rng, with_opt)
                 before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
                 outs = run(func, args)
-                refs = run_reference(spec, args, run_dims)
+                refs = run_reference(spec, args, run_dims, limits)
                 changed = [k for k, v in before.items() if not np.array_equal(v, args[k], equal_nan=True)]
                 for v, ref in zip(spec.func.outputs, refs):
                     dtype = str(v.ttype.dtype)

@@ -40,14 +40,41 @@ class CodegenError(KfcError):
     pass
 
 
+# Every name in the emitted C++ lives in one of these namespaces, so none can collide with another,
+# with a C++ keyword, a CUDA built-in (threadIdx, float, new) or a macro: the user's parameters and
+# dims carry a prefix no generated name starts with; kfc's own names are `kfc_*`, short loop
+# counters (e, i, w, c) and numbered temporaries (v1, w2, s3), none of which starts with a prefix.
+PARAM_PREFIX = "p_"
+DIM_PREFIX = "dim_"
+KERNEL_PREFIX = "kfc_kernel_"
+
+
+def c_param(name: str) -> str:
+    """The C name of the op's parameter `name` (an input, scalar or output)."""
+    return PARAM_PREFIX + name
+
+
+def c_dim(sym: str) -> str:
+    """The C name of the kernel argument that carries the size of dim `sym`."""
+    return DIM_PREFIX + sym
+
+
+def c_kernel(op_name: str) -> str:
+    return KERNEL_PREFIX + op_name
+
+
 @attrs.frozen
 class KernelParam:
-    name: str
+    name: str        # the parameter's name in the op (a dim's symbol for kind "dim")
     kind: str        # "tensor" | "scalar" | "dim"
     ctype: str
     dtype: str
     optional: bool = False
     is_output: bool = False
+
+    @property
+    def cname(self) -> str:
+        return c_dim(self.name) if self.kind == "dim" else c_param(self.name)
 
 
 @attrs.frozen
@@ -181,7 +208,7 @@ class RowKernelEmitter:
         params = self.params()
         sig = ", ".join(self.param_decl(p) for p in params)
         for v in self.func.args:
-            self.names[v] = v.name
+            self.names[v] = c_param(v.name)
         self.emit(f"const int kfc_t = threadIdx.x % {self.T};")
         self.emit(f"const int kfc_r = threadIdx.x / {self.T};")
         self.emit("const int kfc_lane = threadIdx.x % 32;")
@@ -215,15 +242,15 @@ class RowKernelEmitter:
             else:
                 out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
         for s in self.func.symbols:
-            out.append(KernelParam(f"dim_{s}", "dim", "long long", "index"))
+            out.append(KernelParam(s, "dim", "long long", "index"))
         return out
 
     @staticmethod
     def param_decl(p: KernelParam) -> str:
         if p.kind == "tensor":
             const = "" if p.is_output else "const "
-            return f"{const}{p.ctype}* __restrict__ {p.name}"
-        return f"{p.ctype} {p.name}"
+            return f"{const}{p.ctype}* __restrict__ {p.cname}"
+        return f"{p.ctype} {p.cname}"
 
     def rows_expr(self) -> str:
         """The number of rows as Python over the dims (for the runtime's grid size)."""
@@ -386,7 +413,7 @@ class RowKernelEmitter:
             self.emit(f"const {C_TYPES[t.dtype]} {self.name(op.result)} = {lit};")
 
     def op_DimOp(self, op: DimOp) -> None:
-        self.emit(f"const long long {self.name(op.result)} = dim_{op.sym};")
+        self.emit(f"const long long {self.name(op.result)} = {c_dim(op.sym)};")
 
     def op_UnaryOp(self, op: UnaryOp) -> None:
         fn = op.NAME.split(".")[1]
@@ -521,7 +548,7 @@ class RowKernelEmitter:
         if isinstance(d, int):
             return f"{d}LL"
         if isinstance(d, SymDim):
-            return f"(dim_{d.name} + {d.offset}LL)" if d.offset else f"dim_{d.name}"
+            return f"({c_dim(d.name)} + {d.offset}LL)" if d.offset else c_dim(d.name)
         raise CodegenError(f"bad dim {d}")
 
     def _chunk_pred(self, e: str) -> str | None:
@@ -537,10 +564,10 @@ class RowKernelEmitter:
         d = t.dtype
         n = self.declare(r)
         other = literal(op.other, d)
-        guard = f"{tensor.name} != nullptr" if t.optional else None
+        guard = f"{self.name(tensor)} != nullptr" if t.optional else None
         if self.kind(r) != "row":
             addr = self._address(op, tensor, op.index, op.operands[1:], "0")
-            load = f"{n} = {tensor.name}[{addr}];"
+            load = f"{n} = {self.name(tensor)}[{addr}];"
             self.emit(f"{n} = {other};")
             self.emit(f"if ({guard or 'true'}) {{ {load} }}" if guard else load)
             return
@@ -552,7 +579,7 @@ class RowKernelEmitter:
             wt = "unsigned" if word == 4 else "unsigned short"
             fill = self._other_bits(op.other, d, word)
             self.emit(f"{wt} {', '.join(f'{w} = {fill}' for w in words)};")
-            addr = f"{tensor.name} + {self._address(op, tensor, op.index, op.operands[1:], f'{base} + {a * op.vec}')}"
+            addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[1:], f'{base} + {a * op.vec}')}"
             self.emit(ptx.ld_global(words, addr, pred, op.cache, word))
             for wi, w in enumerate(words):
                 for k in range(per_word):
@@ -623,13 +650,13 @@ class RowKernelEmitter:
         value, tensor = op.operands[0], op.operands[1]
         t = tensor.ttype
         d = t.dtype
-        guard = f"{tensor.name} != nullptr" if t.optional else None
+        guard = f"{self.name(tensor)} != nullptr" if t.optional else None
         if self.kind(value) != "row":
             addr = self._address(op, tensor, op.index, op.operands[2:], "0")
             cond = ["kfc_t == 0", "kfc_crank == 0"] + (["kfc_rowvalid"] if self.row_dependent(op) else [])
             if guard:
                 cond.append(guard)
-            self.emit(f"if ({' && '.join(cond)}) {tensor.name}[{addr}] = {self.name(value)};")
+            self.emit(f"if ({' && '.join(cond)}) {self.name(tensor)}[{addr}] = {self.name(value)};")
             return
         word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)
         self.open_chunks()
@@ -645,7 +672,7 @@ class RowKernelEmitter:
                 wt = "unsigned" if word == 4 else "unsigned short"
                 self.emit(f"const {wt} {w} = ({wt})({' | '.join(parts)});")
                 words.append(w)
-            addr = f"{tensor.name} + {self._address(op, tensor, op.index, op.operands[2:], f'{base} + {a * op.vec}')}"
+            addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[2:], f'{base} + {a * op.vec}')}"
             self.emit(ptx.st_global(words, addr, pred, op.cache, word))
         self.close_chunks()
 
@@ -722,6 +749,17 @@ class RowKernelEmitter:
         self.emit(f"const float {self.name(op.result)} = {self.name(op.operands[0])};")
 
 
+def _has_rule(op: Op) -> bool:
+    return any(hasattr(RowKernelEmitter, "op_" + c.__name__) for c in type(op).__mro__)
+
+
+def unlowered_ops(func: FuncOp) -> list[Op]:
+    """Ops inside the kernel's gpu.launch that the code generator has no rule for (a pipeline
+    that stops short of lower-ptx leaves tile-level loads and reductions there)."""
+    return [op for launch in func.body.ops if isinstance(launch, LaunchOp)
+            for op in launch.body.ops if not _has_rule(op)]
+
+
 HEADER = """// generated by kfc: do not edit; regenerate with `kfc compile`
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -738,7 +776,7 @@ static __device__ __forceinline__ long long kfc_floormod(long long a, long long 
 
 
 def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, LaunchPlan]:
-    name = kernel_name or f"kfc_{func.sym_name}"
+    name = kernel_name or c_kernel(func.sym_name)
     emitter = RowKernelEmitter(func, name)
     code, plan = emitter.generate()
     return HEADER + ptx.PRELUDE + HELPERS + "\n" + code, plan

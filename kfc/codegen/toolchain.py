@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from ..diagnostics import KfcError
+from ..diagnostics import InternalError, KfcError
 
 MIN_VERSION = (12, 8)  # the first CUDA with sm_100a
 
@@ -111,18 +111,68 @@ class CompiledKernel:
     ptxas_log: str
 
 
-def _run(cmd: list[str], what: str, source: str | None = None) -> subprocess.CompletedProcess:
+class ToolchainRejected(ToolchainError, InternalError):
+    """nvcc or ptxas rejected the code kfc generated: a bug in kfc's code generation."""
+
+
+# nvcc: `kernel.cu(45): error: ...`; ptxas: `ptxas kernel.ptx, line 12; error   : ...`
+_ERROR_LINE = re.compile(r"(\berror\b|\bfatal\b)", re.IGNORECASE)
+FIRST_ERRORS = 6
+
+
+def first_errors(log: str, names: dict[str, str]) -> str:
+    """The first error lines of a toolchain log (each with the line after it, nvcc's source
+    excerpt), with the temporary file names replaced by the kept copies' paths."""
+    lines = log.splitlines()
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        if _ERROR_LINE.search(line) and len(picked) < 2 * FIRST_ERRORS:
+            picked.append(line)
+            if i + 1 < len(lines) and not _ERROR_LINE.search(lines[i + 1]) and lines[i + 1].strip():
+                picked.append(lines[i + 1])
+    text = "\n".join(picked or lines[:2 * FIRST_ERRORS])
+    if not names:
+        return text
+    # one pass, longest name first: a kept path must not be rewritten again
+    pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.sub(pattern, lambda m: names[m.group(0)], text)
+
+
+def keep_failed(files: dict[str, str]) -> Path:
+    """Copy a failed build's sources to a folder that outlives it: KFC_DUMP_DIR, else a new
+    temporary folder."""
+    root = os.environ.get("KFC_DUMP_DIR")
+    if root:
+        base = Path(root)
+        base.mkdir(parents=True, exist_ok=True)
+        d = Path(tempfile.mkdtemp(prefix="failed-build-", dir=base))
+    else:
+        d = Path(tempfile.mkdtemp(prefix="kfc-failed-build-"))
+    for name, text in files.items():
+        (d / name).write_text(text)
+    return d
+
+
+def _run(cmd: list[str], what: str, sources: dict[Path, str]) -> subprocess.CompletedProcess:
+    """Run a toolchain step; on failure keep `sources` (path -> text) and report the first
+    errors at their places in the kept files."""
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
-        raise ToolchainError(f"{what} timed out after 300 s") from None
+        kept = keep_failed({p.name: t for p, t in sources.items()})
+        raise ToolchainRejected(f"{what} did not finish within 300 s on the generated kernel (kept in {kept})",
+                                hint="this is a bug in kfc's code generation; report it with the kept files") from None
     except OSError as e:
-        raise ToolchainError(f"cannot run {cmd[0]}: {e}") from None
+        raise ToolchainError(f"cannot run {cmd[0]}: {e}",
+                             hint="check the CUDA toolkit's installation, or point KFC_NVCC at a working nvcc") from None
     if r.returncode != 0:
-        log = (r.stderr or r.stdout).strip()
-        raise ToolchainError(f"{what} failed:\n{log[-4000:]}",
-                             hint="this is a bug in kfc's code generation; KFC_DUMP_DIR keeps the IR, and the .cu "
-                                  "is kept next to the outputs with --keep")
+        kept = keep_failed({p.name: t for p, t in sources.items()})
+        names = {str(p): str(kept / p.name) for p in sources}
+        names.update({p.name: str(kept / p.name) for p in sources})
+        log = (r.stderr + "\n" + r.stdout).strip()
+        raise ToolchainRejected(f"{what} rejected the generated kernel (kept in {kept}):\n"
+                                f"{first_errors(log, names)}",
+                                hint=f"this is a bug in kfc's code generation; report it with the files in {kept}")
     return r
 
 
@@ -136,7 +186,9 @@ def compile_cuda(cu: str, arch: str, toolchain: Toolchain | None = None, extra_f
         ptx_path = Path(d) / "kernel.ptx"
         cubin_path = Path(d) / "kernel.cubin"
         _run([tc.nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={compute}", "-o", str(ptx_path), str(src),
-              *extra_flags], "nvcc (CUDA C++ to PTX)")
-        r = _run([tc.ptxas, "-v", "-O3", f"-arch={arch}", "-o", str(cubin_path), str(ptx_path)], "ptxas (PTX to cubin)")
+              *extra_flags], "nvcc (CUDA C++ to PTX)", {src: cu})
+        ptx = ptx_path.read_text()
+        r = _run([tc.ptxas, "-v", "-O3", f"-arch={arch}", "-o", str(cubin_path), str(ptx_path)], "ptxas (PTX to cubin)",
+                 {src: cu, ptx_path: ptx})
         log = (r.stdout + r.stderr).strip()
-        return CompiledKernel(cu, ptx_path.read_text(), cubin_path.read_bytes(), arch, parse_ptxas_report(log), log)
+        return CompiledKernel(cu, ptx, cubin_path.read_bytes(), arch, parse_ptxas_report(log), log)

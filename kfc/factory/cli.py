@@ -6,11 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import cli_args
+from ..cli_args import float_in, int_in
 from ..files import write_atomically
 
 
-def add_tune_command(subparsers, parse_shape, parse_dtypes) -> argparse.ArgumentParser:
-    """Add `kfc tune` to the `kfc` parser's subparsers (shape and dtype parsers are the CLI's)."""
+def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags) -> argparse.ArgumentParser:
+    """Add `kfc tune` to the `kfc` parser's subparsers (the shape, dtype and reference-limit
+    options are the CLI's)."""
     t = subparsers.add_parser(
         "tune", help="search pass pipelines on the GPU; every candidate gated, timed and recorded",
         description="Rounds of propose -> apply passes (verified) -> compile (in parallel on the CPU cores) -> gate "
@@ -24,17 +27,22 @@ def add_tune_command(subparsers, parse_shape, parse_dtypes) -> argparse.Argument
                "  kfc compile kernels/rmsnorm.kfc --from-kb --shape N=4096     # reuse the best recorded pipeline",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("file", help="a .kfc file of a row op")
-    t.add_argument("--target", default="sm_90a", metavar="SM", help="the target (the GPU must be of its family)")
-    t.add_argument("--budget", type=int, default=32, help="candidates per shape, the baseline not counted (32)")
+    t.add_argument("--target", type=cli_args.target, default="sm_90a", metavar="SM",
+                   help="sm_90, sm_90a, sm_100, sm_100a (the GPU must be of its family; default sm_90a)")
+    t.add_argument("--budget", type=int_in(1, 100000), default=32,
+                   help="candidates per shape, the baseline not counted (1 to 100000; default 32)")
     t.add_argument("--shape", type=parse_shape, action="append", metavar="M=..,N=..",
                    help="a shape to tune at (repeatable; default: the check block's first shape)")
     t.add_argument("--dtype", type=parse_dtypes, metavar="T=bf16", help="bind the op's type parameters")
     t.add_argument("--policy", choices=["search", "claude"], default="search",
                    help="search: offline, the knowledge base as prior (default); claude: needs ANTHROPIC_API_KEY")
     t.add_argument("--kb", metavar="PATH", help="the knowledge base (default $KFC_KB or ~/.cache/kfc/kb.sqlite)")
-    t.add_argument("--gpus", metavar="LIST", help="GPU indices to use, e.g. 0,1 (default: every visible GPU)")
-    t.add_argument("--seed", type=int, default=0, help="the search policy's random seed")
-    t.add_argument("--timeout", type=float, default=300.0, help="seconds before a candidate counts as hung")
+    t.add_argument("--gpus", type=cli_args.gpu_list, metavar="LIST",
+                   help="GPU indices to use, e.g. 0,1 (default: every visible GPU)")
+    t.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="the search policy's random seed (0 or more)")
+    t.add_argument("--timeout", type=float_in(0.0, 86400.0), default=300.0,
+                   help="seconds before a candidate counts as hung (default 300)")
+    add_reference_flags(t)
     t.add_argument("-o", "--output", metavar="DIR", help="where the best kernels go (default kfc-out/tune)")
     t.set_defaults(run=cmd_tune)
 
@@ -112,9 +120,9 @@ def _report_shape(console, r, target) -> None:
     console.print(f"  best pipeline: {r.best.proposal.pipeline}")
 
 
-def _visible_gpus(spec: str | None) -> list[str]:
+def _visible_gpus(spec: list[str] | None) -> list[str]:
     if spec:
-        return [g.strip() for g in spec.split(",") if g.strip()]
+        return list(spec)
     try:
         import torch
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -87,11 +88,31 @@ class GpuWorker:
             self.proc.wait()
         self.proc = None
 
+    def exit_description(self) -> str:
+        """How the worker ended: its exit status or the signal that killed it. The pipe closes a
+        moment before the process is reaped, so this waits for it."""
+        try:
+            code = self.proc.wait(timeout=30) if self.proc else None
+        except subprocess.TimeoutExpired:
+            return "closed its output but did not exit"
+        if code is not None and code < 0:
+            try:
+                return f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with status {code}"
+
     def run(self, job: dict) -> GateResult:
         if self.proc is None or self.proc.poll() is not None:
             self.start()
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            how = self.exit_description()
+            self.stop()
+            return GateResult(Stage.COMPILED, f"crashed: the GPU worker {how} before taking the job; restarted",
+                              "worker")
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
@@ -101,10 +122,9 @@ class GpuWorker:
                 return GateResult(Stage.COMPILED, f"hung: no result within {self.timeout_s:.0f} s; the worker was "
                                   "killed and restarted", "worker")
             if line is None:
-                code = self.proc.poll() if self.proc else None
+                how = self.exit_description()
                 self.stop()
-                return GateResult(Stage.COMPILED, f"crashed: the GPU worker exited with status {code}; restarted",
-                                  "worker")
+                return GateResult(Stage.COMPILED, f"crashed: the GPU worker {how}; restarted", "worker")
             try:
                 d = json.loads(line)
             except ValueError:

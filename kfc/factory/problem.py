@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..check.runner import reference_fn, scalar_default
+from ..check.runner import require_reference, run_reference, scalar_default
+from ..check.sandbox import Limits, shared_sandbox
 from ..frontend.spec import CheckSpec, OpSpec
 from ..ir.dtypes import dtype_of_torch
 from ..ir.types import MemSpace, bind_dim
@@ -54,12 +55,15 @@ def _draw(name: str, args: tuple, shape: tuple[int, ...], dtype, dims: dict[str,
     return x.to(dtype)
 
 
-def op_problem(spec: OpSpec, device: str = "cuda") -> Problem:
+def op_problem(spec: OpSpec, device: str = "cuda", limits: Limits | None = None) -> Problem:
+    """The gate's view of `spec` with inputs drawn on `device`. The reference runs in its own
+    child process (kfc.check.sandbox), reading GPU inputs in place through CUDA IPC."""
     import torch
 
     func = spec.func
     check = spec.check or CheckSpec()
-    ref_fn = reference_fn(spec)
+    require_reference(spec)
+    sandbox = shared_sandbox(limits, "cuda" if torch.device(device).type == "cuda" else "cpu")
     tensors = [v for v in func.inputs if v.ttype.space is not MemSpace.REG]
 
     def shape_of(v, dims):
@@ -91,9 +95,7 @@ def op_problem(spec: OpSpec, device: str = "cuda") -> Problem:
     def reference(*inputs) -> tuple:
         args = dict(zip(func.input_names, inputs))
         dims = _dims_of(func, args)
-        with torch.no_grad():
-            out = ref_fn({**dims, **args, "__args__": args})
-        out = out if isinstance(out, (tuple, list)) else (out,)
+        out = run_reference(spec, args, dims, sandbox=sandbox)
         return tuple(torch.as_tensor(o).float() for o in out)
 
     def tolerance(out) -> float:

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..diagnostics import KfcError, read_source
 from ..ir.func import FuncOp
 from ..ir.parser import parse_ir
 from ..ir.verifier import verify
-from .spec import CheckSpec, MetricSpec, OpSpec, load_kfc, parse_kfc
+from .spec import CheckSpec, MetricSpec, OpSpec, load_kfc, looks_like_ir, parse_kfc
 
 __all__ = ["CheckSpec", "MetricSpec", "OpSpec", "load_kfc", "parse_kfc", "load_func", "is_ir_text"]
 
 
-def is_ir_text(text: str) -> bool:
-    """IR text starts (after comments) with `kfc.func`; `.kfc` source with `op`."""
-    body = re.sub(r"(//|#)[^\n]*", "", text).lstrip()
-    return body.startswith("kfc.func")
+is_ir_text = looks_like_ir
 
 
 def load_func(path: str | Path, dtypes: dict[str, str] | None = None) -> tuple[FuncOp, OpSpec | None]:
     """Read a `.kfc` file or IR text; return the verified function and, for `.kfc`, its spec."""
-    text = read_source(path, "a .kfc file or of IR text")
+    text = read_source(path, "a .kfc file or IR text")
     if is_ir_text(text):
         if dtypes:
             raise KfcError("--dtype applies to .kfc files; IR text has its types fixed")

@@ -69,6 +69,7 @@ class Lowerer:
         self.symbols: dict[str, Span] = {}
         self.params: dict[str, Value] = {}
         self.param_spans: dict[str, Span] = {}
+        self.type_spans: dict[str, Span] = {}   # parameter -> where its type is written
         self.outputs: set[str] = set()
 
     # --- errors -------------------------------------------------------------------------------
@@ -150,6 +151,7 @@ class Lowerer:
                         raise self.err(default, f"the default of {pname} is {dv}, but {pname} is {t.dtype}",
                                        f"give an integer default, or declare {pname}: f32")
             self.param_spans[str(pname)] = self.span(p)
+            self.type_spans[str(pname)] = self.span(tspec)
         for n in seen:
             if n in self.symbols:
                 raise self.err(seen[n], f"{n} names both a parameter and a shape dimension",
@@ -171,7 +173,7 @@ class Lowerer:
                            f"op {name_tok} has no outputs", "declare what it writes after '->', e.g. -> (y: f32[N])")
         self.outputs = {n for n, _ in outputs}
         with self.b.at(self.span(node)):
-            with self.b.func(str(name_tok), inputs, outputs, defaults) as f:
+            with self.b.func(str(name_tok), inputs, outputs, defaults, self.type_spans) as f:
                 for v in f.args:
                     self.params[v.name] = v
                 self.frames.append(_Frame("func"))
@@ -203,13 +205,18 @@ class Lowerer:
             if d is None:
                 continue
             if d.data == "lit_dim":
-                shape.append(int(d.children[0]))
+                n = int(d.children[0])
+                if not 1 <= n <= MAX_DIM:
+                    raise self.err(d, f"a dim of {_shorten(str(n))} is out of range", "dims are from 1 to 2**62")
+                shape.append(n)
                 continue
             sym = str(d.children[0])
             if sym in KEYWORDS or self.dtype_named(sym) is not None:
                 raise self.err(d, f"'{sym}' cannot name a dimension")
             self.symbols.setdefault(sym, self.span(d))
             off = 0 if d.data == "sym_dim" else int(d.children[1]) * (1 if d.data == "add_dim" else -1)
+            if abs(off) > MAX_DIM:
+                raise self.err(d, f"the offset {_shorten(str(off))} is out of range", "dim offsets are at most 2**62")
             shape.append(SymDim(sym, off))
         return TensorType(dtype, tuple(shape), MemSpace.GLOBAL, optional=opt is not None)
 
@@ -227,10 +234,9 @@ class Lowerer:
             raise self.err(node, str(e), "a default is a number or an expression of dims, e.g. K ** -0.5") from None
         return text
 
-    @staticmethod
-    def number(node):
-        tok = node.children[0]
-        return int(tok) if node.data == "int_lit" else float(tok)
+    def number(self, node):
+        """A literal as a Python number (the checks of `_value`: 64-bit integers, finite floats)."""
+        return self._value(node)
 
     # --- scopes -------------------------------------------------------------------------------
     def lookup(self, name: str, node):
@@ -405,7 +411,11 @@ class Lowerer:
     def _value(self, node):
         kind = node.data if isinstance(node, lark.Tree) else None
         if kind == "int_lit":
-            return int(node.children[0])
+            value = int(node.children[0])
+            if value >= constexpr.INT_LIMIT:
+                raise self.err(node, f"the integer {_shorten(str(node.children[0]))} does not fit in 64 bits",
+                               "integers in kfc are at most 2**63 - 1; write a float (1e30) for a large number")
+            return value
         if kind == "float_lit":
             value = float(node.children[0])
             if math.isinf(value):
@@ -462,15 +472,33 @@ class Lowerer:
         raise self.err(node, f"unsupported expression ({kind})")
 
     def binop(self, node):
+        """A chain `a + b - c ...` is a left spine of binary nodes: walked in a loop, so a flat
+        sum of any length lowers without deep recursion."""
+        spine = []
+        while isinstance(node, lark.Tree) and node.data in _BINOPS:
+            spine.append(node)
+            node = node.children[0]
+        acc = self.value(node)
+        for step in reversed(spine):
+            b = self.value(step.children[1])
+            try:
+                with self.b.at(self.span(step)):
+                    acc = self.binop_of(step, acc, b)
+            except BuildError as e:
+                raise KfcError(e.message, e.span or self.span(step), e.hint) from None
+        return acc
+
+    def binop_of(self, node, a, b):
         kind = node.data
-        a, b = (self.value(c) for c in node.children)
         if _is_num(a) and _is_num(b):
             if kind == "truediv" and isinstance(a, int) and isinstance(b, int):
                 raise self.err(node, "'/' of two integers", "use // for integer division")
             try:
-                return _BINOP_PY[kind](a, b)
+                return constexpr.checked(_BINOP_PY[kind](a, b))
             except ZeroDivisionError:
                 raise self.err(node, "division by zero in a constant") from None
+            except OverflowError:
+                raise self.err(node, "this constant does not fit in 64 bits (or overflows a float)") from None
         fn = _BINOPS[kind]
         if kind in ("truediv", "floordiv"):
             dts = [x.ttype.dtype for x in (a, b) if isinstance(x, Value)]
@@ -488,7 +516,12 @@ class Lowerer:
         a = self.value(base)
         e = self.value(exp)
         if _is_num(a) and _is_num(e):
-            return a ** e
+            try:
+                return constexpr.power(a, e)
+            except (OverflowError, ValueError) as err:
+                raise self.err(node, f"this constant cannot be computed: {err}") from None
+            except ZeroDivisionError:
+                raise self.err(node, "0 to a negative power in a constant") from None
         with self.b.at(self.span(node)):
             if _is_num(e):
                 # exact and cheaper forms for the exponents people write
@@ -685,28 +718,43 @@ class Lowerer:
         raise self.err(node, "dtype= takes a dtype name", f"one of {', '.join(DTYPE_NAMES)}")
 
 
+MAX_DIM = 2**62
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, Value)
 
 
 def _affine(node):
     """An expression as ({atom: coefficient}, constant), or None when it is not linear.
-    Atoms are names; anything else non-constant makes it non-affine."""
+    Atoms are names; anything else non-constant makes it non-affine. A chain of + and - is
+    walked in a loop (its length is unbounded)."""
     if not isinstance(node, lark.Tree):
         return None
+    if node.data in ("add", "sub"):
+        spine = []
+        while isinstance(node, lark.Tree) and node.data in ("add", "sub"):
+            spine.append(node)
+            node = node.children[0]
+        acc = _affine(node)
+        for step in reversed(spine):
+            b = _affine(step.children[1])
+            if acc is None or b is None:
+                return None
+            sign = 1 if step.data == "add" else -1
+            terms = dict(acc[0])
+            for k, v in b[0].items():
+                terms[k] = terms.get(k, 0) + sign * v
+            acc = (terms, acc[1] + sign * b[1])
+        return acc
     if node.data == "int_lit":
         return {}, int(node.children[0])
     if node.data == "name":
         return {str(node.children[0]): 1}, 0
-    if node.data in ("add", "sub"):
-        a, b = _affine(node.children[0]), _affine(node.children[1])
-        if a is None or b is None:
-            return None
-        sign = 1 if node.data == "add" else -1
-        terms = dict(a[0])
-        for k, v in b[0].items():
-            terms[k] = terms.get(k, 0) + sign * v
-        return terms, a[1] + sign * b[1]
     if node.data == "mul":
         a, b = _affine(node.children[0]), _affine(node.children[1])
         if a is None or b is None:
@@ -719,12 +767,32 @@ def _affine(node):
     if node.data == "neg":
         a = _affine(node.children[0])
         return None if a is None else ({k: -v for k, v in a[0].items()}, -a[1])
-    # an opaque subexpression (a load, a call) counts as one atom, keyed by its shape in the tree
-    return {repr(node): 1}, 0
+    # an opaque subexpression (a load, a call) counts as one atom, keyed by its structure
+    return {_tree_key(node): 1}, 0
+
+
+def _tree_key(node) -> str:
+    """The structure of a parse tree as text (built in a loop: equal subtrees, equal keys)."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, lark.Tree):
+            out.append(f"({n.data}")
+            stack.append(")")
+            stack.extend(reversed(n.children))
+        elif n is None:
+            out.append(" _")
+        elif isinstance(n, str) and n == ")" and not isinstance(n, lark.Token):
+            out.append(")")
+        else:
+            out.append(f" {n.type}:{n}" if isinstance(n, lark.Token) else f" {n}")
+    return "".join(out)
 
 
 _BINOPS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "div", "mod": "rem",
            "and_": "and", "or_": "or"}
+# the left-associative chains the lowering walks in a loop (they do not count as nesting)
+NESTING_CHAINS = frozenset(_BINOPS)
 _BINOP_PY: dict[str, Callable] = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "truediv": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,

@@ -11,12 +11,13 @@ import attrs
 import lark
 
 from ..diagnostics import KfcError, Span, read_source, register_source
-from ..grammar_files import lalr_parser, syntax_error
+from ..grammar_files import check_nesting, lalr_parser, syntax_error
 from ..ir import constexpr
 from ..ir.dtypes import DTYPE_NAMES, parse_dtype
 from ..ir.func import FuncOp
+from ..ir.specialize import check_dims
 from ..ir.types import MemSpace
-from .lower import Lowerer, span_of
+from .lower import NESTING_CHAINS, Lowerer, span_of
 
 GRAMMAR = "kfc.lark"
 METRICS = ("time", "bandwidth", "flops")
@@ -109,6 +110,7 @@ def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = No
         raise syntax_error(e, parser, file, text) from None
     except lark.exceptions.VisitError as e:  # pragma: no cover - no callbacks are registered
         raise KfcError(str(e.orig_exc), None) from None
+    check_nesting(tree, file, NESTING_CHAINS)
     op_node, *sections = tree.children
     lowerer = Lowerer(file, text, dtypes)
     func = lowerer.lower_op(op_node)
@@ -119,7 +121,18 @@ def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = No
 
 
 def load_kfc(path: str | Path, dtypes: dict[str, str] | None = None) -> OpSpec:
-    return parse_kfc(read_source(path), str(path), dtypes)
+    text = read_source(path)
+    if looks_like_ir(text):
+        raise KfcError(f"{path} is IR text (it starts with kfc.func), not a .kfc op description",
+                       hint="this command needs the op's .kfc source (with its check block); only kfc opt reads "
+                            "IR text")
+    return parse_kfc(text, str(path), dtypes)
+
+
+def looks_like_ir(text: str) -> bool:
+    """IR text starts (after comments) with `kfc.func`; `.kfc` source with `op`."""
+    body = re.sub(r"(//|#)[^\n]*", "", text).lstrip()
+    return body.startswith("kfc.func")
 
 
 class _Sections:
@@ -130,6 +143,9 @@ class _Sections:
 
     def err(self, node, message: str, hint: str | None = None) -> KfcError:
         return KfcError(message, span_of(self.file, node), hint)
+
+    def string(self, tok) -> str:
+        return _string(tok, self.file)
 
     def build(self, sections) -> OpSpec:
         check, metric, targets = None, MetricSpec(), ()
@@ -154,7 +170,7 @@ class _Sections:
             raise self.err(name, f"unknown metric '{name}'", f"metrics are {', '.join(METRICS)}")
         text = None
         if formula is not None:
-            text = _string(formula)
+            text = self.string(formula)
             try:
                 unknown = constexpr.symbols_of(text) - self.symbols
             except constexpr.ConstExprError as e:
@@ -196,14 +212,17 @@ class _Sections:
     def check_reference(self, node):
         if node.data != "c_string":
             raise self.err(node, "reference must be a string", 'e.g. reference = "torch.softmax(x.float(), -1)"')
-        text = _string(node.children[0])
+        text = self.string(node.children[0])
         span = span_of(self.file, node)
         spec = CheckSpec(reference=text)
         if not spec.reference_is_function:
             try:
-                compile(text, "<reference>", "eval")
+                compile(text, "<reference>", "eval")  # compiled only: it runs where a command says so
             except SyntaxError as e:
                 raise KfcError(f"the reference is not a valid Python expression: {e.msg}", span,
+                               "write a torch expression over the input names, or \"package.module:function\"") from None
+            except (ValueError, RecursionError, MemoryError, OverflowError) as e:
+                raise KfcError(f"the reference is not a valid Python expression ({type(e).__name__}: {e})", span,
                                "write a torch expression over the input names, or \"package.module:function\"") from None
         return text, span
 
@@ -221,7 +240,7 @@ class _Sections:
                 if pair is None:
                     continue
                 k, v = pair.children
-                name = _string(k) if k.type == "STRING" else str(k)
+                name = self.string(k) if k.type == "STRING" else str(k)
                 if name not in self.symbols:
                     raise self.err(k, f"'{name}' is not a dimension of {self.func.sym_name}",
                                    f"its dimensions are {', '.join(self.func.symbols) or 'none'}")
@@ -234,6 +253,7 @@ class _Sections:
             if missing:
                 raise self.err(case, f"this shape does not give {', '.join(missing)}",
                                f"every case sizes all dimensions: {', '.join(self.func.symbols)}")
+            check_dims(self.func, d, f"check shape {len(out)}")
             out.append(d)
         return tuple(out)
 
@@ -245,7 +265,7 @@ class _Sections:
             if pair is None:
                 continue
             k, v = pair.children
-            name = _string(k) if k.type == "STRING" else str(k)
+            name = self.string(k) if k.type == "STRING" else str(k)
             if parse_dtype(name) is None:
                 close = difflib.get_close_matches(name, list(DTYPE_NAMES), 1, 0.5)
                 raise self.err(k, f"unknown dtype '{name}' in tolerance",
@@ -280,7 +300,7 @@ class _Sections:
             if pair is None:
                 continue
             k, v = pair.children
-            name = _string(k) if k.type == "STRING" else str(k)
+            name = self.string(k) if k.type == "STRING" else str(k)
             if name not in inputs:
                 raise self.err(k, f"'{name}' is not a tensor input of {self.func.sym_name}",
                                f"its tensor inputs are {', '.join(inputs)}")
@@ -314,7 +334,11 @@ class _Sections:
         return value
 
 
-def _string(tok) -> str:
+def _string(tok, file: str) -> str:
     import ast
 
-    return ast.literal_eval(str(tok))
+    try:
+        return ast.literal_eval(str(tok))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        raise KfcError(f"this string does not read: {getattr(e, 'msg', None) or e}", span_of(file, tok),
+                       "write a plain string; backslash escapes follow Python's rules") from None

@@ -117,8 +117,9 @@ class Builder:
     # --- functions and loops ------------------------------------------------------------
     @contextlib.contextmanager
     def func(self, name: str, inputs: Sequence[tuple[str, TensorType]], outputs: Sequence[tuple[str, TensorType]],
-             defaults: dict[str, object] | None = None) -> Iterator["FuncFrame"]:
-        frame = FuncFrame([Value(t, n) for n, t in list(inputs) + list(outputs)])
+             defaults: dict[str, object] | None = None, locs: dict[str, Span] | None = None) -> Iterator["FuncFrame"]:
+        locs = locs or {}
+        frame = FuncFrame([Value(t, n, locs.get(n)) for n, t in list(inputs) + list(outputs)])
         self._blocks.append([])
         try:
             yield frame

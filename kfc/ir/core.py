@@ -22,6 +22,7 @@ class Value:
 
     type: Type
     name: str | None = None
+    loc: Span | None = None  # where a function argument's type is written (for errors about its dims)
 
     @property
     def ttype(self) -> TensorType:

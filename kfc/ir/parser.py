@@ -8,7 +8,7 @@ import math
 import lark
 
 from ..diagnostics import KfcError, Span, register_source
-from ..grammar_files import lalr_parser, syntax_error
+from ..grammar_files import check_nesting, lalr_parser, syntax_error
 from .core import OP_REGISTRY, Block, Value
 from .dtypes import parse_dtype
 from .func import FuncOp
@@ -53,14 +53,15 @@ class IRParser:
             tree = parser.parse(self.text)
         except lark.exceptions.UnexpectedInput as e:
             raise syntax_error(e, parser, self.file, self.text) from None
+        check_nesting(tree, self.file)
         return self.func(tree.children[0])
 
     # --- values -----------------------------------------------------------------------------
-    def define(self, scope: _Scope, tok: lark.Token, type_) -> Value:
+    def define(self, scope: _Scope, tok: lark.Token, type_, loc: Span | None = None) -> Value:
         name = str(tok)[1:]
         if name in scope.values:
             raise KfcError(f"value %{name} is defined twice", _span(self.file, tok), "give each value its own name")
-        v = Value(type_, name)
+        v = Value(type_, name, loc)
         scope.values[name] = v
         return v
 
@@ -80,7 +81,7 @@ class IRParser:
         args, defaults = [], []
         for p in params_in + params_out:
             vtok, tnode, default = p.children
-            v = self.define(scope, vtok, self.type(tnode))
+            v = self.define(scope, vtok, self.type(tnode), _span(self.file, tnode))
             args.append(v)
             if default is not None:
                 if p in params_out:

@@ -45,7 +45,11 @@ def output_shape(t, dims: dict[str, int]) -> tuple[int, ...]:
         if isinstance(d, SymDim):
             if d.name not in dims:
                 raise KfcError(f"cannot size an output: symbol {d.name} is not bound by any input")
-            out.append(dims[d.name] + d.offset)
+            n = dims[d.name] + d.offset
+            if n < 0:
+                raise KfcError(f"cannot size an output: its dim {d} would be {n} at {d.name}={dims[d.name]}",
+                               hint=f"pass inputs with {d.name} >= {-d.offset}")
+            out.append(n)
         else:
             out.append(d)
     return tuple(out)

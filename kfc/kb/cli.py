@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import cli_args
 from ..diagnostics import KfcError
 from ..files import write_atomically
 
@@ -26,27 +27,6 @@ examples:
   kfc kb plot -o convergence.png             best-so-far time against candidate number, per run
   kfc compile kernels/rmsnorm.kfc -p "$(kfc kb best kernels/rmsnorm.kfc --target sm_90a --shape N=4096 --pipeline-only)"
 """
-
-
-def _shape(text: str) -> dict[str, int]:
-    out = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        name, value = name.strip(), value.strip()
-        if not name or not value.isdigit() or int(value) < 1:
-            raise argparse.ArgumentTypeError(f"bad shape {text!r}: write NAME=VALUE[,NAME=VALUE...], e.g. N=4096")
-        out[name] = int(value)
-    return out
-
-
-def _dtypes(text: str) -> dict[str, str]:
-    out = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        if not name.strip() or not value.strip():
-            raise argparse.ArgumentTypeError(f"bad --dtype {text!r}: write T=f16")
-        out[name.strip()] = value.strip()
-    return out
 
 
 def _sub(sub, name: str, help: str, description: str, example: str) -> argparse.ArgumentParser:
@@ -73,9 +53,9 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
              "16-hex-digit fingerprint, or an op name in the knowledge base. Exit status 1 when none is known.",
              "kfc kb best kernels/rmsnorm.kfc --target sm_90a --shape N=4096 --pipeline-only")
     b.add_argument("op", metavar="OP.kfc|FINGERPRINT|NAME", help="the op")
-    b.add_argument("--target", metavar="SM", help="only this target, e.g. sm_90a")
-    b.add_argument("--shape", type=_shape, metavar="N=..", help="only this shape (every dim the run recorded)")
-    b.add_argument("--dtype", type=_dtypes, metavar="T=f16", help="bind the .kfc file's type parameters")
+    b.add_argument("--target", type=cli_args.target, metavar="SM", help="only this target, e.g. sm_90a")
+    b.add_argument("--shape", type=cli_args.shape, metavar="N=..", help="only this shape (every dim the run recorded)")
+    b.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the .kfc file's type parameters")
     b.add_argument("--pipeline-only", action="store_true",
                    help="print only the pipeline (exactly one target and shape must match)")
     b.set_defaults(run=cmd_best)
@@ -84,10 +64,10 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
              "List candidates, oldest first: id, run, proposer, the stage reached (pending: no outcome yet), "
              "median time, speedup over the default pipeline, the pipeline and the error.",
              "kfc kb show --run 3        or   kfc kb show --op rmsnorm --target sm_90a --limit 20")
-    s.add_argument("--run", type=int, dest="run_id", metavar="ID", help="only this run's candidates")
+    s.add_argument("--run", type=cli_args.int_in(1), dest="run_id", metavar="ID", help="only this run's candidates")
     s.add_argument("--op", metavar="NAME", help="only this op's (a name or a fingerprint)")
-    s.add_argument("--target", metavar="SM", help="only this target")
-    s.add_argument("--limit", type=int, metavar="N", help="only the newest N")
+    s.add_argument("--target", type=cli_args.target, metavar="SM", help="only this target, e.g. sm_90a")
+    s.add_argument("--limit", type=cli_args.int_in(1), metavar="N", help="only the newest N (1 or more)")
     s.set_defaults(run=cmd_show)
 
     r = _sub(sub, "runs", "a table of runs: op, target, shape, policy, status, best",
@@ -113,7 +93,7 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
               "Draw, for each run (all of them, or those given), the best time (or speedup) found so far against "
               "the number of candidates tried, one line per run with a legend. Writes a PNG atomically.",
               "kfc kb plot --run 3 --run 4 --metric speedup -o convergence.png")
-    pl.add_argument("--run", type=int, action="append", dest="run_ids", metavar="ID",
+    pl.add_argument("--run", type=cli_args.int_in(1), action="append", dest="run_ids", metavar="ID",
                     help="plot this run (repeatable; default all)")
     pl.add_argument("--op", metavar="NAME", help="only this op's runs (a name or a fingerprint)")
     pl.add_argument("--metric", choices=("time", "speedup"), default="time",

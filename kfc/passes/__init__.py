@@ -3,7 +3,7 @@
 from . import canonicalize, cse, dce, lower_ptx, lower_reductions, tile  # noqa: F401 - registration
 from .base import PASSES, Pass, PassError, register_pass
 from .manager import PassContext, PassManager, VerifyEach
-from .pipeline import Pipeline, parse_pipeline
+from .pipeline import Pipeline, parse_pipeline, parse_user_pipeline
 
 ROW_PIPELINE = "canonicalize,cse,dce,tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
 
@@ -16,4 +16,4 @@ def default_pipeline(kind: str) -> str:
 
 
 __all__ = ["PASSES", "Pass", "PassError", "register_pass", "PassContext", "PassManager", "VerifyEach", "Pipeline",
-           "parse_pipeline", "default_pipeline", "ROW_PIPELINE"]
+           "parse_pipeline", "parse_user_pipeline", "default_pipeline", "ROW_PIPELINE"]

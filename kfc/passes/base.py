@@ -10,7 +10,8 @@
         def run(self, func, ctx): ...      # returns a new FuncOp
 
 Options print and parse losslessly as `tile{rows=2,vec=8}`; only options that differ from their
-default are printed.
+default are printed. Each option declares its allowed values with `option(...)`: a value outside
+them is refused with a message that names them (in a pipeline string and in Python alike).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from ..diagnostics import KfcError
+from ..diagnostics import InternalError, KfcError
 from ..ir.func import FuncOp
 
 if TYPE_CHECKING:
@@ -38,6 +39,62 @@ def register_pass(cls: type["Pass"]) -> type["Pass"]:
 
 class PassError(KfcError):
     """A pass cannot apply (wrong IR, wrong target, bad options)."""
+
+
+class PassCrashed(PassError, InternalError):
+    """A pass raised something other than a KfcError: a bug in the pass."""
+
+
+@attrs.frozen
+class OptionRange:
+    """The values an option takes: listed `choices`, or integers from `lo` to `hi`, optionally
+    only 0 (choose automatically) and powers of two."""
+
+    choices: tuple | None = None
+    lo: int | None = None
+    hi: int | None = None
+    pow2: bool = False        # a power of two (or 0 when lo is 0: chosen by the pass)
+
+    def allows(self, v) -> bool:
+        if self.choices is not None:
+            return v in self.choices
+        if isinstance(v, bool) or not isinstance(v, int):
+            return False
+        if (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
+            return False
+        return not self.pow2 or v == 0 or v & (v - 1) == 0
+
+    def values(self) -> tuple | None:
+        """Every allowed value, when they are few enough to list."""
+        if self.choices is not None:
+            return self.choices
+        if self.pow2 and self.lo is not None and self.hi is not None:
+            out = [0] if self.lo == 0 else []
+            out += [1 << k for k in range(self.hi.bit_length()) if max(self.lo, 1) <= 1 << k <= self.hi]
+            return tuple(out)
+        return None
+
+    def describe(self) -> str:
+        listed = self.values()
+        if listed is not None:
+            return "|".join(format_option(v) for v in listed)
+        return f"{self.lo if self.lo is not None else '...'}..{self.hi if self.hi is not None else ''}"
+
+
+def option(default, *, choices=None, lo: int | None = None, hi: int | None = None, pow2: bool = False):
+    """A pass option with its allowed values (an attrs field whose validator enforces them)."""
+    allowed = OptionRange(tuple(choices) if choices is not None else None, lo, hi, pow2)
+
+    def validate(instance, attribute, value) -> None:
+        if not allowed.allows(value):
+            raise PassError(f"{type(instance).NAME}: {attribute.name}={format_option(value)} is not allowed",
+                            hint=f"{attribute.name} takes {allowed.describe()}")
+
+    return attrs.field(default=default, validator=validate, metadata={"range": allowed})
+
+
+def option_range(field: attrs.Attribute) -> OptionRange | None:
+    return field.metadata.get("range")
 
 
 @attrs.frozen
@@ -80,8 +137,8 @@ class Pass:
         parts = []
         for f in cls.option_fields():
             default = "" if f.default is attrs.NOTHING else f"={format_option(f.default)}"
-            allowed = getattr(f.validator, "options", None)
-            kind = "|".join(str(a) for a in allowed) if allowed else _type_name(f.type)
+            allowed = option_range(f)
+            kind = allowed.describe() if allowed else ("true|false" if f.type in (bool, "bool") else _type_name(f.type))
             parts.append(f"{f.name}: {kind}{default}")
         return ", ".join(parts)
 

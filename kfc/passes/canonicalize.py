@@ -17,7 +17,7 @@ from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.interpreter import Interpreter
 from ..ir.tile_ops import BINARY_CLASSES, BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, UnaryOp, WhereOp
-from .base import Pass, register_pass
+from .base import Pass, option, register_pass
 from .rewriter import PatternRewriter, RewritePattern, RewriteStats, apply_patterns_greedily
 
 # casts that lose nothing: going A -> B -> A returns exactly A's values
@@ -143,7 +143,7 @@ PATTERNS = (IdentityCast(), IdentityBroadcast(), WideningRoundTrip(), FoldConsta
 class Canonicalize(Pass):
     NAME: ClassVar[str] = "canonicalize"
     SUMMARY: ClassVar[str] = "fold constants, drop identity casts/broadcasts and neutral operands"
-    max_iterations: int = 16
+    max_iterations: int = option(16, lo=1, hi=1000)
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         stats = RewriteStats()

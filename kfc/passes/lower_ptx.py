@@ -27,7 +27,7 @@ from ..ir.ptx_ops import CACHE_HINTS, CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxO
 from ..ir.rewrite import ValueMap, rebuild_block
 from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
 from ..ir.types import TensorType
-from .base import Pass, PassError, register_pass
+from .base import Pass, PassError, option, register_pass
 from .rows import find_row_loop, row_dependent_values
 
 APPROX_MIN_TOLERANCE = 1e-5
@@ -47,9 +47,9 @@ def _hint(name: str, text: str) -> str:
 class LowerPtx(Pass):
     NAME: ClassVar[str] = "lower-ptx"
     SUMMARY: ClassVar[str] = "vector ld/st with cache hints, approximate rsqrt/exp, packed conversions"
-    approx: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
-    stream: str = attrs.field(default="cs", validator=attrs.validators.in_(HINT_NAMES))
-    store: str = attrs.field(default="cs", validator=attrs.validators.in_(HINT_NAMES))
+    approx: str = option("auto", choices=("auto", "on", "off"))
+    stream: str = option("cs", choices=HINT_NAMES)
+    store: str = option("cs", choices=HINT_NAMES)
 
     def run(self, func, ctx):
         if self.approx not in ("auto", "on", "off"):

@@ -13,12 +13,16 @@ from typing import Any, TextIO
 import attrs
 import numpy as np
 
-from ..diagnostics import KfcError, VerifyError
+from ..diagnostics import InternalError, KfcError, VerifyError
 from ..ir.func import FuncOp
 from ..ir.printer import print_ir
 from ..ir.verifier import verify
 from ..target import Target
-from .base import Pass, PassError
+from .base import PASSES, Pass, PassCrashed, PassError
+
+
+class PassBrokeIR(VerifyError, InternalError):
+    """The verifier rejected a pass's output: a bug in the pass."""
 from .pipeline import Pipeline
 
 
@@ -69,8 +73,22 @@ class PassManager:
                 raise PassError(f"pass {p.NAME} needs {', '.join(missing)}, which {t} ({t.family}) does not have",
                                 hint=_gating_hint(missing[0], t))
 
+    def check_print_requests(self) -> None:
+        """--print-ir-before/--print-ir-after name passes of this pipeline (a typo prints nothing)."""
+        names = [p.NAME for p in self.pipeline]
+        for flag, wanted in (("--print-ir-before", self.ctx.print_ir_before),
+                             ("--print-ir-after", self.ctx.print_ir_after)):
+            for name in sorted(wanted):
+                if name not in PASSES:
+                    raise PassError(f"{flag} {name}: there is no pass named {name!r}",
+                                    hint=f"the pipeline's passes are {', '.join(dict.fromkeys(names)) or 'none'}")
+                if name not in names:
+                    raise PassError(f"{flag} {name}: the pipeline {self.pipeline} has no {name} pass",
+                                    hint=f"its passes are {', '.join(dict.fromkeys(names)) or 'none'}")
+
     def run(self, func: FuncOp) -> FuncOp:
         self.check_target()
+        self.check_print_requests()
         self._dump(0, "input", func)
         for i, p in enumerate(self.pipeline, start=1):
             if p.NAME in self.ctx.print_ir_before:
@@ -81,13 +99,14 @@ class PassManager:
             except KfcError:
                 raise
             except Exception as e:  # noqa: BLE001 - a crashing pass is named, with its input dumped
-                raise PassError(f"pass {p} failed: {type(e).__name__}: {e}", func.loc,
-                                "rerun with KFC_DEBUG=1 for the traceback; KFC_DUMP_DIR keeps the IR it got") from e
+                raise PassCrashed(f"pass {p} failed: {type(e).__name__}: {e}", func.loc,
+                                  "this is a bug in the pass; rerun with KFC_DEBUG=1 for the traceback, and "
+                                  "KFC_DUMP_DIR keeps the IR it got") from e
             self.ctx.timings.append((str(p), time.perf_counter() - started))
             try:
                 verify(new)
             except VerifyError as e:
-                raise VerifyError(f"after pass {p}: {e.message}", e.span,
+                raise PassBrokeIR(f"after pass {p}: {e.message}", e.span,
                                   e.hint or f"the pass {p.NAME} produced invalid IR; this is a bug in the pass") from None
             if self.ctx.verify_each is not None:
                 self._verify_semantics(p, func, new)

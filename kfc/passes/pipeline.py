@@ -33,6 +33,14 @@ class Pipeline:
         return Pipeline(self.passes + other.passes)
 
 
+def parse_user_pipeline(text: str) -> Pipeline:
+    """A pipeline a user wrote (-p): its errors name the pipeline they are in."""
+    try:
+        return parse_pipeline(text)
+    except PassError as e:
+        raise PassError(f"in the pipeline {text.strip()!r}: {e.message}", e.span, e.hint) from None
+
+
 def parse_pipeline(text: str) -> Pipeline:
     passes = []
     pos = 0
@@ -62,6 +70,8 @@ def parse_pipeline(text: str) -> Pipeline:
                 kwargs[key] = convert_option(cls, key, value)
         try:
             passes.append(cls(**kwargs))
+        except PassError:
+            raise
         except (TypeError, ValueError) as e:
             raise PassError(f"bad options for pass {name}: {e}", hint=f"its options: {cls.describe_options()}") from None
         pos = m.end()

@@ -48,6 +48,9 @@ def row_length(loop: Op, func: FuncOp) -> int:
                             "the row passes do not handle nested loops yet")
         if not isinstance(op, ROW_OPS) and not op.NAME.startswith(("gpu.", "ptx.")):
             raise PassError(f"{op.NAME} is not supported in a row program", op.loc)
+        if isinstance(op, ReduceOp) and op.keepdims:
+            raise PassError("a reduction with keepdims=true keeps the reduced axis; a row program reduces a row "
+                            "to a scalar", op.loc, "drop keepdims: the scalar broadcasts over the row as it is")
         for v in op.results:
             t = v.type
             if not isinstance(t, TensorType) or t.layout is not None and t.layout.kind == "lanes":
@@ -61,7 +64,7 @@ def row_length(loop: Op, func: FuncOp) -> int:
                     raise PassError(f"the row length {n} is symbolic; the row passes need it fixed", op.loc,
                                     f"specialise it, e.g. kfc compile --shape {n}=4096")
                 lengths.setdefault(n, op.loc)
-        if isinstance(op, ReduceOp) and (op.operands[0].ttype.rank != 1 or op.keepdims):
+        if isinstance(op, ReduceOp) and op.operands[0].ttype.rank != 1:
             raise PassError("row programs reduce a whole row to a scalar", op.loc)
     if len(lengths) > 1:
         a, b = sorted(lengths)[:2]

@@ -28,7 +28,7 @@ from ..ir.gpu_ops import LaunchOp, row_layout
 from ..ir.rewrite import ValueMap
 from ..ir.tile_ops import LoadOp, StoreOp
 from ..ir.types import MemSpace, TensorType
-from .base import Pass, PassError, register_pass
+from .base import Pass, PassError, option, register_pass
 from .rows import find_row_loop, row_length
 
 # Bytes of each row a thread holds: enough independent 16-byte loads in flight to cover memory
@@ -91,11 +91,11 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
 class Tile(Pass):
     NAME: ClassVar[str] = "tile"
     SUMMARY: ClassVar[str] = "map the row loop onto CTAs, threads, vectors and clusters"
-    rows: int = 0
-    threads: int = 0
-    vec: int = 0
-    cluster: int = 0
-    persistent: bool = False
+    rows: int = option(0, lo=0, hi=1024)
+    threads: int = option(0, lo=0, hi=1024, pow2=True)
+    vec: int = option(0, lo=0, hi=16, pow2=True)
+    cluster: int = option(0, lo=0, hi=MAX_CLUSTER, pow2=True)
+    persistent: bool = option(False, choices=(False, True))
 
     def required_features(self) -> frozenset[str]:
         return frozenset({"cluster", "dsmem", "mbarrier"}) if self.cluster > 1 else frozenset()

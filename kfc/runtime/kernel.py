@@ -218,9 +218,9 @@ class KfcKernel:
                 values.append(float(value) if "float" in p["ctype"] or "double" in p["ctype"] else int(value))
                 types.append(CTYPES[p["ctype"]])
             else:
-                values.append(int(dims[p["name"][4:]]))
+                values.append(int(dims[p["name"]]))
                 types.append(CTYPES["long long"])
-        rows = int(eval(launch["rows"], {"__builtins__": {}}, dict(dims)))  # noqa: S307 - our own formula
+        rows = int(constexpr.evaluate(launch["rows"], dims))
         if rows <= 0:
             return
         ctas = math.ceil(rows / launch["rows_per_cta"])

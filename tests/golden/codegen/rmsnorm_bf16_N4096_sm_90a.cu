@@ -40,7 +40,7 @@ static __device__ __forceinline__ long long kfc_floormod(long long a, long long 
   long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 
-extern "C" __global__ void __launch_bounds__(256) kfc_rmsnorm(const __nv_bfloat16* __restrict__ x, const float* __restrict__ w, float eps, __nv_bfloat16* __restrict__ y, long long dim_M) {
+extern "C" __global__ void __launch_bounds__(256) kfc_kernel_rmsnorm(const __nv_bfloat16* __restrict__ p_x, const float* __restrict__ p_w, float p_eps, __nv_bfloat16* __restrict__ p_y, long long dim_M) {
   __shared__ float kfc_red11[2][2][4];
   const int kfc_t = threadIdx.x % 128;
   const int kfc_r = threadIdx.x / 128;
@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(256) kfc_rmsnorm(const __nv_bfloat1
     #pragma unroll
     for (int e = 0; e < 4; ++e) {
       unsigned w4 = 0u, w5 = 0u, w6 = 0u, w7 = 0u;
-      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cs.v4.b32 {%0, %1, %2, %3}, [%4];\n}" : "+r"(w4), "+r"(w5), "+r"(w6), "+r"(w7) : "l"(x + (long long)(kfc_m) * (1 * 4096LL) + (((e * 128 + kfc_g) * 8) + 0)), "r"((int)(kfc_rowvalid)));
+      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cs.v4.b32 {%0, %1, %2, %3}, [%4];\n}" : "+r"(w4), "+r"(w5), "+r"(w6), "+r"(w7) : "l"(p_x + (long long)(kfc_m) * (1 * 4096LL) + (((e * 128 + kfc_g) * 8) + 0)), "r"((int)(kfc_rowvalid)));
       v3[e * 8 + 0] = __ushort_as_bfloat16((unsigned short)((w4 >> 0) & 0xffffu));
       v3[e * 8 + 1] = __ushort_as_bfloat16((unsigned short)((w4 >> 16) & 0xffffu));
       v3[e * 8 + 2] = __ushort_as_bfloat16((unsigned short)((w5 >> 0) & 0xffffu));
@@ -91,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(256) kfc_rmsnorm(const __nv_bfloat1
     float v15;
     v15 = (v13 * v14);
     float v16;
-    v16 = (v15 + eps);
+    v16 = (v15 + p_eps);
     float v17;
     v17 = kfc_rsqrt_approx(v16);
     #pragma unroll
@@ -104,13 +104,13 @@ extern "C" __global__ void __launch_bounds__(256) kfc_rmsnorm(const __nv_bfloat1
       for (int i = 0; i < 8; ++i) { v19[i] = (v8[e * 8 + i] * v18[i]); }
       float v20[8];
       unsigned w21 = 0u, w22 = 0u, w23 = 0u, w24 = 0u;
-      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w21), "+r"(w22), "+r"(w23), "+r"(w24) : "l"(w + (((e * 128 + kfc_g) * 8) + 0)));
+      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w21), "+r"(w22), "+r"(w23), "+r"(w24) : "l"(p_w + (((e * 128 + kfc_g) * 8) + 0)));
       v20[0] = __uint_as_float(w21);
       v20[1] = __uint_as_float(w22);
       v20[2] = __uint_as_float(w23);
       v20[3] = __uint_as_float(w24);
       unsigned w25 = 0u, w26 = 0u, w27 = 0u, w28 = 0u;
-      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w25), "+r"(w26), "+r"(w27), "+r"(w28) : "l"(w + (((e * 128 + kfc_g) * 8) + 4)));
+      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w25), "+r"(w26), "+r"(w27), "+r"(w28) : "l"(p_w + (((e * 128 + kfc_g) * 8) + 4)));
       v20[4] = __uint_as_float(w25);
       v20[5] = __uint_as_float(w26);
       v20[6] = __uint_as_float(w27);
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(256) kfc_rmsnorm(const __nv_bfloat1
       const unsigned s32 = (unsigned)(((unsigned)__bfloat16_as_ushort(v30[2]) << 0) | ((unsigned)__bfloat16_as_ushort(v30[3]) << 16));
       const unsigned s33 = (unsigned)(((unsigned)__bfloat16_as_ushort(v30[4]) << 0) | ((unsigned)__bfloat16_as_ushort(v30[5]) << 16));
       const unsigned s34 = (unsigned)(((unsigned)__bfloat16_as_ushort(v30[6]) << 0) | ((unsigned)__bfloat16_as_ushort(v30[7]) << 16));
-      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n}" :: "l"(y + (long long)(kfc_m) * (1 * 4096LL) + (((e * 128 + kfc_g) * 8) + 0)), "r"(s31), "r"(s32), "r"(s33), "r"(s34), "r"((int)(kfc_rowvalid)) : "memory");
+      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n}" :: "l"(p_y + (long long)(kfc_m) * (1 * 4096LL) + (((e * 128 + kfc_g) * 8) + 0)), "r"(s31), "r"(s32), "r"(s33), "r"(s34), "r"((int)(kfc_rowvalid)) : "memory");
     }
     kfc_phase ^= 1;
   }
