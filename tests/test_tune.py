@@ -393,8 +393,9 @@ def test_kfc_tune_runs_end_to_end_with_a_stand_in_gpu(tmp_path, monkeypatch, cap
     spec = load_kfc("kernels/rmsnorm.kfc")
 
     class StandIn(FakeGpu):
-        def __init__(self, gpus, timeout_s):
+        def __init__(self, gpus, timeout_s, reference_limits):
             super().__init__(spec)
+            assert reference_limits.timeout_s == 120
 
         def close(self):
             pass

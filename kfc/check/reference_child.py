@@ -92,6 +92,13 @@ def _reference(req: dict):
     return lambda inputs, dims: eval(code, {"torch": torch, "F": F, "math": math, **dims, **inputs})  # noqa: S307
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, or torch's allocators refusing (CPU: "can't allocate memory"; CUDA: OOM)."""
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text))
+
+
 class _Refused(Exception):
     def __init__(self, kind: str, message: str, where: str = "") -> None:
         super().__init__(message)
@@ -131,48 +138,55 @@ def _outputs(result, req: dict, torch) -> list:
 
 
 def serve(proto_in: int, proto_out: int, device: str) -> None:
-    import torch
-
     send(proto_out, {"ready": True, "pid": os.getpid()})
     while True:
         try:
             req, blobs = recv(proto_in)
         except WireClosed:
             return
+        header, out_blobs = answer(req, blobs)  # its tensors are gone once it returns (CUDA IPC views too)
+        send(proto_out, header, out_blobs)
+
+
+def answer(req: dict, blobs: list) -> tuple[dict, list]:
+    """The reply to one request: the results, or why there are none."""
+    import torch
+
+    try:
+        sys.path[:0] = [p for p in req.get("sys_path", []) if p not in sys.path]
+        fn = _reference(req)
+        inputs = _inputs(req, blobs, torch)
         try:
-            sys.path[:0] = [p for p in req.get("sys_path", []) if p not in sys.path]
-            fn = _reference(req)
-            inputs = _inputs(req, blobs, torch)
-            try:
-                with torch.no_grad():
-                    result = fn(inputs, req["dims"])
-            except SystemExit as e:
-                raise _Refused("exit", f"the reference called exit({e.code if e.code is not None else ''})",
-                               _user_frame(e.__traceback__)) from None
-            except BaseException as e:  # noqa: BLE001 - the user's code: every failure is reported
-                raise _Refused("exception", f"the reference raised {type(e).__name__}: {e}",
-                               _user_frame(e.__traceback__)) from None
-            outs = _outputs(result, req, torch)
-            if req["device"] == "cuda":
-                for t, o in zip(outs, req["outputs"]):
-                    fn_, args = __import__("pickle").loads(bytes.fromhex(o["ipc"]))
-                    buf = fn_(*args)
-                    buf.copy_(t.to(device=buf.device, dtype=buf.dtype))
-                    del buf
-                torch.cuda.synchronize()
-                del inputs
-                send(proto_out, {"ok": True})
-            else:
-                arrays = [t.detach().to("cpu", torch.float64).contiguous().numpy() for t in outs]
-                send(proto_out, {"ok": True}, [a.tobytes() for a in arrays])
-        except _Refused as r:
-            send(proto_out, {"ok": False, "kind": r.kind, "message": r.message, "where": r.where})
-        except MemoryError:
-            send(proto_out, {"ok": False, "kind": "memory", "message": "the reference ran out of memory", "where": ""})
-        except Exception as e:  # noqa: BLE001 - e.g. a tensor that cannot move: still one answer
-            send(proto_out, {"ok": False, "kind": "exception",
-                             "message": f"the reference's result could not be read: {type(e).__name__}: {e}",
-                             "where": ""})
+            with torch.no_grad():
+                result = fn(inputs, req["dims"])
+        except SystemExit as e:
+            raise _Refused("exit", f"the reference called exit({e.code if e.code is not None else ''})",
+                           _user_frame(e.__traceback__)) from None
+        except BaseException as e:  # noqa: BLE001 - the user's code: every failure is reported
+            if _out_of_memory(e):
+                raise _Refused("memory", f"the reference ran out of memory ({type(e).__name__}: "
+                               f"{str(e)[:200]})", _user_frame(e.__traceback__)) from None
+            raise _Refused("exception", f"the reference raised {type(e).__name__}: {e}",
+                           _user_frame(e.__traceback__)) from None
+        outs = _outputs(result, req, torch)
+        if req["device"] == "cuda":
+            import pickle
+
+            for t, o in zip(outs, req["outputs"]):
+                rebuild, args = pickle.loads(bytes.fromhex(o["ipc"]))  # written by kfc, not by the reference
+                buf = rebuild(*args)
+                buf.copy_(t.to(device=buf.device, dtype=buf.dtype))
+            torch.cuda.synchronize()
+            return {"ok": True}, []
+        arrays = [t.detach().to("cpu", torch.float64).contiguous().numpy() for t in outs]
+        return {"ok": True}, [a.tobytes() for a in arrays]
+    except _Refused as r:
+        return {"ok": False, "kind": r.kind, "message": r.message, "where": r.where}, []
+    except MemoryError:
+        return {"ok": False, "kind": "memory", "message": "the reference ran out of memory", "where": ""}, []
+    except Exception as e:  # noqa: BLE001 - e.g. a result that cannot move: still one answer
+        return {"ok": False, "kind": "exception", "where": "",
+                "message": f"the reference's result could not be read: {type(e).__name__}: {e}"}, []
 
 
 def main() -> int:

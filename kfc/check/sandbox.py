@@ -64,7 +64,7 @@ class Limits:
                            hint="e.g. --reference-memory 8 (GiB)")
 
 
-class ReferenceError(KfcError):
+class ReferenceFailed(KfcError):
     """The reference failed: the message says how, the span is its `reference =` line."""
 
 
@@ -212,6 +212,14 @@ class ReferenceSandbox:
         self.scratch = None
 
     def close(self) -> None:
+        """End the child: it leaves on its own when its input closes (releasing what it mapped
+        through CUDA IPC while kfc still holds it), else it is killed."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         self._kill()
 
     # --- a call -------------------------------------------------------------------------------
@@ -276,21 +284,21 @@ class ReferenceSandbox:
                   "inputs": specs, "outputs": outs, "device": self.device, "sys_path": self.sys_path}
         return header, blobs, keep, buffers
 
-    def _failure(self, why: str, span: Span | None) -> ReferenceError:
+    def _failure(self, why: str, span: Span | None) -> ReferenceFailed:
         if why == "timeout":
-            return ReferenceError(f"the reference did not finish within {self.limits.timeout_s:g} s; it was stopped",
+            return ReferenceFailed(f"the reference did not finish within {self.limits.timeout_s:g} s; it was stopped",
                                   span, "make it faster, or raise the limit (--reference-timeout SECONDS)")
         if why == "memory":
-            return ReferenceError(f"the reference used more than {_gib(self.limits.memory_bytes)} of memory; "
+            return ReferenceFailed(f"the reference used more than {_gib(self.limits.memory_bytes)} of memory; "
                                   "it was stopped", span, "raise the limit (--reference-memory GIB), or check "
                                   "smaller shapes")
         if why.startswith("signal"):
-            return ReferenceError(f"the reference crashed ({why})", span,
+            return ReferenceFailed(f"the reference crashed ({why})", span,
                                   "run the reference by hand in Python on small inputs to find the fault")
-        return ReferenceError(f"the process running the reference exited ({why}) before returning the outputs",
+        return ReferenceFailed(f"the process running the reference exited ({why}) before returning the outputs",
                               span, "the reference must return the outputs; it may not end the process")
 
-    def _refusal(self, answer: dict, span: Span | None, outputs) -> ReferenceError:
+    def _refusal(self, answer: dict, span: Span | None, outputs) -> ReferenceFailed:
         kind, message, where = answer.get("kind"), str(answer.get("message")), answer.get("where") or ""
         at = f" (at {where})" if where and not where.startswith("<reference>") else ""
         names = ", ".join(n for n, _ in outputs)
@@ -307,7 +315,7 @@ class ReferenceSandbox:
                                "and the dims as integers")
         if kind == "memory":
             message += f" (limit {_gib(self.limits.memory_bytes)})"
-        return ReferenceError(message + at, span, hint)
+        return ReferenceFailed(message + at, span, hint)
 
 
 def _gib(n: int) -> str:

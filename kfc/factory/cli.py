@@ -70,7 +70,9 @@ def cmd_tune(args) -> int:
     policy = _policy(args)
     kb = KnowledgeBase(args.kb)
     console = Console()
-    evaluator = Evaluator(gpus, timeout_s=args.timeout)
+    from ..cli import reference_limits
+
+    evaluator = Evaluator(gpus, timeout_s=args.timeout, reference_limits=reference_limits(args))
     out_root = Path(args.output or "kfc-out/tune")
     results = []
     try:

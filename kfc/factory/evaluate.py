@@ -136,7 +136,9 @@ class GpuWorker:
 class Evaluator:
     """Compile in parallel on the CPU, gate on the GPUs in parallel, one job per GPU at a time."""
 
-    def __init__(self, gpus: list[str], compile_workers: int | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(self, gpus: list[str], compile_workers: int | None = None, timeout_s: float = 300.0,
+                 reference_limits=None) -> None:
+        self.reference_limits = reference_limits  # kfc.check.sandbox.Limits for the gate's reference
         self.workers: queue.Queue = queue.Queue()
         for g in gpus:
             self.workers.put(GpuWorker(g, timeout_s))
@@ -163,6 +165,9 @@ class Evaluator:
                 return compiled, None
             job = {"id": job_id, "kfc": spec.path, "dtypes": spec.dtypes, "pipeline": pipeline, "target": target.name,
                    "cases": [{"dims": c.dims, "label": c.label} for c in cases], "timed": timed}
+            if self.reference_limits is not None:
+                job["reference"] = {"timeout_s": self.reference_limits.timeout_s,
+                                    "memory_bytes": self.reference_limits.memory_bytes}
             return compiled, self.gpu_pool.submit(self.gate, job).result()
 
         return self.compile_pool.submit(work)

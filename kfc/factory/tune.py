@@ -20,6 +20,7 @@ from typing import Any, Callable
 import attrs
 
 from ..compile import row_dims
+from ..diagnostics import KfcError
 from ..frontend.spec import OpSpec
 from ..kb.fingerprint import op_features, op_fingerprint
 from ..kb.store import KnowledgeBase, canonical_shape
@@ -98,6 +99,11 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
             outcome = to_outcome(compiled, gated, baseline_us)
             kb.record_outcome(cid, outcome)
             out.append(Trial(cid, p, outcome, op_id))
+            if gated is not None and gated.defence == "reference":
+                # every candidate would fail the same way: stop, with the reference's own error
+                raise KfcError(f"the gate could not check {spec.instance_name}: {gated.error}",
+                               spec.check.reference_span if spec.check else None,
+                               "fix the reference (kfc check runs it on the CPU), then run the same command")
         return out
 
     try:

@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from ..check.sandbox import ReferenceFailed
 from .gate import Case, Gate, GateResult
 from .model import Stage
 
@@ -53,14 +54,24 @@ def remeasure_in_fresh_process(job: dict):
     return remeasure
 
 
+def _limits(job: dict):
+    from ..check.sandbox import Limits
+
+    r = job.get("reference")
+    return Limits(r["timeout_s"], r["memory_bytes"]) if r else None
+
+
 def evaluate(job: dict) -> GateResult:
     from .problem import op_problem
 
     spec = _spec(job["kfc"], job["dtypes"])
-    gate = Gate(op_problem(spec), seeds=tuple(job.get("seeds", (11, 12, 13))),
+    gate = Gate(op_problem(spec, limits=_limits(job)), seeds=tuple(job.get("seeds", (11, 12, 13))),
                 scales=tuple(job.get("scales", (1.0, 40.0))), remeasure=remeasure_in_fresh_process(job))
     cases = [Case(c["dims"], c.get("label", "")) for c in job["cases"]]
-    return gate.evaluate(_kernel(job), cases, job.get("timed"))
+    try:
+        return gate.evaluate(_kernel(job), cases, job.get("timed"))
+    except ReferenceFailed as e:  # the op's reference failed, not the candidate
+        return GateResult(Stage.COMPILED, f"the reference failed: {e.message}", "reference")
 
 
 def time_once(job: dict) -> GateResult:
@@ -70,11 +81,13 @@ def time_once(job: dict) -> GateResult:
     from .gate import Rejected
 
     spec = _spec(job["kfc"], job["dtypes"])
-    gate = Gate(op_problem(spec))
+    gate = Gate(op_problem(spec, limits=_limits(job)))
     try:
         return time_on_gpu(gate, _kernel(job), job["timed"])
     except Rejected as r:
         return GateResult(r.stage, r.message, r.defence)
+    except ReferenceFailed as e:
+        return GateResult(Stage.COMPILED, f"the reference failed: {e.message}", "reference")
 
 
 def result_to_dict(r: GateResult) -> dict:
