@@ -285,9 +285,13 @@ def cmd_compile(args) -> int:
     spec = load_kfc(args.file, args.dtype)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
     pipeline = args.pipeline
+    if args.kb and not args.from_kb:
+        raise KfcError("--kb names the knowledge base for --from-kb, which is not given",
+                       hint="add --from-kb to compile the fastest pipeline it records, or leave out --kb")
     if args.from_kb:
         if pipeline:
-            raise KfcError("give either -p or --from-kb, not both")
+            raise KfcError("give either -p or --from-kb, not both", hint="-p PIPELINE compiles that pipeline; "
+                           "--from-kb the fastest one the knowledge base records")
         pipeline = best_recorded_pipeline(spec, target, args.shape, args.kb)
     out_dir = Path(args.output or f"kfc-out/{spec.instance_name}-{target.name}")
     check_output_dir(out_dir)  # before the work: a bad -o fails at once

@@ -14,8 +14,24 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_SIZE = 2**62  # a dim's size; a tensor's bytes are checked against 64-bit offsets later
 
 
+class _StoreOnce(argparse.Action):
+    """A single-valued option given twice is an error, not "the last one wins"."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.dest in getattr(namespace, "_given", ()):
+            parser.error(f"argument {option_string}: given twice; give it once")
+        namespace._given = getattr(namespace, "_given", set()) | {self.dest}
+        setattr(namespace, self.dest, values)
+
+
 class KfcArgumentParser(argparse.ArgumentParser):
-    """argparse with kfc's error form: `kfc COMMAND: error: what` and a hint, exit status 2."""
+    """argparse with kfc's error form: `kfc COMMAND: error: what` and a hint, exit status 2;
+    a single-valued option may be given once."""
+
+    def add_argument(self, *args, **kwargs):
+        if args and args[0].startswith("-") and kwargs.get("action") in (None, "store") and "nargs" not in kwargs:
+            kwargs["action"] = _StoreOnce
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
         sys.stderr.write(f"{self.prog}: error: {message}\nhint: `{self.prog} --help` lists every option with "
@@ -96,6 +112,8 @@ def float_in(lo: float, hi: float | None = None, lo_open: bool = True) -> Callab
 
 
 def _range(lo: int, hi: int | None) -> str:
+    if hi == 2**63 - 1:
+        return f"{lo} to 2**63 - 1"
     return f"{lo} to {hi}" if hi is not None else f"{lo} or more"
 
 

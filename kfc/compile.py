@@ -181,8 +181,8 @@ def check_output_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise KfcError(f"the output {out_dir} is a file; kfc writes a folder of outputs there",
                        hint="give -o a folder path (it is created if missing)")
-    base = out_dir.absolute()
-    while not base.exists():
+    base = out_dir
+    while not base.exists() and base != base.parent:
         base = base.parent
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         raise KfcError(f"cannot create the output folder {out_dir}: {base} is not a writable folder",

@@ -109,7 +109,8 @@ def check_nesting(tree: lark.Tree, file: str, chains: frozenset[str] = frozenset
         if depth > limit:
             m = node.meta
             span = None if getattr(m, "empty", True) else Span(file, m.line, m.column, m.end_line, m.end_column)
-            raise KfcError(f"this is nested more than {limit} levels deep, which kfc does not read", span,
+            raise KfcError(f"the text nests more than {limit} levels deep here (calls, parentheses, indexing and "
+                           "blocks each count); kfc reads no deeper", span,
                            "name intermediate values (t = ...) instead of nesting expressions this deeply")
         for i, child in enumerate(node.children):
             if isinstance(child, lark.Tree):

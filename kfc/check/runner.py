@@ -204,9 +204,19 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
         for with_opt, label in variants:
             for seed in seeds:
                 rng = np.random.default_rng(seed)
-                args = make_inputs(spec, run_dims, rng, with_opt)
+                try:
+                    args = make_inputs(spec, run_dims, rng, with_opt)
+                except MemoryError:
+                    shown = ", ".join(f"{k}={v}" for k, v in run_dims.items())
+                    raise KfcError(f"the inputs of check case {ci} ({shown}) do not fit in memory", spec.func.loc,
+                                   "check smaller shapes: leave out --full, or lower --budget") from None
                 before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
-                outs = run(func, args)
+                try:
+                    outs = run(func, args)
+                except MemoryError:
+                    shown = ", ".join(f"{k}={v}" for k, v in run_dims.items())
+                    raise KfcError(f"the interpreter ran out of memory at check case {ci} ({shown})",
+                                   spec.func.loc, "check smaller shapes: leave out --full, or lower --budget") from None
                 refs = run_reference(spec, args, run_dims, limits)
                 changed = [k for k, v in before.items() if not np.array_equal(v, args[k], equal_nan=True)]
                 for v, ref in zip(spec.func.outputs, refs):

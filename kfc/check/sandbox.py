@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -111,6 +112,7 @@ class ReferenceSandbox:
         self.scratch: str | None = None
         self.stderr_path: str | None = None
         self.ready = False
+        self.lock = threading.RLock()
         atexit.register(self.close)
 
     # --- the child ----------------------------------------------------------------------------
@@ -228,6 +230,10 @@ class ReferenceSandbox:
         """Run the reference on `inputs` ((name, kind, value): kind "tensor" for numpy arrays or
         torch tensors, "scalar", "absent") at `dims`; return one result per output (float64
         numpy arrays on the CPU; float32 tensors on the inputs' GPU for device "cuda")."""
+        with self.lock:  # one request at a time on the child's pipes
+            return self._call(reference, is_function, span, inputs, dims, outputs)
+
+    def _call(self, reference, is_function, span, inputs, dims, outputs):
         self.warm()
         if not self.ready:
             self._await_ready()

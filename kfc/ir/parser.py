@@ -8,7 +8,7 @@ import math
 import lark
 
 from ..diagnostics import KfcError, Span, register_source
-from ..grammar_files import check_nesting, lalr_parser, syntax_error
+from ..grammar_files import MAX_NESTING, check_nesting, lalr_parser, syntax_error
 from .core import OP_REGISTRY, Block, Value
 from .dtypes import parse_dtype
 from .func import FuncOp
@@ -41,6 +41,11 @@ class _Scope:
         return None
 
 
+# IR text nests about four parse-tree levels per loop where `.kfc` text nests two: what
+# `kfc compile` writes for the deepest `.kfc` kfc reads must read back
+IR_NESTING = 4 * MAX_NESTING
+
+
 class IRParser:
     def __init__(self, file: str, text: str) -> None:
         self.file = file
@@ -53,7 +58,7 @@ class IRParser:
             tree = parser.parse(self.text)
         except lark.exceptions.UnexpectedInput as e:
             raise syntax_error(e, parser, self.file, self.text) from None
-        check_nesting(tree, self.file)
+        check_nesting(tree, self.file, limit=IR_NESTING)
         return self.func(tree.children[0])
 
     # --- values -----------------------------------------------------------------------------
