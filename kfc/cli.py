@@ -140,8 +140,8 @@ def _add_reference_flags(p) -> None:
                    help=f"stop a reference call that runs longer (default {DEFAULT_TIMEOUT_S:g} s). The reference is "
                         "Python code, run with your rights in a child process")
     p.add_argument("--reference-memory", type=gib, default=default_memory_bytes(), metavar="GIB",
-                   help=f"stop a reference that uses more memory (default half of this machine's: "
-                        f"{default_memory_bytes() / (1 << 30):.3g})")
+                   help=f"stop a reference that uses more memory than this beyond what its process holds at "
+                        f"its start (default half of this machine's: {default_memory_bytes() / (1 << 30):.3g})")
 
 
 def reference_limits(args):
@@ -217,7 +217,8 @@ def cmd_check(args) -> int:
 
     spec = load_kfc(args.file, args.dtype)
     if spec.check is None:
-        raise KfcError(f"{args.file} has no check block", hint='add check { reference = "..." shapes = [{...}] }')
+        raise KfcError(f"{spec.name} has no check block: kfc check has nothing to compare with", spec.func.loc,
+                       'add check { reference = "..." shapes = [{...}] } after the op')
     if args.shape:
         for s in args.shape:
             missing = [d for d in spec.func.symbols if d not in s]

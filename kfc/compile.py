@@ -93,6 +93,14 @@ def check_lowered(func: FuncOp, pipe) -> None:
                        f"leave out -p for the default pipeline: {ROW_PIPELINE}")
 
 
+def dim_span(func: FuncOp, sym: str):
+    """Where dim `sym` is first written: the type of the first argument that has it."""
+    for v in func.args:
+        if sym in v.ttype.symbols:
+            return v.loc or func.loc
+    return func.loc
+
+
 def choose_dims(spec: OpSpec, shape: dict[str, int] | None) -> dict[str, int]:
     func = spec.func
     dims: dict[str, int] = {}
@@ -121,7 +129,8 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     fixed = {k: v for k, v in dims.items() if k not in dynamic}
     missing = [s for s in func.symbols if s not in dims and s not in dynamic]
     if missing:
-        raise KfcError(f"no size for {', '.join(missing)}: kfc compile fixes every dim but the row count",
+        raise KfcError(f"no size for {', '.join(missing)}: kfc compile fixes every dim but the row count, and "
+                       "neither --shape nor a check block's shapes give it", dim_span(func, missing[0]),
                        hint=f"pass --shape {','.join(f'{m}=...' for m in missing)}")
     special = specialize(func, fixed, partial=True,
                          where="--shape" if shape else "the check block's first shape")

@@ -1,7 +1,7 @@
 """Inputs for the front-end fuzzer: random row programs written as `.kfc` text (with a torch
 reference that computes the same thing), and mutations of any `.kfc` text — truncation, token
 deletion, duplication, swaps, replacement by keywords, names, dtypes, punctuation and extreme
-numbers, and bytes that are not UTF-8."""
+numbers, a dropped section or check entry, and bytes that are not UTF-8."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def mutated(draw, text: str) -> bytes:
         if not toks:
             toks = [draw(st.sampled_from(VOCABULARY))]
         kind = draw(st.sampled_from(["truncate", "delete", "duplicate", "swap", "replace", "insert", "number",
-                                     "delete-span", "bytes"]))
+                                     "delete-span", "drop-section", "bytes"]))
         i = draw(st.integers(0, len(toks) - 1))
         if kind == "truncate":
             joined = "".join(toks)
@@ -60,6 +60,13 @@ def mutated(draw, text: str) -> bytes:
         elif kind == "delete-span":
             j = draw(st.integers(i, min(len(toks), i + 12)))
             del toks[i:j]
+        elif kind == "drop-section":  # a whole check block, check entry, metric or targets line
+            joined = "".join(toks)
+            parts = [m.span() for m in re.finditer(r"check \{.*?\n\}\n?|\n  \w+ = [^\n]*|metric [^\n]*|targets = [^\n]*",
+                                                   joined, re.S)]
+            if parts:
+                a, b = draw(st.sampled_from(parts))
+                toks = tokens(joined[:a] + joined[b:])
         elif kind == "duplicate":
             toks.insert(i, toks[i])
         elif kind == "swap":

@@ -118,7 +118,7 @@ def draw_inputs(func, check: CheckSpec | None, dims: dict[str, int], rng: np.ran
 def require_reference(spec: OpSpec) -> None:
     check = spec.check
     if check is None or check.reference is None:
-        raise KfcError(f"{spec.path}: the op has no reference to check against",
+        raise KfcError(f"{spec.name} has no reference to check against", check.span if check else spec.func.loc,
                        hint='add check { reference = "..." shapes = [...] } to the .kfc file')
 
 
@@ -185,10 +185,11 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
     """Run every case; return one result per (case, variant, seed, output)."""
     check = spec.check
     if check is None:
-        raise KfcError(f"{spec.path}: there is no check block", hint="add check { reference = ... shapes = [...] }")
+        raise KfcError(f"{spec.name} has no check block", spec.func.loc, hint="add check { reference = ... shapes = [...] }")
     cases = shapes if shapes is not None else list(check.shapes)
     if not cases:
-        raise KfcError(f"{spec.path}: the check block has no shapes", hint="add shapes = [{...}, ...]")
+        raise KfcError(f"{spec.name}'s check block has no shapes", check.span or spec.func.loc,
+                       hint="add shapes = [{M: ..., N: ...}, ...] to it")
     require_reference(spec)
     shared_sandbox(limits, "cpu").warm()
     if seeds is None:

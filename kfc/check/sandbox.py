@@ -112,6 +112,7 @@ class ReferenceSandbox:
         self.scratch: str | None = None
         self.stderr_path: str | None = None
         self.ready = False
+        self.baseline_rss = 0
         self.lock = threading.RLock()
         atexit.register(self.close)
 
@@ -137,7 +138,7 @@ class ReferenceSandbox:
     def _await_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            header, _ = recv(self.proc.stdout.fileno(), self._watch(deadline))
+            header, _ = recv(self.proc.stdout.fileno(), self._watch(deadline, memory=False))
         except (WireClosed, _Stop) as e:
             why = self._why(e)
             self._kill()
@@ -146,15 +147,18 @@ class ReferenceSandbox:
         if not header.get("ready"):
             self._kill()
             raise KfcError("the process that runs references did not start: it answered out of turn")
+        self.baseline_rss = _rss_bytes(self.proc.pid)
         self.ready = True
 
-    def _watch(self, deadline: float):
+    def _watch(self, deadline: float, memory: bool = True):
+        """A poll for recv: the child's exit, the deadline, and (once it is ready) its memory
+        beyond what it held at its start (torch's import is not the reference's)."""
         def poll() -> None:
             if self.proc.poll() is not None:
                 raise _Stop("exited")
             if time.monotonic() > deadline:
                 raise _Stop("timeout")
-            if _rss_bytes(self.proc.pid) > self.limits.memory_bytes:
+            if memory and _rss_bytes(self.proc.pid) > self.baseline_rss + self.limits.memory_bytes:
                 raise _Stop("memory")
         return poll
 

@@ -50,6 +50,7 @@ class CheckSpec:
     tolerance: dict[str, float] = attrs.Factory(dict)
     seeds: tuple[int, ...] = (0,)
     inputs: dict[str, GeneratorSpec] = attrs.Factory(dict)
+    span: Span | None = attrs.field(default=None, eq=False)  # the check block itself
 
     @property
     def reference_is_function(self) -> bool:
@@ -207,7 +208,7 @@ class _Sections:
             fields[k] = getattr(self, "check_" + k)(value)
         if "reference" in fields:
             fields["reference"], fields["reference_span"] = fields["reference"]
-        return CheckSpec(**fields)
+        return CheckSpec(**fields, span=span_of(self.file, node))
 
     def check_reference(self, node):
         if node.data != "c_string":
