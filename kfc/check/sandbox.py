@@ -227,6 +227,10 @@ class ReferenceSandbox:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        if self.device == "cuda" and "torch" in sys.modules:
+            import torch
+
+            torch.cuda.ipc_collect()  # the child is gone: nothing it mapped is held any more
 
     # --- a call -------------------------------------------------------------------------------
     def call(self, reference: str, is_function: bool, span: Span | None, inputs: list[tuple[str, str, Any]],
@@ -252,6 +256,10 @@ class ReferenceSandbox:
             raise self._failure(why, span) from None
         finally:
             del keep
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.ipc_collect()  # free what the child mapped and has let go of
         if not answer.get("ok"):
             raise self._refusal(answer, span, outputs)
         if self.device == "cuda":
