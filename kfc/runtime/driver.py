@@ -1,4 +1,5 @@
-"""The CUDA driver through cuda-python: load cubins, launch with cluster dimensions.
+"""The CUDA driver through cuda-python: load cubins, query and set kernel attributes (the
+launch itself goes through kfc.runtime.launcher).
 
 Everything here runs in torch's CUDA context (the primary context of the current device), on
 the caller's stream. Without a GPU or driver, the first call raises one clear KfcError.
@@ -90,28 +91,6 @@ class LoadedKernel:
         return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, block, smem),
                      "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
-    def launch(self, grid: int, block: int, cluster: int, args: list, argtypes: list, stream: int,
-               smem: int = 0) -> None:
-        drv = _driver()
-        ctx = ensure_context(self.device_index)
-        check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        config = drv.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-        config.sharedMemBytes = smem
-        config.hStream = drv.CUstream(stream)
-        if cluster > 8:
-            self.allow_large_clusters()
-        if cluster > 1:
-            attr = drv.CUlaunchAttribute()
-            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
-            config.attrs = [attr]
-            config.numAttrs = 1
-        else:
-            config.numAttrs = 0
-        check(drv.cuLaunchKernelEx(config, self.function, (tuple(args), tuple(argtypes)), 0),
-              f"launching {self.name}")
 
 
 CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,

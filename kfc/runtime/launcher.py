@@ -1,0 +1,123 @@
+"""The launch fast path: everything about a call that depends only on its signature (the
+tensors' dtypes, shapes and device, the scalars' presence, whether outputs are given) is
+decided once and kept in a `PreparedLaunch`; a call that matches one only checks what can
+change between calls (contiguity and 16-byte alignment of each tensor), allocates the outputs,
+writes the pointers into a ready argument array and calls `cuLaunchKernelEx` through ctypes.
+
+Why ctypes on libcuda and not cuda-python's wrapper: the wrapper converts the argument tuple
+and the launch config on every call; here both are C structures built once and updated in
+place, so a launch costs one foreign call (`bench/launch_overhead.py` measures it).
+
+The CUDA structures are laid out as cuda.h declares them (CUDA 12 and 13):
+
+    CUlaunchConfig { unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                     sharedMemBytes; CUstream hStream; CUlaunchAttribute *attrs; unsigned numAttrs; }
+    CUlaunchAttribute { CUlaunchAttributeID id; char pad[4]; CUlaunchAttributeValue value; }
+    CUlaunchAttributeValue: a 64-byte union; clusterDim is { unsigned x, y, z } at its start
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: no current context on this thread
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from ..diagnostics import KfcError
+
+CLUSTER_DIMENSION = 4
+INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: no current context on this thread
+
+
+class _AttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster", ctypes.c_uint * 3), ("_align", ctypes.c_void_p)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _AttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+@functools.cache
+def libcuda():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        from .driver import GpuUnavailable
+
+        raise GpuUnavailable(f"the CUDA driver library cannot be loaded: {e}") from None
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuLaunchKernelEx.restype = ctypes.c_int
+    lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    lib.cuCtxSetCurrent.restype = ctypes.c_int
+    return lib
+
+
+def current_stream_getter():
+    """A function of a device index giving torch's current raw stream handle (the private
+    accessor when torch has it: it skips building a Stream object)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+class ArgSlots:
+    """The kernel's argument array: one C value per parameter and the void* array pointing at
+    them, so a call updates values in place."""
+
+    def __init__(self, ctypes_types: list) -> None:
+        self.values = [t() for t in ctypes_types]
+        self.array = (ctypes.c_void_p * max(1, len(self.values)))(
+            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.values])
+        self.address = ctypes.addressof(self.array)
+
+
+class PreparedLaunch:
+    """One signature's launch: grid, block, cluster, the argument slots, and which call
+    argument feeds each slot."""
+
+    def __init__(self, function: int, context: int, grid: int, block: int, cluster: int, smem: int,
+                 slot_types: list, device_index: int, name: str) -> None:
+        self.lib = libcuda()
+        self.function = function
+        self.context = context
+        self.device_index = device_index
+        self.name = name
+        self.slots = ArgSlots(slot_types)
+        self.config = _LaunchConfig(grid, 1, 1, block, 1, 1, smem, None, None, 0)
+        if cluster > 1:
+            self.attr = _LaunchAttribute()
+            self.attr.id = CLUSTER_DIMENSION
+            self.attr.value.cluster[0], self.attr.value.cluster[1], self.attr.value.cluster[2] = cluster, 1, 1
+            self.config.attrs = ctypes.pointer(self.attr)
+            self.config.numAttrs = 1
+        self.config_ref = ctypes.byref(self.config)
+        self.stream_of = current_stream_getter()
+
+    def launch(self) -> None:
+        lib = self.lib
+        self.config.hStream = self.stream_of(self.device_index)
+        err = lib.cuLaunchKernelEx(self.config_ref, self.function, self.slots.address, None)
+        if err == INVALID_CONTEXT:  # a thread where torch has not made its context current yet
+            err = lib.cuCtxSetCurrent(self.context) or \
+                lib.cuLaunchKernelEx(self.config_ref, self.function, self.slots.address, None)
+        if err:
+            from .driver import check
+
+            check((_cuda_result(err),), f"launching {self.name}")
+            raise KfcError(f"CUDA error {err} launching {self.name}")
+
+
+def _cuda_result(code: int):
+    from .driver import _driver
+
+    return _driver().CUresult(code)

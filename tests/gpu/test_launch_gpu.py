@@ -1,0 +1,144 @@
+"""The launch fast path on the GPU: a call whose signature was seen before skips binding and
+re-checking but still refuses what can change between calls (contiguity, alignment), and any
+other change of signature (dtype, shape, device, scalars, out=) takes the full path. Results
+are checked against torch on NaN-poisoned outputs. Run with `pytest -m gpu`."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+
+def requires_gpu():
+    if not torch.cuda.is_available():
+        pytest.fail("no CUDA GPU: GPU tests run on the device machine (pytest -m gpu)")
+
+
+def rms(x, w, eps=1e-6):
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+@pytest.fixture(scope="module")
+def rmsnorm():
+    import kfc
+
+    return kfc.load("kernels/rmsnorm.kfc")
+
+
+def close(a, b, tol=1e-2):
+    a, b = a.float(), b.float()
+    assert torch.isfinite(a).all()
+    rel = float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30))
+    assert rel <= tol, rel
+
+
+def test_repeated_calls_take_the_fast_path_and_stay_right(rmsnorm):
+    requires_gpu()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for m, n, dt in [(7, 4095, torch.bfloat16), (1, 256, torch.bfloat16), (300, 4096, torch.float16),
+                     (7, 4095, torch.bfloat16), (33, 7, torch.float32)]:
+        for _ in range(3):
+            x = torch.randn(m, n, device="cuda", generator=g).to(dt)
+            w = torch.randn(n, device="cuda", generator=g)
+            close(rmsnorm(x, w), rms(x, w), 1e-2 if dt != torch.float32 else 1e-5)
+    assert len(rmsnorm._fast) >= 4, "signatures seen before are served by prepared calls"
+
+
+def test_out_and_a_positional_scalar(rmsnorm):
+    requires_gpu()
+    x = torch.randn(9, 1024, device="cuda").to(torch.bfloat16)
+    w = torch.randn(1024, device="cuda")
+    for eps in (1e-6, 0.5, 2.0, 0.5):
+        y = torch.full_like(x, float("nan"))
+        got = rmsnorm(x, w, eps, out=y)
+        assert got.data_ptr() == y.data_ptr()
+        close(y, rms(x, w, eps))
+
+
+def test_the_fast_path_still_refuses_bad_tensors(rmsnorm):
+    requires_gpu()
+    from kfc.diagnostics import KfcError
+
+    x = torch.randn(4, 512, device="cuda").to(torch.bfloat16)
+    w = torch.randn(512, device="cuda")
+    rmsnorm(x, w)
+    rmsnorm(x, w)
+    wide = torch.randn(4, 1024, device="cuda").to(torch.bfloat16)
+    with pytest.raises(KfcError, match="not contiguous"):
+        rmsnorm(wide[:, ::2], w)
+    flat = torch.randn(4 * 512 + 1, device="cuda").to(torch.bfloat16)
+    with pytest.raises(KfcError, match="16-byte aligned"):
+        rmsnorm(flat[1:].view(4, 512), w)
+    with pytest.raises(KfcError, match="the kernel takes f32"):
+        rmsnorm(x, w.half())
+    with pytest.raises(KfcError, match="kernels run on the GPU"):
+        rmsnorm(x, w.cpu())
+    with pytest.raises(KfcError, match="out 'y' is"):
+        rmsnorm(x, w, out=torch.empty(4, 256, device="cuda", dtype=torch.bfloat16))
+    close(rmsnorm(x, w), rms(x, w))
+
+
+def test_no_rows_launches_nothing_and_returns_an_empty_output(rmsnorm):
+    requires_gpu()
+    x = torch.randn(0, 256, device="cuda").to(torch.bfloat16)
+    w = torch.randn(256, device="cuda")
+    for _ in range(2):
+        assert rmsnorm(x, w).shape == (0, 256)
+
+
+def test_cuda_graph_capture_and_other_streams(rmsnorm):
+    requires_gpu()
+    x = torch.randn(64, 2048, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2048, device="cuda")
+    y = torch.empty_like(x)
+    rmsnorm(x, w, out=y)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            rmsnorm(x, w, out=y)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rmsnorm(x, w, out=y)
+    x.copy_(torch.randn_like(x))
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    close(y, rms(x, w))
+
+
+def test_type_parameters_pick_their_instance_on_the_fast_path():
+    requires_gpu()
+    import kfc
+
+    softmax = kfc.load("kernels/softmax.kfc")
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.bfloat16):
+        x = torch.randn(5, 3000, device="cuda").to(dt)
+        for _ in range(2):
+            y = softmax(x)
+            assert y.dtype == dt
+            close(y, torch.softmax(x.float(), -1), 1e-2 if dt != torch.float32 else 1e-5)
+
+
+def test_a_fast_call_costs_little_host_time(rmsnorm):
+    """Not the benchmark (bench/launch_overhead.py is), a guard against a slow path sneaking back."""
+    requires_gpu()
+    import time
+
+    x = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
+    w = torch.randn(256, device="cuda")
+    for _ in range(500):
+        rmsnorm(x, w)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(300):
+            rmsnorm(x, w)
+        best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
+        torch.cuda.synchronize()
+    print(f"\nkfc rmsnorm eager call, 1x256: {best:.2f} us of host time")
+    assert best < 25
