@@ -10,16 +10,13 @@ from ..ir.parser import parse_ir
 from ..ir.verifier import verify
 from .spec import CheckSpec, MetricSpec, OpSpec, load_kfc, looks_like_ir, parse_kfc
 
-__all__ = ["CheckSpec", "MetricSpec", "OpSpec", "load_kfc", "parse_kfc", "load_func", "is_ir_text"]
-
-
-is_ir_text = looks_like_ir
+__all__ = ["CheckSpec", "MetricSpec", "OpSpec", "load_kfc", "parse_kfc", "load_func", "looks_like_ir"]
 
 
 def load_func(path: str | Path, dtypes: dict[str, str] | None = None) -> tuple[FuncOp, OpSpec | None]:
     """Read a `.kfc` file or IR text; return the verified function and, for `.kfc`, its spec."""
     text = read_source(path, "a .kfc file or IR text")
-    if is_ir_text(text):
+    if looks_like_ir(text):
         if dtypes:
             raise KfcError("--dtype applies to .kfc files; IR text has its types fixed")
         return verify(parse_ir(text, str(path))), None

@@ -151,9 +151,9 @@ def _resolve_op(kb, text: str, dtypes) -> list[dict[str, Any]]:
 
     if Path(text).is_file():
         from ..diagnostics import read_source
-        from ..frontend import is_ir_text, load_func, load_kfc
+        from ..frontend import load_func, load_kfc, looks_like_ir
 
-        if dtypes or is_ir_text(read_source(text)):
+        if dtypes or looks_like_ir(read_source(text)):
             funcs = [load_func(text, dtypes)[0]]
         else:  # every instance of the op's type parameters
             funcs = [inst.func for inst in load_kfc(text).instances()]
