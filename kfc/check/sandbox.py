@@ -269,6 +269,8 @@ class ReferenceSandbox:
     def _request(self, reference, is_function, inputs, dims, outputs):
         """The request's header and blobs, the tensors the child maps (kept alive until it
         answered), and the buffers it writes the results into (on the GPU)."""
+        import torch
+
         specs, blobs, keep, buffers = [], [], [], []
         for name, kind, value in inputs:
             if kind == "scalar":
@@ -282,21 +284,17 @@ class ReferenceSandbox:
                 t = _as_cpu_torch(value)
                 specs.append({"name": name, "kind": "bytes", "dtype": str(t.dtype).removeprefix("torch."),
                               "shape": list(t.shape), "blob": len(blobs)})
-                blobs.append(t.contiguous().view(-1).view(_byte_dtype()).numpy())
+                blobs.append(t.contiguous().view(-1).view(torch.uint8).numpy())
         outs = []
         for name, shape in outputs:
             o = {"name": name, "shape": list(shape)}
             if self.device == "cuda":
-                import torch
-
                 device = next((v.device for _, k, v in inputs if k == "tensor" and v is not None), "cuda")
                 buf = torch.full(tuple(shape), float("nan"), dtype=torch.float32, device=device)
                 buffers.append(buf)
                 o["ipc"] = _ipc_handle(buf)
             outs.append(o)
         if self.device == "cuda":
-            import torch
-
             torch.cuda.synchronize()  # the child reads the inputs on its own streams
         header = {"reference": reference, "kind": "function" if is_function else "expr", "dims": dict(dims),
                   "inputs": specs, "outputs": outs, "device": self.device, "sys_path": self.sys_path}
@@ -338,12 +336,6 @@ class ReferenceSandbox:
 
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.3g} GiB"
-
-
-def _byte_dtype():
-    import torch
-
-    return torch.uint8
 
 
 def _as_cpu_torch(value):

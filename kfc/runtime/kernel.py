@@ -198,8 +198,7 @@ class KfcKernel:
         index = device.index if device.index is not None else torch.cuda.current_device()
         loaded, report = self.kernel_for(dims, index)
         call = self.prepare(loaded, report, bound, dims, index, out is not None)
-        call.fill(bound, outs)
-        call.run()
+        call.run_bound(bound, outs)
         if positional is not None:  # the same signature skips all of this next time
             self._fast[(_signature(positional), _out_signature(out))] = call
         result = tuple(outs[v.name] for v in func.outputs)
@@ -347,8 +346,7 @@ def _signature(args: tuple) -> tuple:
 def _out_signature(out) -> tuple | None:
     if out is None:
         return None
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    return tuple((o.dtype, o.shape, o.get_device()) if isinstance(o, _Tensor()) else type(o) for o in outs)
+    return _signature(tuple(out) if isinstance(out, (tuple, list)) else (out,))
 
 
 @functools.cache
@@ -373,20 +371,24 @@ class PreparedCall:
         self.lock = threading.Lock()
         self.values = launch.slots.values
 
-    def fill(self, bound: dict, outs: dict) -> None:
-        values = self.launch.slots.values
-        for _, name, k in self.tensors:
-            t = bound.get(name)
-            values[k].value = 0 if t is None else t.data_ptr()
-        for _, name, k, kind in self.scalars:
-            values[k].value = kind(bound[name])
-        for name, k in self.outputs:
-            o = outs.get(name)
-            values[k].value = 0 if o is None else o.data_ptr()
+    def run_bound(self, bound: dict, outs: dict) -> None:
+        """The full path's launch: arguments by name (positional or keyword), outputs allocated."""
+        ptrs = [0 if bound.get(name) is None else bound[name].data_ptr() for _, name, _ in self.tensors]
+        scalars = [bound[name] for _, name, _, _ in self.scalars]
+        self.run(ptrs, scalars, [outs.get(name) for name, _ in self.outputs])
 
-    def run(self) -> None:
-        if self.runs:
-            self.launch.launch()
+    def run(self, ptrs: list, scalars: list, outs) -> None:
+        """Write the slots (tensor pointers, scalar values, output pointers) and launch."""
+        values = self.values
+        with self.lock:
+            for (_, _, k), p in zip(self.tensors, ptrs):
+                values[k].value = p
+            for (_, _, k, kind), v in zip(self.scalars, scalars):
+                values[k].value = kind(v)
+            for (_, k), o in zip(self.outputs, outs):
+                values[k].value = 0 if o is None else o.data_ptr()
+            if self.runs:
+                self.launch.launch()
 
     def call(self, args: tuple, out):
         """The fast path (see KfcKernel._fast_call)."""
@@ -408,16 +410,7 @@ class PreparedCall:
                     return _MISS
         else:
             outs = tuple(alloc(args) for alloc in self.allocators)
-        values = self.values
-        with self.lock:
-            for (_, _, k), p in zip(self.tensors, ptrs):
-                values[k].value = p
-            for i, _, k, kind in self.scalars:
-                values[k].value = kind(args[i])
-            for (_, k), o in zip(self.outputs, outs):
-                values[k].value = 0 if o is None else o.data_ptr()
-            if self.runs:
-                self.launch.launch()
+        self.run(ptrs, [args[i] for i, _, _, _ in self.scalars], outs)
         return outs[0] if len(outs) == 1 else outs
 
 
