@@ -1,11 +1,13 @@
 """Timing row ops against their peers on one GPU, in one run, the same way for everyone.
 
 For each shape: fresh random inputs (never zeros); every contender's output checked against
-the fp32 reference before timing (a wrong contender is reported, not timed); timing by CUDA
-graph replay of back-to-back calls that rotate through enough input sets to exceed the L2
-cache, bracketed by CUDA events after a full device sync; the median of several replays and
-its spread; the outputs of the timed calls checked again afterwards. Bandwidth counts each
-input read once and each output written once.
+the fp32 reference before timing (a wrong contender is reported, not timed); then two timings:
+eagerly, as a user calling the op sees it (triton.testing.do_bench: L2 flushed before every
+call; the headline figure), and the kernel alone, by CUDA graph replay of back-to-back calls
+that rotate through enough input sets to exceed the L2 cache, bracketed by CUDA events after a
+full device sync (the median of several replays and its spread). The outputs of the timed
+calls are checked again afterwards. Bandwidth counts each input read once and each output
+written once.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class Measurement:
     p90_us: float = math.nan
     tbps: float = math.nan
     error: str = ""
+    eager_us: float = math.nan    # triton.testing.do_bench: L2 flushed before each call, as a user calls it
+    eager_tbps: float = math.nan
 
 
 def wrong(out, ref, tol: float) -> str:
@@ -100,6 +104,15 @@ def time_loop(fn: Callable, arg_sets: list[tuple], replays: int = 10) -> tuple[l
     return times, outs
 
 
+def time_eager(fn: Callable, args: tuple) -> float:
+    """Median time (us) of one call as a user makes it: triton.testing.do_bench, which flushes
+    the L2 cache before every call and times each call between CUDA events, host time included
+    where the GPU outruns the host."""
+    from triton.testing import do_bench
+
+    return do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median") * 1e3
+
+
 def measure(c: Contender, fn: Callable, arg_sets: list[tuple], reference: Callable, tol: float,
             bytes_per_call: int) -> Measurement:
     import torch
@@ -123,8 +136,10 @@ def measure(c: Contender, fn: Callable, arg_sets: list[tuple], reference: Callab
                 return Measurement(c.name, False, error=f"timed outputs wrong: {problem}")
         med = statistics.median(times)
         q = statistics.quantiles(times, n=10) if len(times) >= 2 else [med] * 9
+        eager = time_eager(fn, arg_sets[0])
         return Measurement(c.name, True, med, q[0], q[-1], bytes_per_call / (med * 1e-6) / 1e12,
-                           error="" if how == "graph" else "timed in a loop (graph capture failed)")
+                           error="" if how == "graph" else "timed in a loop (graph capture failed)",
+                           eager_us=eager, eager_tbps=bytes_per_call / (eager * 1e-6) / 1e12)
     except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
         return Measurement(c.name, False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
 
@@ -164,14 +179,16 @@ def geomean(xs: list[float]) -> float:
 
 
 def print_table(title: str, shapes: list[tuple[int, int]], names: list[str], rows: dict) -> None:
-    print(f"\n{title}")
-    head = f"{'M x N':>16} " + " ".join(f"{n:>14}" for n in names)
+    """TB/s per shape and contender: eager (the headline) / CUDA graph."""
+    print(f"\n{title}, eager / graph")
+    head = f"{'M x N':>16} " + " ".join(f"{n:>15}" for n in names)
     print(head)
     for shape in shapes:
         cells = []
         for n in names:
             m = rows[shape].get(n)
-            cells.append(f"{m.tbps:14.2f}" if m is not None and m.ok else f"{'fail':>14}" if m else f"{'-':>14}")
+            cells.append(f"{m.eager_tbps:7.2f}/{m.tbps:<7.2f}" if m is not None and m.ok
+                         else f"{'fail':>15}" if m else f"{'-':>15}")
         print(f"{shape[0]:>7} x {shape[1]:<7} " + " ".join(cells))
 
 

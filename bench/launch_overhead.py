@@ -5,7 +5,8 @@ Each contender is checked against the fp32 reference first, warmed up, then call
 back on a tiny tensor (1 x 256 bf16, so the GPU is never the bottleneck); the figure is the
 wall-clock time of a burst of calls divided by its length, before the device sync that ends
 it (bursts stay below the launch queue's depth, so a call never waits for the GPU). Median of
-several bursts. Also times kfc's call with `out=` given (no allocation).
+several bursts. Also times kfc's call with `out=` given (no allocation) and kfc's call through
+its ctypes launcher (what a machine without a C compiler gets).
 
     python -m bench.launch_overhead [--calls 400] [--bursts 15] [--out FILE]
 """
@@ -31,6 +32,15 @@ def kfc_rmsnorm():
     import kfc
 
     k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    return lambda x, w: k(x, w)
+
+
+def kfc_rmsnorm_ctypes():
+    """kfc's launch through ctypes, where the compiled launcher cannot be built (kfc.runtime.fastcall)."""
+    import kfc
+
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    k._native = None
     return lambda x, w: k(x, w)
 
 
@@ -98,7 +108,7 @@ def triton_rmsnorm():
     return run
 
 
-CONTENDERS = {"kfc": kfc_rmsnorm, "kfc (out=)": kfc_rmsnorm_out, "quack": quack, "F.rms_norm": torch_rms_norm,
+CONTENDERS = {"kfc": kfc_rmsnorm, "kfc (out=)": kfc_rmsnorm_out, "kfc (ctypes)": kfc_rmsnorm_ctypes, "quack": quack, "F.rms_norm": torch_rms_norm,
               "liger": liger, "triton": triton_rmsnorm}
 
 

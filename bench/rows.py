@@ -240,20 +240,30 @@ def attrs_dict(m: harness.Measurement) -> dict:
 def summarise(op: str, shapes, rows: dict, names: list[str]) -> dict:
     peer_names = [n for n in names if n not in ("kfc", "kfc_best_swept")]
     per_shape = []
-    ratios, ratios_best = [], []
+    ratios, graph_ratios, ratios_best = [], [], []
     for shape in shapes:
         r = rows[shape]
         best_peer = max((r[p] for p in peer_names if p in r and r[p].ok), key=lambda m: m.tbps, default=None)
         entry = {"M": shape[0], "N": shape[1], **{k: attrs_dict(v) for k, v in r.items()}}
-        if best_peer is not None and r.get("kfc") is not None and r["kfc"].ok:
-            entry["best_peer"] = best_peer.contender
-            entry["ratio_vs_best_peer"] = r["kfc"].tbps / best_peer.tbps
+        kfc = r.get("kfc")
+        if kfc is not None and kfc.ok:
+            entry["kfc_eager_over_graph"] = kfc.eager_tbps / kfc.tbps
+        if best_peer is not None and kfc is not None and kfc.ok:
+            # the headline compares eager figures (what a user calling the op sees); the best
+            # peer is chosen by its eager figure too
+            best_eager = max((r[p] for p in peer_names if p in r and r[p].ok), key=lambda m: m.eager_tbps)
+            entry["best_peer"] = best_eager.contender
+            entry["ratio_vs_best_peer"] = kfc.eager_tbps / best_eager.eager_tbps
+            entry["best_peer_graph"] = best_peer.contender
+            entry["graph_ratio_vs_best_peer"] = kfc.tbps / best_peer.tbps
             ratios.append(entry["ratio_vs_best_peer"])
+            graph_ratios.append(entry["graph_ratio_vs_best_peer"])
             if "kfc_best_swept" in r:
-                entry["ratio_best_swept_vs_best_peer"] = r["kfc_best_swept"].tbps / best_peer.tbps
+                entry["ratio_best_swept_vs_best_peer"] = r["kfc_best_swept"].eager_tbps / best_eager.eager_tbps
                 ratios_best.append(entry["ratio_best_swept_vs_best_peer"])
         per_shape.append(entry)
     return {"shapes": per_shape, "geomean_ratio_vs_best_peer": harness.geomean(ratios) if ratios else None,
+            "geomean_graph_ratio_vs_best_peer": harness.geomean(graph_ratios) if graph_ratios else None,
             "geomean_ratio_best_swept_vs_best_peer": harness.geomean(ratios_best) if ratios_best else None}
 
 
@@ -280,14 +290,19 @@ def main(op: str, argv=None) -> int:
     summary = summarise(op, shapes, rows, names)
     prov = harness.provenance(["quack-kernels", "liger-kernel", "fla-core", "nvidia-cutlass-dsl"])
     payload = {"op": op, "dtype": "bf16 x, fp32 weights", "metric": "TB/s = (bytes read + bytes written) / time",
-               "timing": "CUDA graph of rotating input sets beyond L2, median of 10 replays", "env": prov,
+               "timing": "eager: triton.testing.do_bench median, L2 flushed before each call (the headline); "
+                         "graph: CUDA graph of rotating input sets beyond L2, median of 10 replays",
+               "env": prov,
                **summary, "sweep": result["sweep"]}
     path = save(f"{op}", payload, also=args.out)
     harness.print_table(f"{op}: TB/s on {prov.get('gpu', '?')} (bf16)", shapes, names, rows)
-    print("\nkfc / best peer, per shape: " + ", ".join(
-        f"{s['N']}:{s['ratio_vs_best_peer']:.2f}" for s in summary["shapes"] if "ratio_vs_best_peer" in s))
-    g = summary["geomean_ratio_vs_best_peer"]
-    print(f"geomean kfc / best peer: {g:.3f}" if g else "geomean: no peer ran")
+    print("\nkfc / best peer, eager (graph), per shape: " + ", ".join(
+        f"{s['N']}:{s['ratio_vs_best_peer']:.2f} ({s['graph_ratio_vs_best_peer']:.2f})"
+        for s in summary["shapes"] if "ratio_vs_best_peer" in s))
+    print("kfc eager / graph, per shape: " + ", ".join(
+        f"{s['N']}:{s['kfc_eager_over_graph']:.3f}" for s in summary["shapes"] if "kfc_eager_over_graph" in s))
+    g, gg = summary["geomean_ratio_vs_best_peer"], summary["geomean_graph_ratio_vs_best_peer"]
+    print(f"geomean kfc / best peer: eager {g:.3f}, graph {gg:.3f}" if g else "geomean: no peer ran")
     gb = summary["geomean_ratio_best_swept_vs_best_peer"]
     if gb:
         print(f"geomean best swept kfc / best peer: {gb:.3f}")

@@ -36,6 +36,8 @@ class Generator:
         if self.name in ("normal", "logsigmoid", "sigmoid") and len(args) == 2 and not isinstance(args[1], str) \
                 and not args[1] > 0:
             return f"needs a positive std, got {args[1]}"
+        if self.name == "softmax" and args and not isinstance(args[0], str) and not args[0] > 0:
+            return f"needs a positive std, got {args[0]}"
         if self.name == "randint" and any(isinstance(a, float) for a in args):
             return "draws integers: its bounds are integers"
         if self.name == "offsets" and args and not isinstance(args[0], str) and args[0] < 0:
@@ -82,6 +84,12 @@ def _unit(rng, shape):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
+def _softmax(rng, shape, std=1.0):
+    x = rng.normal(0.0, std, size=shape)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 def _randint(rng, shape, lo=0, hi=100):
     return rng.integers(lo, hi, size=shape)
 
@@ -105,6 +113,8 @@ GENERATORS: dict[str, Generator] = {g.name: g for g in [
     Generator("logsigmoid", "logsigmoid(mean=0, std=1): log(sigmoid(normal(mean, std))), a log-space decay <= 0",
               _logsigmoid, 2),
     Generator("sigmoid", "sigmoid(mean=0, std=1): sigmoid(normal(mean, std)), in (0, 1)", _sigmoid, 2),
+    Generator("softmax", "softmax(std=1): rows of softmax(normal(0, std)) along the last dim, each summing to 1",
+              _softmax, 1),
     Generator("unit", "unit(): normal rows scaled to unit L2 norm along the last dim", _unit, 0),
     Generator("randint", "randint(lo=0, hi=100): integers in [lo, hi)", _randint, 2, wants="int"),
     Generator("offsets", "offsets(TOTAL): cu_seqlens-style boundaries from 0 to TOTAL", _offsets, 1, wants="int"),

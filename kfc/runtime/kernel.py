@@ -27,7 +27,7 @@ from ..ir.printer import print_ir
 from ..ir.signature import bind_dims, output_shape
 from ..ir.types import MemSpace
 from ..target import Target, parse_target
-from . import cache
+from . import cache, fastcall
 from .driver import CTYPES, LoadedKernel
 
 
@@ -59,7 +59,8 @@ class KfcKernel:
         self.pipeline = pipeline
         self._loaded: dict[tuple, tuple[LoadedKernel, dict]] = {}
         self._lock = threading.Lock()
-        self._torch_op = None
+        self._native = _UNRESOLVED  # the compiled fast path, None for the ctypes one below; built on first launch
+        self._launchers: list = []  # the compiled fast path's prepared signatures, newest first
         self._fast: dict[tuple, PreparedCall] = {}
 
     @property
@@ -146,23 +147,28 @@ class KfcKernel:
         inst = self._kernels.get(key)
         if inst is None:
             inst = KfcKernel(spec, self._target, self.pipeline)
+            inst._native = self._native
             self._kernels[key] = inst
         return inst
 
     # --- call ---------------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
         if not kwargs:
-            fast = self._fast_call(args, out)
+            native = self._native
+            fast = native.dispatch(self._launchers, args, out, _MISS) if native else self._fast_call(args, out)
             if fast is not _MISS:
                 return fast
         bound = self.bind(args, kwargs)
         inst = self.instance_for(bound)
         if inst is not self:
             result = inst(*args, out=out, **kwargs)
-            if not kwargs:  # the instance's prepared call serves this signature from here on
+            if not kwargs:  # the instance's prepared calls serve this signature from here on
                 key = (_signature(args), _out_signature(out))
                 if key in inst._fast:
                     self._fast[key] = inst._fast[key]
+                for launcher in inst._launchers:
+                    if launcher not in self._launchers:
+                        _remember(self._launchers, launcher)
             return result
         return self._call(bound, out, args if not kwargs else None)
 
@@ -197,10 +203,15 @@ class KfcKernel:
         outs = self.outputs(out, dims, device)
         index = device.index if device.index is not None else torch.cuda.current_device()
         loaded, report = self.kernel_for(dims, index)
+        if self._native is _UNRESOLVED:
+            self._native = fastcall.module()
         call = self.prepare(loaded, report, bound, dims, index, out is not None)
         call.run_bound(bound, outs)
         if positional is not None:  # the same signature skips all of this next time
-            self._fast[(_signature(positional), _out_signature(out))] = call
+            if self._native:
+                _remember(self._launchers, call.native(self._native, positional, out))
+            else:
+                self._fast[(_signature(positional), _out_signature(out))] = call
         result = tuple(outs[v.name] for v in func.outputs)
         return result[0] if len(result) == 1 else result
 
@@ -234,9 +245,11 @@ class KfcKernel:
         from .launcher import PreparedLaunch
 
         launch = report["launch"]
-        slot_types, fixed, tensors, scalars, outputs = [], {}, [], [], []
+        slot_types, kinds, fixed, tensors, scalars, outputs = [], [], {}, [], [], []
         names = self.func.input_names
         for k, p in enumerate(launch["params"]):
+            kinds.append(fastcall.KINDS[p["ctype"] if p["kind"] == "scalar" else "ptr" if p["kind"] == "tensor"
+                                        else "long long"])
             if p["kind"] == "tensor":
                 slot_types.append(ctypes.c_void_p)
                 if p["is_output"]:
@@ -269,72 +282,34 @@ class KfcKernel:
             ctas = min(ctas, max(1, (sms * per_sm) // cluster))
         if cluster > 8:
             loaded.allow_large_clusters()
-        allocators = [self.allocator(output_shape(v.ttype, dims), v.ttype.dtype.torch, bound, device_index)
-                      for v in self.func.outputs]
+        allocations = [Allocation(v.ttype.dtype.torch, output_shape(v.ttype, dims), device_index, bound,
+                                  self.func.input_names) for v in self.func.outputs]
         prepared = PreparedLaunch(int(loaded.function), int(ensure_context(device_index)), ctas * cluster,
                                   launch["block"], cluster, 0, slot_types, device_index, loaded.name)
         for k, value in fixed.items():
             prepared.slots.values[k].value = value
-        return PreparedCall(prepared, tensors, scalars, outputs, allocators, outputs_given, ctas > 0)
-
-    def allocator(self, shape: tuple, dtype, bound: dict, device_index: int):
-        """How a call allocates an output: like an input of its shape and dtype when there is
-        one (torch.empty_like costs a third of torch.empty's host time), else like an input of
-        its dtype, else from scratch. Returns a function of the call's positional arguments."""
-        import torch
-
-        names = self.func.input_names
-        tensors = [(names.index(n), t) for n, t in bound.items() if isinstance(t, torch.Tensor)]
-        for i, t in tensors:
-            if tuple(t.shape) == shape and t.dtype == dtype:
-                return lambda args, i=i: torch.empty_like(args[i])
-        for i, t in tensors:
-            if t.dtype == dtype:
-                return lambda args, i=i: args[i].new_empty(shape)
-        device = torch.device("cuda", device_index)
-        return lambda args: torch.empty(shape, dtype=dtype, device=device)
+        return PreparedCall(prepared, kinds, fixed, tensors, scalars, outputs, allocations, outputs_given, ctas > 0)
 
     # --- torch integration --------------------------------------------------------------------
-    def as_torch_op(self):
-        """This kernel as a torch.library custom op `kfc::<name>` (with a fake for tracing)."""
-        if self._torch_op is not None:
-            return self._torch_op
-        import torch
+    def as_torch_op(self, name: str | None = None):
+        """This kernel as the torch custom op torch.ops.kfc.<name> (see kfc.ops)."""
+        from ..ops import register
 
-        lib = torch.library.Library("kfc", "FRAGMENT")
-        parts = []
-        for v in self.func.inputs:
-            t = v.ttype
-            if t.space is MemSpace.REG:
-                parts.append(f"float {v.name}" if t.dtype.is_float else f"int {v.name}")
-            else:
-                parts.append(f"Tensor{'?' if t.optional else ''} {v.name}")
-        n_out = len(self.func.outputs)
-        ret = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
-        op_name = self.spec.instance_name
-        try:
-            lib.define(f"{op_name}({', '.join(parts)}) -> {ret}")
-        except RuntimeError as e:
-            raise KfcError(f"cannot register torch op kfc::{op_name}: {e}",
-                           hint="one process can register each op name once") from None
-        lib.impl(op_name, lambda *a: self(*a), "CUDA")
-
-        def fake(*a):
-            bound = self.bind(a, {})
-            shapes = {k: (None if v is None else tuple(v.shape)) for k, v in bound.items() if hasattr(v, "shape") or v is None}
-            dims = bind_dims(self.func, shapes)
-            device = next(v.device for v in bound.values() if hasattr(v, "device"))
-            res = tuple(torch.empty(output_shape(v.ttype, dims), dtype=v.ttype.dtype.torch, device=device)
-                        for v in self.func.outputs)
-            return res[0] if n_out == 1 else res
-
-        torch.library.register_fake(f"kfc::{op_name}", fake, lib=lib)
-        self._lib = lib
-        self._torch_op = getattr(torch.ops.kfc, op_name)
-        return self._torch_op
+        return register(self, name)
 
 
 _MISS = object()
+
+
+class _Unresolved:
+    """The launcher not chosen yet (falsy, so a call takes the ctypes fast path, misses, and
+    the full path chooses)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+_UNRESOLVED = _Unresolved()
 
 
 def _signature(args: tuple) -> tuple:
@@ -356,16 +331,59 @@ def _Tensor():
     return torch.Tensor
 
 
+def _remember(launchers: list, launcher, keep: int = 16) -> None:
+    """Put a prepared signature first; the oldest goes beyond `keep` (each miss costs a check)."""
+    launchers.insert(0, launcher)
+    del launchers[keep:]
+
+
+class Allocation:
+    """How the ctypes fast path makes one output: like an input of its shape and dtype when
+    there is one (torch.empty_like costs a third of torch.empty's host time), else like an input
+    of its dtype, else from scratch. (The compiled launcher calls at::empty.)"""
+
+    LIKE, NEW, EMPTY = range(3)
+
+    def __init__(self, dtype, shape: tuple, device_index: int, bound: dict, names: list[str]) -> None:
+        torch = _torch()
+        self.dtype, self.shape, self.mode, self.arg = dtype, shape, self.EMPTY, -1
+        self.device = torch.device("cuda", device_index)
+        tensors = [(names.index(n), t) for n, t in bound.items() if isinstance(t, torch.Tensor)]
+        for mode, fits in ((self.LIKE, lambda t: tuple(t.shape) == shape and t.dtype == dtype),
+                           (self.NEW, lambda t: t.dtype == dtype)):
+            hit = next((i for i, t in tensors if fits(t)), None)
+            if hit is not None:
+                self.mode, self.arg = mode, hit
+                return
+
+    def __call__(self, args: tuple):
+        if self.mode == self.LIKE:
+            return _torch().empty_like(args[self.arg])
+        if self.mode == self.NEW:
+            return args[self.arg].new_empty(self.shape)
+        return _torch().empty(self.shape, dtype=self.dtype, device=self.device)
+
+
+@functools.cache
+def _torch():
+    import torch
+
+    return torch
+
+
 class PreparedCall:
     """A signature's call: which positional arguments fill which slots, the outputs to
     allocate (or the given ones to check), and the prepared launch."""
 
-    def __init__(self, launch, tensors, scalars, outputs, allocators, outputs_given: bool, runs: bool) -> None:
+    def __init__(self, launch, kinds, fixed, tensors, scalars, outputs, allocators, outputs_given: bool,
+                 runs: bool) -> None:
         self.launch = launch
+        self.kinds = kinds          # per slot, fastcall.KINDS
+        self.fixed = fixed          # slot -> the value the signature fixes (dims, defaulted scalars)
         self.tensors = tensors      # (argument index, name, slot)
         self.scalars = scalars      # (argument index, name, slot, float | int)
         self.outputs = outputs      # (name, slot)
-        self.allocators = allocators  # per output: positional arguments -> a new tensor
+        self.allocators = allocators  # per output: an Allocation (its dtype, shape; how ctypes makes it)
         self.outputs_given = outputs_given
         self.runs = runs            # False when there are no rows: nothing to launch
         self.lock = threading.Lock()
@@ -390,6 +408,33 @@ class PreparedCall:
             if self.runs:
                 self.launch.launch()
 
+    def native(self, module, args: tuple, out):
+        """This call as a compiled launcher (fastcall.cpp) for the signature of `args` and `out`."""
+        from .driver import ensure_context
+        from .launcher import libcuda
+
+        lib = libcuda()
+        fixed = dict(self.fixed)
+        tensors = []
+        for i, _, k in self.tensors:
+            if i >= len(args):  # an optional tensor left out: a null pointer
+                fixed[k] = 0
+                continue
+            tensors.append(_tensor_spec(i, k, args[i]))
+        launch = self.launch
+        config = launch.config
+        outputs = [(j, k, a.dtype, a.shape, launch.device_index)
+                   for j, ((_, k), a) in enumerate(zip(self.outputs, self.allocators))]
+        return module.Launcher(
+            launch=ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value,
+            ctx_set=ctypes.cast(lib.cuCtxSetCurrent, ctypes.c_void_p).value,
+            context=int(ensure_context(launch.device_index)), function=launch.function,
+            grid=(config.gridDimX, 1, 1), block=(config.blockDimX, 1, 1), cluster=launch.cluster,
+            smem=config.sharedMemBytes, kinds=bytes(self.kinds), fixed=fixed, nargs=len(args), tensors=tensors,
+            scalars=[(i, k) for i, _, k, _ in self.scalars], outputs=outputs, outputs_given=self.outputs_given,
+            stream_of=launch.stream_of, device=launch.device_index, on_error=launch.raise_error, miss=_MISS,
+            name=launch.name)
+
     def call(self, args: tuple, out):
         """The fast path (see KfcKernel._fast_call)."""
         n = len(args)
@@ -412,6 +457,14 @@ class PreparedCall:
             outs = tuple(alloc(args) for alloc in self.allocators)
         self.run(ptrs, [args[i] for i, _, _, _ in self.scalars], outs)
         return outs[0] if len(outs) == 1 else outs
+
+
+def _tensor_spec(arg: int, slot: int, t) -> tuple:
+    """What fastcall.cpp checks of a tensor argument: (argument, slot, dtype, shape, device
+    index, -1 for the CPU); a None argument has dtype None."""
+    if t is None:
+        return (arg, slot, None, (), -1)
+    return (arg, slot, t.dtype, tuple(t.shape), t.get_device())
 
 
 def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]):

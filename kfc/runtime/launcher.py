@@ -93,6 +93,7 @@ class PreparedLaunch:
         self.device_index = device_index
         self.name = name
         self.slots = ArgSlots(slot_types)
+        self.cluster = cluster
         self.config = _LaunchConfig(grid, 1, 1, block, 1, 1, smem, None, None, 0)
         if cluster > 1:
             self.attr = _LaunchAttribute()
@@ -111,10 +112,13 @@ class PreparedLaunch:
             err = lib.cuCtxSetCurrent(self.context) or \
                 lib.cuLaunchKernelEx(self.config_ref, self.function, self.slots.address, None)
         if err:
-            from .driver import check
+            self.raise_error(err)
 
-            check((_cuda_result(err),), f"launching {self.name}")
-            raise KfcError(f"CUDA error {err} launching {self.name}")
+    def raise_error(self, err: int) -> None:
+        from .driver import check
+
+        check((_cuda_result(err),), f"launching {self.name}")
+        raise KfcError(f"CUDA error {err} launching {self.name}")
 
 
 def _cuda_result(code: int):

@@ -1,0 +1,33 @@
+"""The kernels kfc ships (kernels/*.kfc), from the source tree or the installed package, loaded
+once per process."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+from .diagnostics import KfcError
+
+_SOURCE_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def kernel_path(name: str) -> Path:
+    path = _SOURCE_DIR / f"{name}.kfc"
+    if path.is_file():
+        return path
+    try:
+        installed = resources.files("kfc.kernels").joinpath(f"{name}.kfc")
+    except ModuleNotFoundError:
+        installed = None
+    if installed is None or not installed.is_file():
+        raise KfcError(f"kfc ships no kernel named {name!r}")
+    return Path(str(installed))
+
+
+@functools.cache
+def kernel(name: str):
+    """The shipped kernel `name` as a callable (kfc.runtime.kernel.KfcKernel)."""
+    from .runtime.kernel import load
+
+    return load(kernel_path(name))

@@ -1,0 +1,44 @@
+"""References for the norms' and softmax's backward kernels, in float64. The norms' go through
+autograd of torch's own forward, so they share no formula with the kernels they check."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["rmsnorm_bwd_dx", "layernorm_bwd_dx", "softmax_bwd"]
+
+
+def _grad(forward, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    with torch.enable_grad():  # references run under no_grad
+        xd = x.detach().double().requires_grad_(True)
+        (dx,) = torch.autograd.grad(forward(xd), xd, dy.double())
+    return dx
+
+
+def rmsnorm_bwd_dx(x, w, dy, dres, eps):
+    """dx of y = rmsnorm(x) * w (plus dres, the gradient arriving at a fused residual's output)
+    and the rows' 1/rms."""
+    wd = w.double()
+    dx = _grad(lambda t: torch.nn.functional.rms_norm(t, (t.shape[-1],), wd, eps), x, dy)
+    if dres is not None:
+        dx = dx + dres.double()
+    rstd = torch.rsqrt(x.double().pow(2).mean(-1) + eps)
+    return dx.to(x.dtype), rstd.float()
+
+
+def layernorm_bwd_dx(x, w, dy, eps):
+    """dx of y = layer_norm(x) * w + b, and the rows' mean and 1/std."""
+    wd = w.double()
+    dx = _grad(lambda t: torch.nn.functional.layer_norm(t, (t.shape[-1],), wd, None, eps), x, dy)
+    xd = x.double()
+    mean = xd.mean(-1)
+    rstd = torch.rsqrt(xd.var(-1, unbiased=False) + eps)
+    return dx.to(x.dtype), mean.float(), rstd.float()
+
+
+def softmax_bwd(y, dy):
+    """dx of y = softmax(x) along the last dim, from y and dy: the softmax's Jacobian
+    diag(y) - y yᵀ applied to dy, in float64. (Through autograd at the logits log(y) it would
+    renormalise y, which in bf16 sums to 1 only within rounding.)"""
+    yd, dyd = y.double(), dy.double()
+    return (yd * dyd - yd * (yd * dyd).sum(-1, keepdim=True)).to(y.dtype)
