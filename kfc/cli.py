@@ -25,6 +25,7 @@ examples:
   kfc check kernels/kda_fwd.kfc --seed 7     replay one seed
   kfc opt kernels/softmax.kfc                print its tile IR
   kfc opt kernels/softmax.kfc -o sm.kir      ... into a file; `kfc opt sm.kir` reads it back
+  kfc package kernels/rmsnorm.kfc --shape N=4096 -o dist/rmsnorm    a pip-installable package (no kfc needed)
 
 exit status: 0 ok, 1 a check failed, 2 bad input, 3 internal error (KFC_DEBUG=1 shows the traceback)
 """
@@ -119,6 +120,28 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("-j", "--jobs", type=int_in(1, 1024), default=os.cpu_count() or 1,
                    help="parallel compiles (1 to 1024; default: the CPU count)")
     w.set_defaults(run=cmd_warm)
+
+    pk = sub.add_parser(
+        "package", help="write an op as a standalone pip-installable package (torch, no kfc)",
+        description="Build the op's kernels for every instance of its type parameters, every --target and every "
+        "--shape (the fixed dims; the row count stays free; default: the check block's shapes), and write a "
+        "Python package to -o: the CUDA source, PTX and cubins, a launcher, the torch custom op with a fake, "
+        "the check block's cases as tests, a benchmark and a report (pipelines, provenance, and what the "
+        "knowledge base measured). It needs torch and a GPU of a packaged target, not kfc. Blackwell kernels "
+        "are proven by the interpreter and ptxas unless the knowledge base shows a B200 run.",
+        epilog="example:\n  kfc package kernels/rmsnorm.kfc --target sm_90a --target sm_100a --shape N=4096 "
+               "-o dist/rmsnorm\n  pip install dist/rmsnorm && pytest dist/rmsnorm/tests",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pk.add_argument("file", help="a .kfc file")
+    pk.add_argument("--target", type=cli_args.target, action="append", metavar="SM",
+                    help="sm_90a, sm_100a, ... (repeatable; default: the file's targets, else sm_90a)")
+    pk.add_argument("--shape", type=cli_args.shape, action="append", metavar="N=..",
+                    help="fixed dims to build (repeatable; default: every shape of the check block)")
+    pk.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: by kind of op)")
+    pk.add_argument("-o", "--output", required=True, metavar="DIR", help="a new or empty folder for the package")
+    pk.add_argument("--kb", metavar="PATH", help="the knowledge base whose measurements the report shows "
+                    "(default: $KFC_KB, else ~/.cache/kfc/kb.sqlite, when it exists)")
+    pk.set_defaults(run=cmd_package)
 
     from .factory.cli import add_tune_command
 
@@ -340,6 +363,21 @@ def best_recorded_pipeline(spec, target, shape, kb_path) -> str:
     print(f"from the knowledge base: candidate {best.candidate_id}, {best.outcome.median_us:.1f} us: "
           f"{best.proposal.pipeline}")
     return best.proposal.pipeline
+
+
+def cmd_package(args) -> int:
+    from pathlib import Path
+
+    from .frontend import load_kfc
+    from .kb.store import default_path
+    from .package.build import build_package
+    from .target import parse_target
+
+    names = args.target or load_kfc(args.file).targets or ("sm_90a",)
+    targets = [parse_target(t) for t in dict.fromkeys(names)]
+    build_package(args.file, targets, args.shape or [], Path(args.output), args.pipeline,
+                  Path(args.kb) if args.kb else default_path())
+    return 0
 
 
 def cmd_warm(args) -> int:

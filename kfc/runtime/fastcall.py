@@ -13,7 +13,8 @@ the per-call work is the same, and it is built once, not once per kernel.
 
 The first build takes seconds (torch's headers are large); kfc says so on stderr while it
 builds. Where it cannot be built (no compiler, no torch headers, KFC_LAUNCHER=ctypes) kfc
-says why once and launches through ctypes instead (kfc.runtime.launcher).
+says why once and launches through ctypes instead (kfc.runtime.launcher). Self-contained
+like launcher.py: `kfc package` copies both, with fastcall.cpp, into the packages it writes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 
-from .cache import cache_dir
+try:
+    from .cache import cache_dir
+except ImportError:  # vendored into a package `kfc package` wrote, which runs without kfc
+    def cache_dir() -> Path:
+        base = os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
+        return Path(base) / __name__.split(".")[0]
 
 SOURCE = Path(__file__).with_name("fastcall.cpp")
 MODULE = "kfc_fastcall"

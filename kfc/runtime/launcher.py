@@ -8,6 +8,9 @@ Why ctypes on libcuda and not cuda-python's wrapper: the wrapper converts the ar
 and the launch config on every call; here both are C structures built once and updated in
 place, so a launch costs one foreign call (`bench/launch_overhead.py` measures it).
 
+Self-contained (the standard library, ctypes and torch): `kfc package` copies it into the
+packages it writes, which run without kfc.
+
 The CUDA structures are laid out as cuda.h declares them (CUDA 12 and 13):
 
     CUlaunchConfig { unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
@@ -23,7 +26,15 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ..diagnostics import KfcError
+try:
+    from ..diagnostics import KfcError as LaunchError
+    from .driver import GpuUnavailable
+except ImportError:  # vendored into a package `kfc package` wrote, which runs without kfc
+    class LaunchError(RuntimeError):
+        pass
+
+    class GpuUnavailable(LaunchError):
+        pass
 
 CLUSTER_DIMENSION = 4
 INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: no current context on this thread
@@ -49,13 +60,12 @@ def libcuda():
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
-        from .driver import GpuUnavailable
-
         raise GpuUnavailable(f"the CUDA driver library cannot be loaded: {e}") from None
     lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     lib.cuLaunchKernelEx.restype = ctypes.c_int
     lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
     lib.cuCtxSetCurrent.restype = ctypes.c_int
+    lib.cuModuleGetFunction.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
     return lib
 
 
@@ -115,13 +125,59 @@ class PreparedLaunch:
             self.raise_error(err)
 
     def raise_error(self, err: int) -> None:
-        from .driver import check
-
-        check((_cuda_result(err),), f"launching {self.name}")
-        raise KfcError(f"CUDA error {err} launching {self.name}")
+        raise LaunchError(f"CUDA error in launching {self.name}: {error_text(err)}")
 
 
-def _cuda_result(code: int):
-    from .driver import _driver
+def error_text(err: int) -> str:
+    """The driver's name and description of an error code (CUDA_ERROR_...: ...)."""
+    lib = libcuda()
+    name, text = ctypes.c_char_p(), ctypes.c_char_p()
+    lib.cuGetErrorName(err, ctypes.byref(name))
+    lib.cuGetErrorString(err, ctypes.byref(text))
+    return f"{(name.value or b'CUDA error %d' % err).decode()}: {(text.value or b'unknown error').decode()}"
 
-    return _driver().CUresult(code)
+
+def check(err: int, what: str) -> None:
+    if err:
+        raise LaunchError(f"CUDA error in {what}: {error_text(err)}")
+
+
+class Module:
+    """A cubin loaded into the current context with the driver's own calls (what a package
+    that ships without kfc and cuda-python uses; kfc itself loads through kfc.runtime.driver)."""
+
+    def __init__(self, cubin: bytes, kernel: str, context: int) -> None:
+        lib = libcuda()
+        check(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+        self._image = ctypes.create_string_buffer(cubin, len(cubin))
+        self.handle, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        check(lib.cuModuleLoadData(ctypes.byref(self.handle), self._image), "cuModuleLoadData")
+        check(lib.cuModuleGetFunction(ctypes.byref(fn), self.handle, kernel.encode()), f"cuModuleGetFunction({kernel})")
+        self.function = fn.value
+        self.name = kernel
+
+    def allow_large_clusters(self) -> None:
+        # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 16
+        check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 16, 1), "allowing a cluster above 8")
+
+    def max_active_blocks(self, block: int, smem: int = 0) -> int:
+        n = ctypes.c_int()
+        check(libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(self.function),
+                                                                     block, ctypes.c_size_t(smem)),
+              "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return n.value
+
+
+def primary_context(device_index: int) -> int:
+    """torch's context for the device (its primary context), made current."""
+    import torch
+
+    torch.cuda.init()
+    with torch.cuda.device(device_index):
+        torch.empty(1, device=f"cuda:{device_index}")  # forces the primary context
+    lib = libcuda()
+    check(lib.cuInit(0), "cuInit")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    check(lib.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
+    check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    return ctx.value

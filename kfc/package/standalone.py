@@ -1,0 +1,354 @@
+"""The runtime of a package `kfc package` writes: calls one op's prebuilt cubins from torch,
+without kfc. Self-contained (the standard library, ctypes and torch, plus launcher.py and
+fastcall.py copied beside it); `kfc package` copies this file into the package as _op.py.
+
+The op is described by the package's op.json (written from the op's IR by kfc.package.build):
+its inputs and outputs with their shapes as symbols, literal sizes or symbol+offset, their
+dtypes or type parameters, scalars' defaults, and per instance (type arguments) the kernels
+built for each target and fixed dims, with their launch contracts. A call binds the
+arguments, picks the instance by the tensors' dtypes and the kernel by the GPU and the dims,
+checks every tensor (dtype, device, contiguity, 16-byte alignment, shape), makes the outputs
+and launches; a signature seen before goes straight to the launch (fastcall's compiled
+launcher where it builds, else ctypes).
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import json
+import math
+import operator
+import threading
+from pathlib import Path
+
+from . import fastcall, launcher
+
+CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,
+          "bool": ctypes.c_bool, "signed char": ctypes.c_int8}
+TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8",
+                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "bool": "bool"}
+_MISS = object()
+
+
+class OpError(ValueError):
+    """A call the op cannot take: what is wrong and what to do."""
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+           ast.Mod: operator.mod}
+
+
+def evaluate(expr: str, dims: dict[str, int]) -> int:
+    """An integer expression over dims (+ - * // %, parentheses): a launch's row count."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in dims:
+            return int(dims[node.id])
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise OpError(f"cannot evaluate {expr!r}")
+    return ev(ast.parse(expr, mode="eval"))
+
+
+def target_of_device(index: int) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major * 10 + minor}"
+
+
+class Op:
+    """One op of a package: `op(*inputs, out=None, **inputs)`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.meta = json.loads((self.root / "op.json").read_text())
+        self.name = self.meta["op"]
+        self.inputs = self.meta["inputs"]
+        self.outputs = self.meta["outputs"]
+        self._modules: dict[tuple, launcher.Module] = {}
+        self._prepared: dict[tuple, object] = {}
+        self._native = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<kfc-packaged op {self.name}: {self.meta['signature']}>"
+
+    # --- binding --------------------------------------------------------------------------------
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        names = [i["name"] for i in self.inputs]
+        if len(args) > len(names):
+            raise OpError(f"{self.name} takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise OpError(f"{self.name} has no input {k!r}; its inputs are {', '.join(names)}")
+            if k in bound:
+                raise OpError(f"{self.name}: input {k!r} given twice")
+            bound[k] = v
+        return bound
+
+    def instance(self, bound: dict) -> dict:
+        """The instance whose type arguments the tensors' dtypes give."""
+        want = {}
+        for i in self.inputs:
+            param, value = i.get("type_param"), bound.get(i["name"])
+            if param is None or value is None or not hasattr(value, "dtype"):
+                continue
+            name = next((k for k, v in TORCH_DTYPES.items() if torch_dtype(k) == value.dtype), str(value.dtype))
+            if param in want and want[param] != name:
+                raise OpError(f"{self.name}: {i['name']!r} is {value.dtype} but another input of type {param} is "
+                              f"{TORCH_DTYPES.get(want[param], want[param])}")
+            want[param] = name
+        for inst in self.meta["instances"]:
+            if all(inst["dtypes"].get(p) == d for p, d in want.items()):
+                return inst
+        have = ", ".join("/".join(f"{p}={d}" for p, d in inst["dtypes"].items()) for inst in self.meta["instances"])
+        raise OpError(f"{self.name}: no instance for {', '.join(f'{p}={d}' for p, d in want.items())}; "
+                      f"this package has {have}", )
+
+    def dims(self, bound: dict, inst: dict) -> dict[str, int]:
+        dims: dict[str, int] = {}
+        for i in self.inputs:
+            value = bound.get(i["name"])
+            if i["kind"] != "tensor" or value is None:
+                continue
+            if len(value.shape) != len(i["shape"]):
+                raise OpError(f"{self.name}: {i['name']!r} has {len(value.shape)} dims; the op takes {i['type']}")
+            for k, (d, n) in enumerate(zip(i["shape"], value.shape)):
+                if isinstance(d, int):
+                    if d != n:
+                        raise OpError(f"{self.name}: {i['name']!r} dim {k} is {n}; the op fixes it at {d}")
+                    continue
+                sym, offset = d
+                if dims.setdefault(sym, n - offset) != n - offset:
+                    raise OpError(f"{self.name}: {i['name']!r} dim {k} gives {sym}={n - offset}, but another "
+                                  f"input gave {sym}={dims[sym]}")
+        return dims
+
+    def check(self, name: str, value, spec: dict, dtype, device):
+        import torch
+
+        if value is None:
+            if not spec.get("optional"):
+                raise OpError(f"{self.name}: missing tensor {name!r} ({spec['type']})")
+            return device
+        if not isinstance(value, torch.Tensor):
+            raise OpError(f"{self.name}: {name!r} must be a torch tensor, not {type(value).__name__}")
+        if value.dtype != dtype:
+            raise OpError(f"{self.name}: {name!r} is {value.dtype}; this instance takes {dtype}")
+        if value.device.type != "cuda":
+            raise OpError(f"{self.name}: {name!r} is on {value.device}; kernels run on the GPU (move it with .cuda())")
+        if device is not None and value.device != device:
+            raise OpError(f"{self.name}: {name!r} is on {value.device} but the other tensors are on {device}")
+        if not value.is_contiguous():
+            raise OpError(f"{self.name}: {name!r} is not contiguous; call .contiguous() first")
+        if value.data_ptr() % 16:
+            raise OpError(f"{self.name}: {name!r} is not 16-byte aligned; pass a freshly allocated tensor")
+        return value.device
+
+    # --- call -----------------------------------------------------------------------------------
+    def __call__(self, *args, out=None, **kwargs):
+        if not kwargs:
+            if self._native:
+                hit = self._native.dispatch(self._launchers, args, out, _MISS)
+                if hit is not _MISS:
+                    return hit
+        return self._call(self.bind(args, kwargs), out, None if kwargs else args)
+
+    _launchers: list = []
+
+    def _call(self, bound: dict, out, positional):
+        import torch
+
+        inst = self.instance(bound)
+        device = None
+        for i in self.inputs:
+            if i["kind"] == "tensor":
+                device = self.check(i["name"], bound.get(i["name"]), i, torch_dtype(inst["types"][i["name"]]), device)
+        if device is None:
+            raise OpError(f"{self.name}: no tensor input tells the device")
+        dims = self.dims(bound, inst)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        kernel = self.kernel_for(inst, dims, index)
+        shapes = {o["name"]: tuple(evaluate(d, dims) if isinstance(d, str) else d for d in o["shape"])
+                  for o in self.outputs}
+        outs = self.outputs_for(out, inst, shapes, device)
+        prepared = self.prepare(kernel, inst, bound, dims, index)
+        prepared.run(bound, outs)
+        if positional is not None and self._native:
+            if "_launchers" not in self.__dict__:
+                self._launchers = []
+            self._launchers.insert(0, prepared.native(self._native, positional, out, shapes, inst))
+            del self._launchers[16:]
+        result = tuple(outs[o["name"]] for o in self.outputs)
+        return result[0] if len(result) == 1 else result
+
+    def kernel_for(self, inst: dict, dims: dict, index: int) -> dict:
+        target = target_of_device(index)
+        for k in inst["kernels"]:
+            if k["target"].rstrip("a") == target and all(dims.get(s) == v for s, v in k["dims"].items()):
+                return k
+        built = "; ".join(f"{k['target']} at {', '.join(f'{s}={v}' for s, v in k['dims'].items()) or 'any size'}"
+                          for k in inst["kernels"])
+        raise OpError(f"{self.name}: this package has no kernel for {target} at "
+                      f"{', '.join(f'{s}={dims[s]}' for s in sorted(dims))} (it has: {built}); rebuild it with "
+                      f"kfc package --target {target}a --shape ...")
+
+    def outputs_for(self, out, inst: dict, shapes: dict, device) -> dict:
+        import torch
+
+        given = {}
+        if out is not None:
+            given = dict(zip([o["name"] for o in self.outputs], out if isinstance(out, (tuple, list)) else (out,)))
+        outs = {}
+        for o in self.outputs:
+            dtype = torch_dtype(inst["types"][o["name"]])
+            if o["name"] in given:
+                t = given[o["name"]]
+                self.check(o["name"], t, o, dtype, device)
+                if tuple(t.shape) != shapes[o["name"]]:
+                    raise OpError(f"{self.name}: out {o['name']!r} is {tuple(t.shape)}, must be {shapes[o['name']]}")
+                outs[o["name"]] = t
+            else:
+                outs[o["name"]] = torch.empty(shapes[o["name"]], dtype=dtype, device=device)
+        return outs
+
+    def prepare(self, kernel: dict, inst: dict, bound: dict, dims: dict, index: int) -> "Prepared":
+        import torch
+
+        key = (kernel["cubin"], tuple(sorted(dims.items())), index,
+               tuple(n for n, v in bound.items() if v is None))
+        with self._lock:
+            if key in self._prepared:
+                return self._prepared[key]
+            if self._native is None:
+                self._native = fastcall.module() or False
+            module_key = (kernel["cubin"], index)
+            if module_key not in self._modules:
+                context = launcher.primary_context(index)
+                self._modules[module_key] = launcher.Module((self.root / kernel["cubin"]).read_bytes(),
+                                                            kernel["launch"]["kernel"], context)
+            module = self._modules[module_key]
+            launch = kernel["launch"]
+            rows = evaluate(launch["rows"], dims)
+            ctas = math.ceil(rows / launch["rows_per_cta"]) if rows > 0 else 0
+            cluster = launch["cluster"]
+            if launch["persistent"] and ctas:
+                sms = torch.cuda.get_device_properties(index).multi_processor_count
+                ctas = min(ctas, max(1, (sms * max(1, module.max_active_blocks(launch["block"]))) // cluster))
+            if cluster > 8:
+                module.allow_large_clusters()
+            prepared = Prepared(self, module, launch, ctas * cluster, bound, dims, index)
+            self._prepared[key] = prepared
+            return prepared
+
+
+class Prepared:
+    """One kernel at one set of dims on one device: its argument slots and launch."""
+
+    def __init__(self, op: Op, module, launch: dict, grid: int, bound: dict, dims: dict, index: int) -> None:
+        self.params = launch["params"]
+        types, self.kinds, self.fixed = [], [], {}
+        for k, p in enumerate(self.params):
+            if p["kind"] == "tensor":
+                types.append(ctypes.c_void_p)
+                self.kinds.append(fastcall.KINDS["ptr"])
+            elif p["kind"] == "scalar":
+                types.append(CTYPES[p["ctype"]])
+                self.kinds.append(fastcall.KINDS[p["ctype"]])
+                if bound.get(p["name"]) is None:
+                    self.fixed[k] = _default(op, p["name"], dims)
+            else:
+                types.append(ctypes.c_longlong)
+                self.kinds.append(fastcall.KINDS["long long"])
+                self.fixed[k] = int(dims[p["name"]])
+        self.names = [i["name"] for i in op.inputs]
+        self.launch = launcher.PreparedLaunch(module.function, launcher.primary_context(index), grid, launch["block"],
+                                              launch["cluster"], 0, types, index, module.name)
+        for k, v in self.fixed.items():
+            self.launch.slots.values[k].value = v
+        self.lock = threading.Lock()
+
+    def run(self, bound: dict, outs: dict) -> None:
+        values = self.launch.slots.values
+        with self.lock:
+            for k, p in enumerate(self.params):
+                if p["kind"] == "tensor":
+                    t = outs.get(p["name"]) if p["is_output"] else bound.get(p["name"])
+                    values[k].value = 0 if t is None else t.data_ptr()
+                elif p["kind"] == "scalar" and bound.get(p["name"]) is not None:
+                    v = bound[p["name"]]
+                    values[k].value = float(v) if "float" in p["ctype"] or "double" in p["ctype"] else int(v)
+            if self.launch.config.gridDimX:
+                self.launch.launch()
+
+    def native(self, module, args: tuple, out, shapes: dict, inst: dict):
+        """This call's signature as a compiled launcher (fastcall.cpp)."""
+        lib = launcher.libcuda()
+        fixed, tensors, scalars, outputs = dict(self.fixed), [], [], []
+        for k, p in enumerate(self.params):
+            if p["kind"] == "tensor" and p["is_output"]:
+                outputs.append((len(outputs), k, torch_dtype(inst["types"][p["name"]]), shapes[p["name"]],
+                                self.launch.device_index))
+            elif p["kind"] == "tensor":
+                i = self.names.index(p["name"])
+                if i >= len(args):
+                    fixed[k] = 0
+                elif args[i] is None:
+                    tensors.append((i, k, None, (), -1))
+                else:
+                    tensors.append((i, k, args[i].dtype, tuple(args[i].shape), args[i].get_device()))
+            elif p["kind"] == "scalar" and p["name"] in self.names and self.names.index(p["name"]) < len(args):
+                scalars.append((self.names.index(p["name"]), k))
+        config = self.launch.config
+        return module.Launcher(
+            launch=ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value,
+            ctx_set=ctypes.cast(lib.cuCtxSetCurrent, ctypes.c_void_p).value, context=self.launch.context,
+            function=self.launch.function, grid=(config.gridDimX, 1, 1), block=(config.blockDimX, 1, 1),
+            cluster=self.launch.cluster, smem=0, kinds=bytes(self.kinds), fixed=fixed, nargs=len(args),
+            tensors=tensors, scalars=scalars, outputs=outputs, outputs_given=out is not None,
+            stream_of=self.launch.stream_of, device=self.launch.device_index, on_error=self.launch.raise_error,
+            miss=_MISS, name=self.launch.name)
+
+
+def _default(op: Op, name: str, dims: dict):
+    spec = next(i for i in op.inputs if i["name"] == name)
+    if "default" not in spec:
+        raise OpError(f"{op.name}: missing scalar {name!r}")
+    d = spec["default"]
+    return evaluate(d, dims) if isinstance(d, str) else d
+
+
+def register_torch_op(op: Op, namespace: str):
+    """`op` as the torch custom op torch.ops.<namespace>.<op name>, with a fake."""
+    import torch
+
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    lib.define(op.name + op.meta["schema"])
+    lib.impl(op.name, lambda *args: op(*args), "CUDA")
+
+    def fake(*args):
+        bound = op.bind(args, {})
+        inst = op.instance(bound)
+        dims = op.dims(bound, inst)
+        device = next(v.device for v in bound.values() if isinstance(v, torch.Tensor))
+        outs = tuple(torch.empty(tuple(evaluate(d, dims) if isinstance(d, str) else d for d in o["shape"]),
+                                 dtype=torch_dtype(inst["types"][o["name"]]), device=device) for o in op.outputs)
+        return outs[0] if len(outs) == 1 else outs
+
+    torch.library.register_fake(f"{namespace}::{op.name}", fake, lib=lib)
+    op._library = lib
+    return getattr(getattr(torch.ops, namespace), op.name)

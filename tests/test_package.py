@@ -1,0 +1,46 @@
+"""`kfc package` on the CPU: a packaged rmsnorm installs in a fresh venv that has no kfc, and
+the package's own tests pass there (all but the GPU ones, which tests/gpu runs on the H200)."""
+
+import json
+import subprocess
+
+import pytest
+
+from kfc.cli import main
+from tests.package_venv import build_and_install
+
+
+def test_a_packaged_rmsnorm_installs_and_passes_its_tests_without_kfc(tmp_path):
+    pkg, python = build_and_install(tmp_path, "kernels/rmsnorm.kfc", [{"N": 4096}, {"N": 7}])
+    r = subprocess.run([str(python), "-c", "import kfc"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0 and "No module named 'kfc'" in r.stderr
+    r = subprocess.run([str(python), "-c", "import kfc_rmsnorm, sys; print(kfc_rmsnorm.rmsnorm); "
+                        "assert 'kfc' not in sys.modules"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "rmsnorm(Tensor x, Tensor w, float eps=1e-06) -> Tensor" in r.stdout
+    r = subprocess.run([str(python), "-m", "pytest", "-q", "-m", "not gpu", "-p", "no:cacheprovider", "tests"],
+                       capture_output=True, text=True, cwd=pkg, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout
+    meta = json.loads((pkg / "src" / "kfc_rmsnorm" / "op.json").read_text())
+    assert {i["name"] for i in meta["instances"]} == {"rmsnorm_bf16", "rmsnorm_f16", "rmsnorm_f32"}
+    assert {(k["target"], k["dims"]["N"]) for i in meta["instances"] for k in i["kernels"]} == \
+        {("sm_90a", 4096), ("sm_90a", 7), ("sm_100a", 4096), ("sm_100a", 7)}
+    report = json.loads((pkg / "report.json").read_text())
+    assert len(report["kernels"]) == 12 and all(k["pipeline"] for k in report["kernels"])
+
+
+def test_package_refuses_a_folder_with_files(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    assert main(["package", "kernels/softmax.kfc", "--shape", "N=64", "-o", str(tmp_path)]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["package", "kernels/softmax.kfc", "--shape", "N=64"], "required: -o"),
+    (["package", "kernels/softmax.kfc", "--target", "sm_80", "-o", "x"], "unknown target"),
+])
+def test_package_bad_arguments(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
