@@ -187,3 +187,45 @@ def test_a_bad_pipeline_is_reported(capsys):
 
 def test_verify_each_through_compile(tmp_path):
     assert main(["compile", "kernels/softmax.kfc", "--shape", "N=1000", "--verify-each", "-o", str(tmp_path)]) == 0
+
+
+XENT = """
+op xent<T: bf16 | f16 | f32>(x: T[M, N], label: i32[M]) -> (loss: f32[M]) {
+  parallel m in 0..M {
+    xr = f32(x[m, :])
+    mx = max(xr)
+    loss[m] = log(sum(exp(xr - mx))) + mx - f32(x[m, label[m]])
+  }
+}
+"""
+
+
+def test_every_scalar_access_stays_inside_its_tensor(tmp_path):
+    """A CTA holds several rows and M need not be a multiple of them, and an index read from
+    memory (a label) can be anything: each one-element load and store is predicated on the row
+    being the op's and on every index lying in its dim."""
+    import re
+
+    from kfc.frontend import parse_kfc
+
+    spec = parse_kfc(XENT, str(tmp_path / "xent.kfc"))
+    result = compile_op(spec, parse_target("sm_90a"), shape={"N": 1000})
+    assert result.plan.rows_per_cta > 1
+    accesses = [line for line in result.kernel.cu.splitlines() if re.search(r"p_(x|label|loss)\[", line)]
+    assert len(accesses) == 3, accesses
+    for line in accesses:
+        assert re.search(r"if \(.*kfc_rowvalid.*\(unsigned long long\)\(kfc_m\) < \(unsigned long long\)\(dim_M\)", line), line
+    (x_load,) = [a for a in accesses if "p_x[" in a]
+    assert "< (unsigned long long)(1000LL)" in x_load, "the label-indexed load is bounded by N"
+
+
+NEW_ROW_KERNELS = ["rmsnorm_residual", "rmsnorm_bwd_dx", "layernorm_bwd_dx", "softmax_bwd"]
+NEW_JOBS = ([(k, "bf16", n, "sm_90a") for k in NEW_ROW_KERNELS for n in (7, 4096, 65537, 262144)]
+            + [(k, "f32", 262144, "sm_90a") for k in NEW_ROW_KERNELS]
+            + [(k, "bf16", 4096, "sm_100a") for k in NEW_ROW_KERNELS])
+
+
+def test_the_backward_and_residual_kernels_build_without_spills_at_every_length():
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for (name, dtype, n, target), result in pool.map(_compile, NEW_JOBS):
+            assert result.kernel.report.spills == 0, (name, dtype, n, target)

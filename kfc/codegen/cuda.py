@@ -567,9 +567,9 @@ class RowKernelEmitter:
         guard = f"{self.name(tensor)} != nullptr" if t.optional else None
         if self.kind(r) != "row":
             addr = self._address(op, tensor, op.index, op.operands[1:], "0")
-            load = f"{n} = {self.name(tensor)}[{addr}];"
+            conds = self.scalar_access_conds(op, tensor, op.index, op.operands[1:], guard)
             self.emit(f"{n} = {other};")
-            self.emit(f"if ({guard or 'true'}) {{ {load} }}" if guard else load)
+            self.emit(f"if ({' && '.join(conds)}) {n} = {self.name(tensor)}[{addr}];")
             return
         word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)
         self.open_chunks()
@@ -585,6 +585,21 @@ class RowKernelEmitter:
                 for k in range(per_word):
                     self.emit(f"{self.chunk_elem(r, a * op.vec + wi * per_word + k)} = {self._from_bits(w, d, k, word)};")
         self.close_chunks()
+
+    def scalar_access_conds(self, op, tensor: Value, index: tuple[IndexDim, ...], idx_operands,
+                            guard: str | None) -> list[str]:
+        """What must hold for one element's load or store to stay inside its tensor: the row is
+        one of the op's (the last CTA may hold fewer rows than it has slots), the optional
+        tensor is present, and every point index lies in its dim (an index read from memory,
+        such as a label, can be anything)."""
+        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
+        if guard:
+            conds.append(f"({guard})")
+        it = iter(idx_operands)
+        for ix, d in zip(index, tensor.ttype.shape):
+            if ix.kind == "point":
+                conds.append(f"(unsigned long long)({self.name(next(it))}) < (unsigned long long)({self._dim(d)})")
+        return conds or ["true"]
 
     def access_plan(self, op, d: DType, guard: str | None):
         """How a chunk of `vec` elements moves: 32-bit words (16-bit for 2-byte accesses), words
@@ -653,9 +668,8 @@ class RowKernelEmitter:
         guard = f"{self.name(tensor)} != nullptr" if t.optional else None
         if self.kind(value) != "row":
             addr = self._address(op, tensor, op.index, op.operands[2:], "0")
-            cond = ["kfc_t == 0", "kfc_crank == 0"] + (["kfc_rowvalid"] if self.row_dependent(op) else [])
-            if guard:
-                cond.append(guard)
+            cond = ["kfc_t == 0", "kfc_crank == 0"] + self.scalar_access_conds(op, tensor, op.index, op.operands[2:],
+                                                                               guard)
             self.emit(f"if ({' && '.join(cond)}) {self.name(tensor)}[{addr}] = {self.name(value)};")
             return
         word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)

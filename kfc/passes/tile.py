@@ -56,16 +56,19 @@ def _pow2_ceil(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(x, 1))))
 
 
-def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster: int, has_cluster: bool):
+def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster: int, has_cluster: bool,
+           row_inputs: int = 1):
     """Fill in the options left at 0 and fit the given ones to the row: `vec` is halved until
-    it divides n, `rows` shrinks to fit 1024 threads (and to 1 when a cluster holds a row)."""
+    it divides n, `rows` shrinks to fit 1024 threads (and to 1 when a cluster holds a row).
+    `row_inputs` rows of input live in registers at once (x and dy in a backward pass): each
+    thread then holds a proportionally smaller share of the row, so they fit as one does."""
     if vec == 0:
         vec = max(1, 16 // min_itemsize)
     while n % vec:
         vec //= 2
     row_bytes = n * min_itemsize
     per_thread = max(vec, (BYTES_PER_THREAD_SMALL if row_bytes <= SMALL_ROW_BYTES else BYTES_PER_THREAD)
-                     // min_itemsize)
+                     // min_itemsize // _pow2_ceil(max(1, row_inputs)))
     if cluster == 0:
         cluster = 1
         if has_cluster:
@@ -74,7 +77,8 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
         per_cta = math.ceil(n / cluster)
         # at least a warp per row while the row has a warp's worth of vectors
         threads = max(min(WARP, _pow2_ceil(math.ceil(per_cta / vec))), _pow2_ceil(math.ceil(per_cta / per_thread)))
-        threads = min(AUTO_MAX_THREADS if cluster < MAX_CLUSTER else 1024, threads)
+        # 1024 threads leave 64 registers each: enough for one row's share, not for two
+        threads = min(AUTO_MAX_THREADS if cluster < MAX_CLUSTER or row_inputs > 1 else 1024, threads)
     if cluster > 1:  # a cluster holds one row, of at least a warp per CTA
         rows, threads = 1, max(threads, WARP)
     if rows == 0:
@@ -84,6 +88,17 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
         per_warp = WARP // threads
         rows = max(per_warp, rows // per_warp * per_warp)
     return rows, threads, vec, cluster
+
+
+def per_row_inputs(loop) -> int:
+    """How many distinct tensors the loop loads a whole row of, indexed by the row (x, dy; not
+    a weight shared by every row)."""
+    row = loop.body.args[0]
+    seen = set()
+    for op in loop.body.ops:
+        if isinstance(op, LoadOp) and op.result.ttype.rank == 1 and row in op.operands[1:]:
+            seen.add(op.operands[0])
+    return max(1, len(seen))
 
 
 @register_pass
@@ -107,7 +122,7 @@ class Tile(Pass):
                    for op in loop.body.ops if isinstance(op, (LoadOp, StoreOp))]
         itemsizes = [t.ttype.dtype.itemsize for t in tensors if t.ttype.rank >= 1] or [4]
         rows, threads, vec, cluster = choose(n, min(itemsizes), self.rows, self.threads, self.vec, self.cluster,
-                                             ctx.target.has("cluster"))
+                                             ctx.target.has("cluster"), per_row_inputs(loop))
         for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
             if value < 1 or value & (value - 1) and name != "rows":
                 raise PassError(f"tile: {name}={value} must be a positive power of two")

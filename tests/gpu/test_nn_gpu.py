@@ -94,7 +94,7 @@ def test_softmax_forward(shape, dtype, dim):
     close(KF.softmax(x, dim=dim), torch.softmax(x.double(), dim=dim), TOL[dtype])
 
 
-GRAD_SHAPES = [(1, 7), (7, 4095), (33, 1000), (2, 3, 64)]
+GRAD_SHAPES = [(1, 7), (7, 4095), (33, 1000), (2, 3, 64), (3, 65537)]
 
 
 def grads(fn, *tensors):
