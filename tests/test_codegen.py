@@ -229,3 +229,14 @@ def test_the_backward_and_residual_kernels_build_without_spills_at_every_length(
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         for (name, dtype, n, target), result in pool.map(_compile, NEW_JOBS):
             assert result.kernel.report.spills == 0, (name, dtype, n, target)
+
+
+@pytest.mark.parametrize("n", [128256, 256000])
+def test_a_loss_over_a_vocabulary_builds_with_the_default_pipeline(tmp_path, n):
+    """Rows that do not split evenly across a cluster (vocabularies of 128256 and 256000) get
+    a smaller share per thread, so the bounds predicates do not spill."""
+    from kfc.frontend import parse_kfc
+
+    spec = parse_kfc(XENT, str(tmp_path / "xent.kfc"))
+    result = compile_op(spec, parse_target("sm_90a"), shape={"N": n})
+    assert result.kernel.report.spills == 0 and result.plan.cluster > 1

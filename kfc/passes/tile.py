@@ -73,6 +73,11 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
         cluster = 1
         if has_cluster:
             cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(n / (AUTO_MAX_THREADS * per_thread))))
+            # a row that does not split evenly adds a bounds predicate per chunk: with the share
+            # near the budget that is what spills (a vocabulary of 128256), so halve the share
+            share = n / (AUTO_MAX_THREADS * cluster)
+            if cluster > 1 and n % (AUTO_MAX_THREADS * cluster * vec) and share > per_thread * 3 / 4:
+                cluster = min(MAX_CLUSTER, cluster * 2)
     if threads == 0:
         per_cta = math.ceil(n / cluster)
         # at least a warp per row while the row has a warp's worth of vectors
