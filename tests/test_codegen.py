@@ -14,6 +14,7 @@ from kfc.compile import compile_op
 from kfc.diagnostics import KfcError
 from kfc.frontend import load_kfc
 from kfc.target import parse_target
+from tests.vocabulary_loss import XENT
 
 GOLDEN = Path("tests/golden/codegen")
 ROW_KERNELS = ["rmsnorm", "layernorm", "softmax"]
@@ -187,17 +188,6 @@ def test_a_bad_pipeline_is_reported(capsys):
 
 def test_verify_each_through_compile(tmp_path):
     assert main(["compile", "kernels/softmax.kfc", "--shape", "N=1000", "--verify-each", "-o", str(tmp_path)]) == 0
-
-
-XENT = """
-op xent<T: bf16 | f16 | f32>(x: T[M, N], label: i32[M]) -> (loss: f32[M]) {
-  parallel m in 0..M {
-    xr = f32(x[m, :])
-    mx = max(xr)
-    loss[m] = log(sum(exp(xr - mx))) + mx - f32(x[m, label[m]])
-  }
-}
-"""
 
 
 def test_every_scalar_access_stays_inside_its_tensor(tmp_path):

@@ -7,17 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.gpu
+from tests.vocabulary_loss import XENT  # noqa: E402
 
-XENT = """
-op xent<T: bf16 | f16 | f32>(x: T[M, N], label: i32[M]) -> (loss: f32[M]) {
-  parallel m in 0..M {
-    xr = f32(x[m, :])
-    mx = max(xr)
-    loss[m] = log(sum(exp(xr - mx))) + mx - f32(x[m, label[m]])
-  }
-}
-"""
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
