@@ -394,3 +394,47 @@ def test_parsed_ir_verifier_errors_point_into_the_text():
     with pytest.raises(VerifyError) as info:
         verify(parse_ir(text, "bad.kir"))
     assert info.value.span.line == 3 and info.value.span.file == "bad.kir"
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm", "softmax"])
+def test_a_compiled_kir_reads_back_in_kfc_opt(tmp_path, capsys, name):
+    """kfc compile writes the final IR (gpu and ptx ops included); kfc opt reads it back to the
+    same text, and so does kfc.ir alone in a fresh process (every dialect registers on import)."""
+    import subprocess
+    import sys
+
+    from kfc.cli import main
+
+    assert main(["compile", f"kernels/{name}.kfc", "--target", "sm_90a", "--shape", "N=1024",
+                 "-o", str(tmp_path)]) == 0
+    kir = tmp_path / f"{name}.kir"
+    text = kir.read_text()
+    assert "gpu.launch" in text and "ptx." in text
+    capsys.readouterr()
+    assert main(["opt", str(kir)]) == 0
+    assert capsys.readouterr().out == text
+    r = subprocess.run([sys.executable, "-c", "import sys; from kfc.ir import parse_ir, print_ir, verify; "
+                        "t = open(sys.argv[1]).read(); assert print_ir(verify(parse_ir(t, sys.argv[1]))) == t; "
+                        "assert 'kfc.passes' not in sys.modules", str(kir)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_layout_that_contradicts_its_launch_is_rejected(tmp_path, capsys):
+    """Rewrite every #row of a compiled softmax to 256 threads under its 32-thread launch: the
+    verifier says which op disagrees with the launch, where (codegen would map by the launch)."""
+    from kfc.cli import main
+
+    assert main(["compile", "kernels/softmax.kfc", "--target", "sm_90a", "--shape", "N=1024", "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "softmax.kir").read_text()
+    assert "threads = 32}" in text and "#row<threads = 32," in text
+    for old, new, what in [("#row<threads = 32,", "#row<threads = 256,", "threads = 256"),
+                           ("vec = 8, cluster = 1>", "vec = 4, cluster = 1>", "vec = 4"),
+                           ("#lanes<threads = 32, cluster = 1>", "#lanes<threads = 32, cluster = 2>", "cluster = 2")]:
+        if old not in text:
+            continue
+        bad = tmp_path / "bad.kir"
+        bad.write_text(text.replace(old, new))
+        capsys.readouterr()
+        assert main(["opt", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert f"says {what}, but the gpu.launch it is in has" in err and f"{bad}:" in err, err

@@ -86,6 +86,28 @@ class LaunchOp(Op):
             raise self.error("a row split across a cluster takes the whole CTA: rows_per_cta must be 1")
         if self.rows_per_cta < 1:
             raise self.error("rows_per_cta must be positive")
+        self._check_layouts()
+
+    def _check_layouts(self) -> None:
+        """Every #row and #lanes tile inside says what this launch does: the code generator
+        maps tiles by the launch, so a layout that disagrees would be silently wrong."""
+        want = {"row": {"threads": self.threads, "vec": self.vec, "cluster": self.cluster},
+                "lanes": {"threads": self.threads, "cluster": self.cluster}}
+
+        def walk(block):
+            for op in block.ops:
+                for v in (*op.results, *(a for r in op.regions for a in r.args)):
+                    layout = getattr(v.type, "layout", None)
+                    if layout is None or layout.kind not in want:
+                        continue
+                    for key, value in want[layout.kind].items():
+                        if layout.get(key) != value:
+                            raise op.error(f"its result {v.type} says {key} = {layout.get(key)}, but the "
+                                           f"gpu.launch it is in has {key} = {value}")
+                for r in op.regions:
+                    walk(r)
+
+        walk(self.body)
 
 
 class _LaneReduce(Op):
