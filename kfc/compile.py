@@ -169,10 +169,8 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         "op": func.sym_name, "source": spec.path, "kfc_version": __version__,
         "target": target.name, "arch": arch, "family": target.family,
         "pipeline": str(pipe), "dims": fixed, "dynamic_dims": dynamic, "ir_hash": ir_hash(lowered),
-        "launch": {"kernel": plan.kernel, "block": plan.block, "cluster": plan.cluster,
-                   "rows_per_cta": plan.rows_per_cta, "persistent": plan.persistent, "rows": plan.rows_expr,
-                   "smem_static_bytes": plan.smem_static,
-                   "params": [attrs.asdict(p) for p in plan.params]},
+        # the launch contract: the kernels to launch in order (kfc.runtime.contract reads it)
+        "kernels": [plan.contract()],
         "ptxas": attrs.asdict(kernel.report),
         "toolchain": {"nvcc": tc.nvcc, "version": tc.version_text},
         "seconds": {"passes": round(t_passes, 4), "nvcc_ptxas": round(t_nvcc, 3),

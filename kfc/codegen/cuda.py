@@ -79,7 +79,8 @@ class KernelParam:
 
 @attrs.frozen
 class LaunchPlan:
-    """What the runtime needs to launch the kernel."""
+    """What the runtime needs to launch the kernel: the launch contract's entry for it
+    (`contract()`), plus the row mapping it came from (for reports)."""
 
     kernel: str
     params: tuple[KernelParam, ...]
@@ -87,8 +88,23 @@ class LaunchPlan:
     cluster: int
     rows_per_cta: int
     persistent: bool
-    rows_expr: str       # a Python expression of the dims giving the number of rows
+    rows_expr: str       # an ir/constexpr expression of the dims: the number of rows
     smem_static: int
+    smem_dynamic: int = 0
+
+    @property
+    def grid(self) -> tuple[str, str, str]:
+        """The grid as ir/constexpr expressions of the dims: CTAs for every row batch (a
+        cluster of CTAs per batch), before a persistent launch caps it at one wave."""
+        rows = f"max(0, {self.rows_expr})"
+        return (f"(({rows}) + {self.rows_per_cta - 1}) // {self.rows_per_cta} * {self.cluster}", "1", "1")
+
+    def contract(self) -> dict:
+        return {"name": self.kernel, "grid": list(self.grid), "block": [self.block, 1, 1],
+                "cluster": [self.cluster, 1, 1], "smem_static_bytes": self.smem_static,
+                "smem_dynamic_bytes": self.smem_dynamic, "persistent": self.persistent,
+                "params": [attrs.asdict(p) for p in self.params],
+                "rows": self.rows_expr, "rows_per_cta": self.rows_per_cta}
 
 
 def _f32_literal(v: float) -> str:

@@ -7,7 +7,7 @@ not kfc.
     DIR/src/kfc_<op>/op.json           the op's signature, instances and launch contracts
     DIR/src/kfc_<op>/kernels/...       per instance, target and fixed dims: .cu, .ptx, .cubin
     DIR/src/kfc_<op>/op.kfc            the source it was built from
-    DIR/src/kfc_<op>/{_op,launcher,fastcall}.py, fastcall.cpp    the runtime (copied from kfc)
+    DIR/src/kfc_<op>/{_op,launcher,fastcall,contract}.py, fastcall.cpp   the runtime (from kfc)
     DIR/tests/test_<op>.py             the check block's cases against its reference (GPU), and
                                        what runs without one (CPU)
     DIR/bench/bench_<op>.py            eager and CUDA-graph timing
@@ -138,7 +138,7 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
             "types": {v.name: str(v.ttype.dtype) for v in inst.func.args if v.ttype.space is not MemSpace.REG},
             "kernels": []})
         entry["kernels"].append({"target": target.name, "dims": dims, "cubin": str(rel.with_suffix(".cubin")),
-                                 "launch": result.report["launch"]})
+                                 "kernels": result.report["kernels"]})
         report_kernels.append({"instance": inst.instance_name, "target": target.name, "dims": dims,
                                "pipeline": result.pipeline, "ptxas": result.report["ptxas"],
                                "knowledge_base": kb_best.get((inst.instance_name, target.name, dims_key(dims)))})
@@ -147,7 +147,7 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
             "instances": list(meta_instances.values()), "kfc_version": __version__}
     write_atomically(pkg / "op.json", (json.dumps(meta, indent=1) + "\n").encode())
     write_atomically(pkg / "op.kfc", Path(path).read_bytes())
-    for name in ("launcher.py", "fastcall.py", "fastcall.cpp"):
+    for name in ("launcher.py", "fastcall.py", "fastcall.cpp", "contract.py"):
         shutil.copyfile(RUNTIME / name, pkg / name)
     shutil.copyfile(HERE / "standalone.py", pkg / "_op.py")
     write_atomically(pkg / "__init__.py", _init(spec, mod).encode())

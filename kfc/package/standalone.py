@@ -1,6 +1,6 @@
 """The runtime of a package `kfc package` writes: calls one op's prebuilt cubins from torch,
-without kfc. Self-contained (the standard library, ctypes and torch, plus launcher.py and
-fastcall.py copied beside it); `kfc package` copies this file into the package as _op.py.
+without kfc. Self-contained (the standard library, ctypes and torch, plus launcher.py,
+fastcall.py and contract.py copied beside it); `kfc package` copies this file into the package as _op.py.
 
 The op is described by the package's op.json (written from the op's IR by kfc.package.build):
 its inputs and outputs with their shapes as symbols, literal sizes or symbol+offset, their
@@ -14,15 +14,13 @@ launcher where it builds, else ctypes).
 
 from __future__ import annotations
 
-import ast
 import ctypes
 import json
-import math
-import operator
 import threading
 from pathlib import Path
 
-from . import fastcall, launcher
+from . import contract, fastcall, launcher
+from .contract import evaluate
 
 CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,
           "bool": ctypes.c_bool, "signed char": ctypes.c_int8}
@@ -39,27 +37,6 @@ def torch_dtype(name: str):
     import torch
 
     return getattr(torch, TORCH_DTYPES[name])
-
-
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-           ast.Mod: operator.mod}
-
-
-def evaluate(expr: str, dims: dict[str, int]) -> int:
-    """An integer expression over dims (+ - * // %, parentheses): a launch's row count."""
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.Name) and node.id in dims:
-            return int(dims[node.id])
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        raise OpError(f"cannot evaluate {expr!r}")
-    return ev(ast.parse(expr, mode="eval"))
 
 
 def target_of_device(index: int) -> str:
@@ -236,22 +213,23 @@ class Op:
                 return self._prepared[key]
             if self._native is None:
                 self._native = fastcall.module() or False
+            launch = contract.single_kernel({"kernels": kernel["kernels"]}, self.name)
             module_key = (kernel["cubin"], index)
             if module_key not in self._modules:
                 context = launcher.primary_context(index)
                 self._modules[module_key] = launcher.Module((self.root / kernel["cubin"]).read_bytes(),
-                                                            kernel["launch"]["kernel"], context)
+                                                            launch["name"], context)
             module = self._modules[module_key]
-            launch = kernel["launch"]
-            rows = evaluate(launch["rows"], dims)
-            ctas = math.ceil(rows / launch["rows_per_cta"]) if rows > 0 else 0
-            cluster = launch["cluster"]
-            if launch["persistent"] and ctas:
+            cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
+            wave = None
+            if launch["persistent"]:
                 sms = torch.cuda.get_device_properties(index).multi_processor_count
-                ctas = min(ctas, max(1, (sms * max(1, module.max_active_blocks(launch["block"]))) // cluster))
+                wave = (sms * max(1, module.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
             if cluster > 8:
                 module.allow_large_clusters()
-            prepared = Prepared(self, module, launch, ctas * cluster, bound, dims, index)
+            if smem > contract.DEFAULT_SMEM_LIMIT:
+                module.allow_dynamic_smem(smem)
+            prepared = Prepared(self, module, launch, contract.grid(launch, dims, wave), bound, dims, index)
             self._prepared[key] = prepared
             return prepared
 
@@ -259,7 +237,7 @@ class Op:
 class Prepared:
     """One kernel at one set of dims on one device: its argument slots and launch."""
 
-    def __init__(self, op: Op, module, launch: dict, grid: int, bound: dict, dims: dict, index: int) -> None:
+    def __init__(self, op: Op, module, launch: dict, grid: tuple, bound: dict, dims: dict, index: int) -> None:
         self.params = launch["params"]
         types, self.kinds, self.fixed = [], [], {}
         for k, p in enumerate(self.params):
@@ -276,8 +254,9 @@ class Prepared:
                 self.kinds.append(fastcall.KINDS["long long"])
                 self.fixed[k] = int(dims[p["name"]])
         self.names = [i["name"] for i in op.inputs]
-        self.launch = launcher.PreparedLaunch(module.function, launcher.primary_context(index), grid, launch["block"],
-                                              launch["cluster"], 0, types, index, module.name)
+        self.launch = launcher.PreparedLaunch(module.function, launcher.primary_context(index), grid,
+                                              tuple(launch["block"]), launch["cluster"][0],
+                                              launch["smem_dynamic_bytes"], types, index, module.name)
         for k, v in self.fixed.items():
             self.launch.slots.values[k].value = v
         self.lock = threading.Lock()
@@ -292,7 +271,8 @@ class Prepared:
                 elif p["kind"] == "scalar" and bound.get(p["name"]) is not None:
                     v = bound[p["name"]]
                     values[k].value = float(v) if "float" in p["ctype"] or "double" in p["ctype"] else int(v)
-            if self.launch.config.gridDimX:
+            c = self.launch.config
+            if c.gridDimX and c.gridDimY and c.gridDimZ:
                 self.launch.launch()
 
     def native(self, module, args: tuple, out, shapes: dict, inst: dict):
@@ -317,8 +297,9 @@ class Prepared:
         return module.Launcher(
             launch=ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value,
             ctx_set=ctypes.cast(lib.cuCtxSetCurrent, ctypes.c_void_p).value, context=self.launch.context,
-            function=self.launch.function, grid=(config.gridDimX, 1, 1), block=(config.blockDimX, 1, 1),
-            cluster=self.launch.cluster, smem=0, kinds=bytes(self.kinds), fixed=fixed, nargs=len(args),
+            function=self.launch.function, grid=(config.gridDimX, config.gridDimY, config.gridDimZ),
+            block=(config.blockDimX, config.blockDimY, config.blockDimZ), cluster=self.launch.cluster,
+            smem=config.sharedMemBytes, kinds=bytes(self.kinds), fixed=fixed, nargs=len(args),
             tensors=tensors, scalars=scalars, outputs=outputs, outputs_given=out is not None,
             stream_of=self.launch.stream_of, device=self.launch.device_index, on_error=self.launch.raise_error,
             miss=_MISS, name=self.launch.name)

@@ -86,6 +86,13 @@ class LoadedKernel:
                 "allowing a cluster of more than 8 CTAs")
             self._non_portable = True
 
+    def allow_dynamic_smem(self, nbytes: int) -> None:
+        """Dynamic shared memory past 48 KB must be allowed per kernel."""
+        drv = _driver()
+        check(drv.cuFuncSetAttribute(
+            self.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
+            f"allowing {nbytes} bytes of dynamic shared memory")
+
     def max_active_blocks(self, block: int, smem: int = 0) -> int:
         drv = _driver()
         return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, block, smem),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from ..ir.printer import print_ir
 from ..ir.signature import bind_dims, output_shape
 from ..ir.types import MemSpace
 from ..target import Target, parse_target
-from . import cache, fastcall
+from . import cache, contract, fastcall
 from .driver import CTYPES, LoadedKernel
 
 
@@ -120,7 +119,8 @@ class KfcKernel:
         with self._lock:
             if memo not in self._loaded:
                 cubin, report = cached_compile(self.spec, self.target, self.pipeline, dims)
-                self._loaded[memo] = (LoadedKernel(cubin, report["launch"]["kernel"], device_index), report)
+                name = contract.single_kernel(report, self.name)["name"]
+                self._loaded[memo] = (LoadedKernel(cubin, name, device_index), report)
             return self._loaded[memo]
 
     def instance_for(self, bound: dict[str, Any]) -> "KfcKernel":
@@ -244,7 +244,7 @@ class KfcKernel:
         from .driver import ensure_context
         from .launcher import PreparedLaunch
 
-        launch = report["launch"]
+        launch = contract.single_kernel(report, self.name)
         slot_types, kinds, fixed, tensors, scalars, outputs = [], [], {}, [], [], []
         names = self.func.input_names
         for k, p in enumerate(launch["params"]):
@@ -273,22 +273,24 @@ class KfcKernel:
             else:
                 slot_types.append(CTYPES["long long"])
                 fixed[k] = int(dims[p["name"]])
-        rows = int(constexpr.evaluate(launch["rows"], dims))
-        cluster = launch["cluster"]
-        ctas = math.ceil(rows / launch["rows_per_cta"]) if rows > 0 else 0
-        if launch["persistent"] and ctas:
+        cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
+        wave = None
+        if launch["persistent"]:
             sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-            per_sm = max(1, loaded.max_active_blocks(launch["block"]))
-            ctas = min(ctas, max(1, (sms * per_sm) // cluster))
+            wave = (sms * max(1, loaded.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
+        grid = contract.grid(launch, dims, wave)
         if cluster > 8:
             loaded.allow_large_clusters()
+        if smem > contract.DEFAULT_SMEM_LIMIT:
+            loaded.allow_dynamic_smem(smem)
         allocations = [Allocation(v.ttype.dtype.torch, output_shape(v.ttype, dims), device_index, bound,
                                   self.func.input_names) for v in self.func.outputs]
-        prepared = PreparedLaunch(int(loaded.function), int(ensure_context(device_index)), ctas * cluster,
-                                  launch["block"], cluster, 0, slot_types, device_index, loaded.name)
+        prepared = PreparedLaunch(int(loaded.function), int(ensure_context(device_index)), grid, block, cluster, smem,
+                                  slot_types, device_index, loaded.name)
         for k, value in fixed.items():
             prepared.slots.values[k].value = value
-        return PreparedCall(prepared, kinds, fixed, tensors, scalars, outputs, allocations, outputs_given, ctas > 0)
+        return PreparedCall(prepared, kinds, fixed, tensors, scalars, outputs, allocations, outputs_given,
+                            all(grid))
 
     # --- torch integration --------------------------------------------------------------------
     def as_torch_op(self, name: str | None = None):
@@ -429,7 +431,8 @@ class PreparedCall:
             launch=ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value,
             ctx_set=ctypes.cast(lib.cuCtxSetCurrent, ctypes.c_void_p).value,
             context=int(ensure_context(launch.device_index)), function=launch.function,
-            grid=(config.gridDimX, 1, 1), block=(config.blockDimX, 1, 1), cluster=launch.cluster,
+            grid=(config.gridDimX, config.gridDimY, config.gridDimZ),
+            block=(config.blockDimX, config.blockDimY, config.blockDimZ), cluster=launch.cluster,
             smem=config.sharedMemBytes, kinds=bytes(self.kinds), fixed=fixed, nargs=len(args), tensors=tensors,
             scalars=[(i, k) for i, _, k, _ in self.scalars], outputs=outputs, outputs_given=self.outputs_given,
             stream_of=launch.stream_of, device=launch.device_index, on_error=launch.raise_error, miss=_MISS,

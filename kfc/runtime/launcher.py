@@ -95,8 +95,8 @@ class PreparedLaunch:
     """One signature's launch: grid, block, cluster, the argument slots, and which call
     argument feeds each slot."""
 
-    def __init__(self, function: int, context: int, grid: int, block: int, cluster: int, smem: int,
-                 slot_types: list, device_index: int, name: str) -> None:
+    def __init__(self, function: int, context: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 cluster: int, smem: int, slot_types: list, device_index: int, name: str) -> None:
         self.lib = libcuda()
         self.function = function
         self.context = context
@@ -104,7 +104,7 @@ class PreparedLaunch:
         self.name = name
         self.slots = ArgSlots(slot_types)
         self.cluster = cluster
-        self.config = _LaunchConfig(grid, 1, 1, block, 1, 1, smem, None, None, 0)
+        self.config = _LaunchConfig(*grid, *block, smem, None, None, 0)
         if cluster > 1:
             self.attr = _LaunchAttribute()
             self.attr.id = CLUSTER_DIMENSION
@@ -159,6 +159,11 @@ class Module:
     def allow_large_clusters(self) -> None:
         # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 16
         check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 16, 1), "allowing a cluster above 8")
+
+    def allow_dynamic_smem(self, nbytes: int) -> None:
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+        check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 8, nbytes),
+              f"allowing {nbytes} bytes of dynamic shared memory")
 
     def max_active_blocks(self, block: int, smem: int = 0) -> int:
         n = ctypes.c_int()

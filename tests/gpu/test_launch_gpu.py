@@ -201,3 +201,31 @@ def test_an_optional_tensor_left_out_and_given(tmp_path):
         close(addb(x, b), x * 2 + b, 1e-6)
         close(addb(x), x * 2, 1e-6)
         close(addb(x, None), x * 2, 1e-6)
+
+
+def test_dynamic_shared_memory_past_48k_is_allowed(monkeypatch):
+    """A contract asking for 100 KB of dynamic shared memory launches (the runtime raises the
+    kernel's limit; without that the driver refuses the launch), on both launch paths."""
+    requires_gpu()
+    import json
+
+    import kfc
+    import kfc.runtime.kernel as K
+
+    real = K.cached_compile
+
+    def with_smem(spec, target, pipeline, dims):
+        cubin, report = real(spec, target, pipeline, dims)
+        report = json.loads(json.dumps(report))
+        report["kernels"][0]["smem_dynamic_bytes"] = 100 * 1024
+        return cubin, report
+
+    monkeypatch.setattr(K, "cached_compile", with_smem)
+    for native in (True, False):
+        k = kfc.load("kernels/rmsnorm.kfc")
+        if not native:
+            k._native = None
+        x = torch.randn(5, 3000, device="cuda").to(torch.bfloat16)
+        w = torch.randn(3000, device="cuda")
+        for _ in range(3):
+            close(k(x, w), rms(x, w))

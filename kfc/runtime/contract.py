@@ -1,0 +1,86 @@
+"""The launch contract: what `kfc compile` writes into report.json under "kernels" and what a
+runtime needs to launch an op, read the same way by kfc's runtime and by the packages `kfc
+package` writes (it is copied into them; the standard library only).
+
+Each entry of "kernels", launched in order:
+
+    name                 the kernel's symbol in the cubin
+    grid                 [x, y, z]: integer expressions of the dims (+ - * // %, min, max)
+    block, cluster       [x, y, z]
+    smem_dynamic_bytes   dynamic shared memory (the runtime raises the kernel's limit past 48 KB)
+    persistent           the grid's x is capped at one wave of clusters
+    params               in order: tensor (a pointer), scalar (a C value), dim (a long long);
+                         other kinds (tensor maps) are refused by this runtime, by name
+
+Today's code generator writes one kernel per op.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+
+try:
+    from ..diagnostics import KfcError as ContractError
+except ImportError:  # vendored into a package `kfc package` wrote, which runs without kfc
+    class ContractError(ValueError):
+        def __init__(self, message: str, hint: str | None = None) -> None:
+            super().__init__(f"{message}; {hint}" if hint else message)
+
+PARAM_KINDS = ("tensor", "scalar", "dim")
+DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may take without raising its limit
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+           ast.Mod: operator.mod}
+_FUNCS = {"min": min, "max": max}
+
+
+def evaluate(expr: str, dims: dict[str, int]) -> int:
+    """An integer expression over the dims (no eval: the syntax tree is walked)."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name) and node.id in dims:
+            return int(dims[node.id])
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS \
+                and node.args and not node.keywords:
+            return _FUNCS[node.func.id](*(ev(a) for a in node.args))
+        raise ContractError(f"the launch contract's expression {expr!r} uses {ast.dump(node)[:60]}, which a "
+                            "runtime does not evaluate")
+    try:
+        return ev(ast.parse(expr, mode="eval"))
+    except SyntaxError:
+        raise ContractError(f"the launch contract's expression {expr!r} does not parse") from None
+    except ZeroDivisionError:
+        raise ContractError(f"the launch contract's expression {expr!r} divides by zero at {dims}") from None
+
+
+def single_kernel(report: dict, what: str) -> dict:
+    """The one kernel of an op's contract, checked for what this runtime launches."""
+    kernels = report.get("kernels")
+    if not kernels:
+        raise ContractError(f"{what}: its report has no launch contract (compiled by an older kfc?)",
+                            hint="recompile it")
+    if len(kernels) != 1:
+        raise ContractError(f"{what} compiles to {len(kernels)} kernels; this runtime launches ops of one kernel")
+    kernel = kernels[0]
+    for p in kernel["params"]:
+        if p["kind"] not in PARAM_KINDS:
+            raise ContractError(f"{what}: its kernel takes a {p['kind']} parameter ({p['name']}), which this "
+                                "runtime cannot pass yet")
+    return kernel
+
+
+def grid(kernel: dict, dims: dict[str, int], clusters_per_wave: int | None = None) -> tuple[int, int, int]:
+    """The grid for these dims; a persistent kernel's x capped at `clusters_per_wave` clusters."""
+    gx, gy, gz = (max(0, evaluate(e, dims)) for e in kernel["grid"])
+    if kernel.get("persistent") and clusters_per_wave and gx:
+        c = kernel["cluster"][0]
+        gx = min(gx, max(1, clusters_per_wave) * c)
+    return gx, gy, gz
