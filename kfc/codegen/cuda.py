@@ -18,6 +18,7 @@ from ..ir.core import Op, Value
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp
+from ..ir import layouts
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
 from ..ir.tile_ops import (
     BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, ReduceKind, UnaryOp, WhereOp,
@@ -147,11 +148,12 @@ class RowKernelEmitter:
         self.cluster_ops: list[Op] = [op for op in self.launch.body.ops if isinstance(op, ClusterReduceOp)]
         L = self.launch
         self.T, self.V, self.C, self.R = L.threads, L.vec, L.cluster, L.rows_per_cta
-        self.P = self.T * self.C
+        self.row = layouts.Blocked1D(L.threads, L.vec, L.cluster)  # every row tile's layout (the verifier agrees)
+        self.P = self.row.lanes
         self.N = self._row_length()
-        self.E = max(1, math.ceil(self.N / (self.V * self.P))) if self.N else 1
+        self.E = self.row.chunks(self.N)
         self.EV = self.E * self.V
-        self.exact = self.N % (self.V * self.P) == 0
+        self.exact = self.row.exact(self.N)
         # inside the fused per-chunk loop of the row's tail: values declared there hold one
         # chunk (vec elements), not the thread's whole share of the row
         self.chunk_local: set[Value] | None = None
@@ -571,7 +573,7 @@ class RowKernelEmitter:
         """Whether chunk e of this thread lies inside the row (None when it always does)."""
         if self.exact:
             return None
-        return f"(({e}) * {self.P} + kfc_g) * {self.V} < {self.N}"
+        return self.row.in_row_c(e, "kfc_g", self.N)
 
     def op_LdOp(self, op: LdOp) -> None:
         tensor = op.operands[0]
@@ -589,7 +591,7 @@ class RowKernelEmitter:
             return
         word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)
         self.open_chunks()
-        base = f"((e * {self.P} + kfc_g) * {self.V})"
+        base = self.row.chunk_start_c("e", "kfc_g")
         for a in range(accesses):
             words = [self.fresh("w") for _ in range(nwords)]
             wt = "unsigned" if word == 4 else "unsigned short"
@@ -690,7 +692,7 @@ class RowKernelEmitter:
             return
         word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)
         self.open_chunks()
-        base = f"((e * {self.P} + kfc_g) * {self.V})"
+        base = self.row.chunk_start_c("e", "kfc_g")
         for a in range(accesses):
             words = []
             for wi in range(nwords):
@@ -732,7 +734,7 @@ class RowKernelEmitter:
             x = self.name(op.operands[0])
             step = f"{n} = {self.combine(op.kind, n, f'{x}[i]')};"
         if not self.exact:
-            step = f"if (((i / {self.V}) * {self.P} + kfc_g) * {self.V} + (i % {self.V}) < {self.N}) {{ {step} }}"
+            step = f"if {self.row.register_in_row_c('i', 'kfc_g', self.N)} {{ {step} }}"
         self.loop(step)
 
     def op_WarpReduceOp(self, op: WarpReduceOp) -> None:

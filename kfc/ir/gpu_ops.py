@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import attrs
 
+from . import layouts
 from .core import Op, register_op
 from .dtypes import DType
 from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, _tt
@@ -34,11 +35,11 @@ from .types import Layout, TensorType
 
 
 def row_layout(threads: int, vec: int, cluster: int) -> Layout:
-    return Layout("row", (("threads", threads), ("vec", vec), ("cluster", cluster)))
+    return layouts.Blocked1D(threads, vec, cluster).as_layout()
 
 
 def lanes_layout(threads: int, cluster: int) -> Layout:
-    return Layout("lanes", (("threads", threads), ("cluster", cluster)))
+    return layouts.Lanes(threads, cluster).as_layout()
 
 
 @register_op
@@ -91,19 +92,18 @@ class LaunchOp(Op):
     def _check_layouts(self) -> None:
         """Every #row and #lanes tile inside says what this launch does: the code generator
         maps tiles by the launch, so a layout that disagrees would be silently wrong."""
-        want = {"row": {"threads": self.threads, "vec": self.vec, "cluster": self.cluster},
-                "lanes": {"threads": self.threads, "cluster": self.cluster}}
-
         def walk(block):
             for op in block.ops:
                 for v in (*op.results, *(a for r in op.regions for a in r.args)):
                     layout = getattr(v.type, "layout", None)
-                    if layout is None or layout.kind not in want:
+                    if layout is None or layout.kind not in layouts.KINDS:
                         continue
-                    for key, value in want[layout.kind].items():
-                        if layout.get(key) != value:
-                            raise op.error(f"its result {v.type} says {key} = {layout.get(key)}, but the "
-                                           f"gpu.launch it is in has {key} = {value}")
+                    try:
+                        problem = layouts.disagreement(layout, self.threads, self.vec, self.cluster)
+                    except ValueError as e:
+                        raise op.error(f"its result {v.type}: {e}") from None
+                    if problem:
+                        raise op.error(f"its result {v.type} says {problem}")
                 for r in op.regions:
                     walk(r)
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..diagnostics import InterpretError, KfcError
-from . import constexpr
+from . import constexpr, layouts
 from .core import Block, Op, Value
 from .dtypes import DType
 from .func import FuncOp
@@ -456,17 +456,12 @@ class Interpreter:
         return {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}[kind]
 
     def op_ThreadReduceOp(self, op, ins, env):
-        layout = op.operands[0].ttype.layout
-        t, v, c = layout.get("threads"), layout.get("vec"), layout.get("cluster")
-        p = t * c
+        row = layouts.of(op.operands[0].ttype.layout)
+        p, v = row.lanes, row.vec
         n = ins[0].shape[0]
-        e = max(1, -(-n // (v * p)))
+        e = row.chunks(n)
         kind = op.kind.value
-
-        def per_thread(x, fill):
-            pad = np.full(e * p * v, fill, dtype=np.float32)
-            pad[:n] = x.astype(np.float32)
-            return pad.reshape(e, p, v).transpose(1, 0, 2).reshape(p, e * v)  # [thread, its elements in order]
+        per_thread = row.per_lane  # [thread, its elements in order]
 
         valid = per_thread(np.ones(n, dtype=np.float32), 0.0) > 0
         acc = np.full(p, self._identity(kind), dtype=np.float32)
@@ -493,9 +488,9 @@ class Interpreter:
         return [x]
 
     def op_CtaReduceOp(self, op, ins, env):
-        layout = op.operands[0].ttype.layout
-        t, c = layout.get("threads"), layout.get("cluster")
-        x = ins[0].reshape(c, t // 32, 32)[:, :, 0]  # lane 0 of each warp, per CTA
+        lanes = layouts.of(op.operands[0].ttype.layout)
+        t = lanes.threads
+        x = lanes.per_cta(ins[0]).reshape(lanes.cluster, t // 32, 32)[:, :, 0]  # lane 0 of each warp, per CTA
         f = self._combine(op.kind.value)
         acc = x[:, 0]
         for w in range(1, t // 32):  # read back from shared memory in warp order
@@ -503,9 +498,9 @@ class Interpreter:
         return [np.repeat(acc, t).astype(np.float32)]
 
     def op_ClusterReduceOp(self, op, ins, env):
-        layout = op.operands[0].ttype.layout
-        t, c = layout.get("threads"), layout.get("cluster")
-        x = ins[0].reshape(c, t)[:, 0]
+        lanes = layouts.of(op.operands[0].ttype.layout)
+        t, c = lanes.threads, lanes.cluster
+        x = lanes.per_cta(ins[0])[:, 0]
         f = self._combine(op.kind.value)
         acc = x[0]
         for r in range(1, c):  # the slots in cluster-rank order
