@@ -24,7 +24,6 @@ from ..ir.tile_ops import (
     BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, ReduceKind, UnaryOp, WhereOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
-from ..passes.rows import row_dependent_values
 from . import ptx
 
 C_TYPES = {
@@ -648,7 +647,7 @@ class RowKernelEmitter:
     def row_dependent(self, op) -> bool:
         idx = op.operands[1:] if isinstance(op, LdOp) else op.operands[2:]
         if not hasattr(self, "_deps"):
-            self._deps = row_dependent_values(self.launch)
+            self._deps = self.launch.row_dependent_values()
         dep = self._deps
         return any(v in dep for v in idx)
 

@@ -10,13 +10,14 @@ from typing import Any
 import attrs
 import lark
 
-from ..diagnostics import KfcError, Span, read_source, register_source
+from ..diagnostics import KfcError, read_source, register_source
 from ..grammar_files import check_nesting, lalr_parser, syntax_error
 from ..ir import constexpr
 from ..ir.dtypes import DTYPE_NAMES, parse_dtype
 from ..ir.func import FuncOp
 from ..ir.specialize import check_dims
 from ..ir.types import MemSpace
+from ..check.spec import DEFAULT_TOLERANCE, CheckSpec, GeneratorSpec  # noqa: F401 - the check block's data
 from .lower import NESTING_CHAINS, Lowerer, span_of
 
 GRAMMAR = "kfc.lark"
@@ -29,37 +30,6 @@ CHECK_KEYS = {
     "seeds": "a list of integer seeds",
     "inputs": "{input: generator(...)} to draw inputs other than from normal()",
 }
-DEFAULT_TOLERANCE = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-5, "f64": 1e-10, "e4m3": 1.3e-1, "e5m2": 2.5e-1,
-                     "i8": 0.0, "i32": 0.0, "i64": 0.0, "bool": 0.0, "index": 0.0}
-
-
-@attrs.frozen
-class GeneratorSpec:
-    """How to draw one input: a generator's name and its arguments (numbers or dim names)."""
-
-    name: str
-    args: tuple[Any, ...] = ()
-    span: Span | None = attrs.field(default=None, eq=False)
-
-
-@attrs.frozen
-class CheckSpec:
-    reference: str | None = None
-    reference_span: Span | None = attrs.field(default=None, eq=False)
-    shapes: tuple[dict[str, int], ...] = ()
-    tolerance: dict[str, float] = attrs.Factory(dict)
-    seeds: tuple[int, ...] = (0,)
-    inputs: dict[str, GeneratorSpec] = attrs.Factory(dict)
-    span: Span | None = attrs.field(default=None, eq=False)  # the check block itself
-
-    @property
-    def reference_is_function(self) -> bool:
-        return self.reference is not None and bool(re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.reference))
-
-    def tolerance_for(self, dtype: str) -> float:
-        return self.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, 1e-5))
-
-
 @attrs.frozen
 class MetricSpec:
     kind: str = "time"

@@ -63,6 +63,15 @@ class LaunchOp(Op):
     def block_threads(self) -> int:
         return self.rows_per_cta * self.threads
 
+    def row_dependent_values(self) -> set:
+        """Values computed from the row index (loads and stores that use them stream through
+        memory once; the others are re-read by every row)."""
+        dep = {self.body.args[0]}
+        for op in self.body.ops:
+            if any(v in dep for v in op.operands):
+                dep.update(op.results)
+        return dep
+
     def verify_(self) -> None:
         _check_results(self, 0)
         _check_operands(self, 2)

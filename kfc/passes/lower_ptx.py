@@ -28,7 +28,7 @@ from ..ir.rewrite import ValueMap, rebuild_block
 from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
 from ..ir.types import TensorType
 from .base import Pass, PassError, option, register_pass
-from .rows import find_row_loop, row_dependent_values
+from .rows import find_row_loop
 
 APPROX_MIN_TOLERANCE = 1e-5
 HINT_NAMES = ("none",) + tuple(h for h in CACHE_HINTS if h)
@@ -57,7 +57,7 @@ class LowerPtx(Pass):
         stream, store_hint = _hint("stream", self.stream), _hint("store", self.store)
         approx = self.approx == "on" or (self.approx == "auto" and ctx_tolerance(ctx, func) >= APPROX_MIN_TOLERANCE)
         launch = find_row_loop(func, LaunchOp)
-        row_values = row_dependent_values(launch)
+        row_values = launch.row_dependent_values()
         counts = {"ld": 0, "st": 0, "approx": 0, "cvt": 0}
 
         def access_vec(t: TensorType, tile: TensorType) -> int:
@@ -109,7 +109,7 @@ class LowerPtx(Pass):
 
 def ctx_tolerance(ctx, func) -> float:
     """The smallest relative tolerance any floating-point output is checked with."""
-    from ..frontend.spec import CheckSpec
+    from ..check.spec import CheckSpec
 
     check = getattr(ctx, "check", None) or CheckSpec()
     tols = [check.tolerance_for(str(v.ttype.dtype)) for v in func.outputs if v.ttype.dtype.is_float]

@@ -126,7 +126,7 @@ class PassManager:
     def _verify_semantics(self, p: Pass, before: FuncOp, after: FuncOp) -> None:
         from ..check.runner import compare, draw_inputs
         from ..check.tolerance import compare_arrays
-        from ..frontend.spec import CheckSpec
+        from ..check.spec import CheckSpec
         from ..ir.interpreter import run_tracked
 
         ve = self.ctx.verify_each

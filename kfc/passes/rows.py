@@ -72,13 +72,3 @@ def row_length(loop: Op, func: FuncOp) -> int:
     if not lengths:
         raise PassError("the row loop holds no row tile", loop.loc)
     return next(iter(lengths))
-
-
-def row_dependent_values(launch) -> set:
-    """Values computed from the row index of a gpu.launch (loads and stores that use them
-    stream through memory once; the others are re-read by every row)."""
-    dep = {launch.body.args[0]}
-    for op in launch.body.ops:
-        if any(v in dep for v in op.operands):
-            dep.update(op.results)
-    return dep
