@@ -58,6 +58,7 @@ class Op:
         self._modules: dict[tuple, launcher.Module] = {}
         self._prepared: dict[tuple, object] = {}
         self._native = None
+        self._launchers: list = []  # the compiled launcher's prepared signatures, newest first
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -145,8 +146,6 @@ class Op:
                     return hit
         return self._call(self.bind(args, kwargs), out, None if kwargs else args)
 
-    _launchers: list = []
-
     def _call(self, bound: dict, out, positional):
         import torch
 
@@ -166,8 +165,6 @@ class Op:
         prepared = self.prepare(kernel, inst, bound, dims, index)
         prepared.run(bound, outs)
         if positional is not None and self._native:
-            if "_launchers" not in self.__dict__:
-                self._launchers = []
             self._launchers.insert(0, prepared.native(self._native, positional, out, shapes, inst))
             del self._launchers[16:]
         result = tuple(outs[o["name"]] for o in self.outputs)
