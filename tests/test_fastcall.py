@@ -211,3 +211,44 @@ def test_bad_construction_is_refused(native, bad):
     spec.update(bad)
     with pytest.raises((ValueError, TypeError)):
         native.Launcher(**spec)
+
+
+def test_a_launcher_never_initialised_or_initialised_twice_is_refused(native):
+    drv = Driver()
+    bare = native.Launcher.__new__(native.Launcher)
+    with pytest.raises(RuntimeError, match="never initialised"):
+        bare(())
+    with pytest.raises(RuntimeError, match="never initialised"):
+        native.dispatch([bare], (), None, MISS)
+    lau = make(native, drv)
+    x, w = tensor(2, 8), tensor(8)
+    spec = dict(launch=0, ctx_set=0, context=0, function=0, grid=(1, 1, 1), block=(32, 1, 1), cluster=1, smem=0,
+                kinds=bytes([0]), fixed={}, nargs=1, tensors=[], scalars=[], outputs=[], outputs_given=False,
+                stream_of=lambda d: 0, device=-1, on_error=lambda c: None, miss=MISS, name="again")
+    with pytest.raises(RuntimeError, match="initialised once"):
+        lau.__init__(**spec)
+    assert lau((x, w, 0.5)) is not MISS, "the refused second init changed nothing"
+    assert lau((x,)) is MISS
+
+
+def test_an_empty_grid_dimension_launches_nothing(native):
+    drv = Driver()
+    lau = make(native, drv, grid=(4, 0, 1))
+    lau((tensor(2, 8), tensor(8), 0.5))
+    assert not drv.calls
+
+
+def test_which_signatures_the_compiled_launcher_serves():
+    """A scalar passed as None takes its default, which the launcher cannot tell from a value;
+    out= must give every output as a tensor."""
+    from kfc.runtime.kernel import PreparedCall
+
+    call = PreparedCall.__new__(PreparedCall)
+    call.scalar_args, call.outputs = {2}, [("y", 3), ("z", 4)]
+    x = object()
+    assert call.can_be_native((x, x, 0.5), None)
+    assert call.can_be_native((x, x), None)
+    assert not call.can_be_native((x, x, None), None)
+    assert call.can_be_native((x, x, 0.5), (x, x)) and call.can_be_native((x, x, 0.5), [x, x])
+    assert not call.can_be_native((x, x, 0.5), (x, None))
+    assert not call.can_be_native((x, x, 0.5), x)

@@ -164,7 +164,7 @@ class Op:
         outs = self.outputs_for(out, inst, shapes, device)
         prepared = self.prepare(kernel, inst, bound, dims, index)
         prepared.run(bound, outs)
-        if positional is not None and self._native:
+        if positional is not None and self._native and prepared.can_be_native(positional, out, len(self.outputs)):
             self._launchers.insert(0, prepared.native(self._native, positional, out, shapes, inst))
             del self._launchers[16:]
         result = tuple(outs[o["name"]] for o in self.outputs)
@@ -203,8 +203,8 @@ class Op:
     def prepare(self, kernel: dict, inst: dict, bound: dict, dims: dict, index: int) -> "Prepared":
         import torch
 
-        key = (kernel["cubin"], tuple(sorted(dims.items())), index,
-               tuple(n for n, v in bound.items() if v is None))
+        key = (kernel["cubin"], tuple(sorted(dims.items())), index,  # which inputs are absent fixes the defaults
+               tuple(bound.get(i["name"]) is None for i in self.inputs))
         with self._lock:
             if key in self._prepared:
                 return self._prepared[key]
@@ -271,6 +271,17 @@ class Prepared:
             c = self.launch.config
             if c.gridDimX and c.gridDimY and c.gridDimZ:
                 self.launch.launch()
+
+    def can_be_native(self, args: tuple, out, n_outputs: int) -> bool:
+        """Whether the compiled launcher can serve this signature: it tells scalars apart by
+        value, not from None (a default), and takes out= only as every output, each a tensor."""
+        scalars = {self.names.index(p["name"]) for p in self.params if p["kind"] == "scalar"}
+        if any(i < len(args) and args[i] is None for i in scalars):
+            return False
+        if out is None:
+            return True
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return len(outs) == n_outputs and all(o is not None for o in outs)
 
     def native(self, module, args: tuple, out, shapes: dict, inst: dict):
         """This call's signature as a compiled launcher (fastcall.cpp)."""

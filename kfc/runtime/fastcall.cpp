@@ -209,10 +209,17 @@ static PyObject *launcher_run(Launcher *self, PyObject *args, PyObject *out) {
     return result;
 }
 
+static bool initialised(Launcher *self) {
+    if (self->tensors) return true;
+    PyErr_SetString(PyExc_RuntimeError, "this Launcher was never initialised");
+    return false;
+}
+
 static PyObject *launcher_call(Launcher *self, PyObject *args, PyObject *kwargs) {
     PyObject *call_args, *out = Py_None;
     static const char *names[] = {"args", "out", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", (char **)names, &call_args, &out)) return NULL;
+    if (!initialised(self)) return NULL;
     return launcher_run(self, call_args, out);
 }
 
@@ -263,12 +270,14 @@ static int launcher_init(Launcher *self, PyObject *args, PyObject *kwargs) {
     PyObject *kinds, *fixed, *tensors, *scalars, *outputs, *stream_of, *on_error, *miss_obj, *name;
     int outputs_given;
     long device;
+    Py_ssize_t nargs;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKK(III)(III)IIOOnOOOpOlOOU", (char **)names, &launch,
                                      &ctx_set, &context, &function, &gx, &gy, &gz, &bx, &by, &bz, &cluster, &smem,
-                                     &kinds, &fixed, &self->nargs, &tensors, &scalars, &outputs, &outputs_given,
+                                     &kinds, &fixed, &nargs, &tensors, &scalars, &outputs, &outputs_given,
                                      &stream_of, &device, &on_error, &miss_obj, &name))
         return -1;
     if (self->tensors) { PyErr_SetString(PyExc_RuntimeError, "a Launcher is initialised once"); return -1; }
+    self->nargs = nargs;
     self->tensors = new std::vector<TensorSpec>();
     self->outputs = new std::vector<TensorSpec>();
     self->scalars = new std::vector<ScalarSpec>();
@@ -281,7 +290,7 @@ static int launcher_init(Launcher *self, PyObject *args, PyObject *kwargs) {
     self->ctx_set = (CtxSetFn)(uintptr_t)ctx_set;
     self->context = (void *)(uintptr_t)context;
     self->function = (void *)(uintptr_t)function;
-    self->runs = gx > 0;
+    self->runs = gx > 0 && gy > 0 && gz > 0;
     self->outputs_given = outputs_given != 0;
     memset(&self->config, 0, sizeof self->config);
     self->config.gridDimX = gx; self->config.gridDimY = gy; self->config.gridDimZ = gz;
@@ -350,8 +359,14 @@ static PyObject *dispatch(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(launchers); k++) {
         PyObject *l = PyList_GET_ITEM(launchers, k);
         if (Py_TYPE(l) != &LauncherType) continue;
+        if (!initialised((Launcher *)l)) return NULL;
+        /* the call may run Python (the stream accessor, on_error), and another thread may
+           drop this launcher from the list meanwhile: hold it */
+        Py_INCREF(l);
         PyObject *r = launcher_run((Launcher *)l, argv[1], argv[2]);
-        if (r != ((Launcher *)l)->miss) return r;
+        bool missed = r == ((Launcher *)l)->miss;
+        Py_DECREF(l);
+        if (!missed) return r;
         Py_DECREF(r);
     }
     Py_INCREF(argv[3]);

@@ -162,6 +162,8 @@ class KfcKernel:
         inst = self.instance_for(bound)
         if inst is not self:
             result = inst(*args, out=out, **kwargs)
+            if self._native is _UNRESOLVED:  # the instance chose the launcher on its first launch
+                self._native = inst._native
             if not kwargs:  # the instance's prepared calls serve this signature from here on
                 key = (_signature(args), _out_signature(out))
                 if key in inst._fast:
@@ -208,10 +210,10 @@ class KfcKernel:
         call = self.prepare(loaded, report, bound, dims, index, out is not None)
         call.run_bound(bound, outs)
         if positional is not None:  # the same signature skips all of this next time
-            if self._native:
-                _remember(self._launchers, call.native(self._native, positional, out))
-            else:
+            if not self._native:
                 self._fast[(_signature(positional), _out_signature(out))] = call
+            elif call.can_be_native(positional, out):
+                _remember(self._launchers, call.native(self._native, positional, out))
         result = tuple(outs[v.name] for v in func.outputs)
         return result[0] if len(result) == 1 else result
 
@@ -289,8 +291,9 @@ class KfcKernel:
                                   slot_types, device_index, loaded.name)
         for k, value in fixed.items():
             prepared.slots.values[k].value = value
-        return PreparedCall(prepared, kinds, fixed, tensors, scalars, outputs, allocations, outputs_given,
-                            all(grid))
+        call = PreparedCall(prepared, kinds, fixed, tensors, scalars, outputs, allocations, outputs_given, all(grid))
+        call.scalar_args = {names.index(p["name"]) for p in launch["params"] if p["kind"] == "scalar"}
+        return call
 
     # --- torch integration --------------------------------------------------------------------
     def as_torch_op(self, name: str | None = None):
@@ -387,6 +390,7 @@ class PreparedCall:
         self.outputs = outputs      # (name, slot)
         self.allocators = allocators  # per output: an Allocation (its dtype, shape; how ctypes makes it)
         self.outputs_given = outputs_given
+        self.scalar_args: set[int] = set()  # positional indices of the scalar parameters
         self.runs = runs            # False when there are no rows: nothing to launch
         self.lock = threading.Lock()
         self.values = launch.slots.values
@@ -409,6 +413,17 @@ class PreparedCall:
                 values[k].value = 0 if o is None else o.data_ptr()
             if self.runs:
                 self.launch.launch()
+
+    def can_be_native(self, args: tuple, out) -> bool:
+        """Whether a compiled launcher can serve this signature: it checks scalars by value, so
+        a scalar passed as None (its default) is not one it can tell apart; and it takes out=
+        only as every output, each a tensor."""
+        if any(i < len(args) and args[i] is None for i in self.scalar_args):
+            return False
+        if out is None:
+            return True
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return len(outs) == len(self.outputs) and all(o is not None for o in outs)
 
     def native(self, module, args: tuple, out):
         """This call as a compiled launcher (fastcall.cpp) for the signature of `args` and `out`."""
