@@ -72,6 +72,22 @@ def test_generated_kernel_matches_golden():
     assert r.kernel.cu == path.read_text()
 
 
+def _ptx_body(ptx: str) -> str:
+    """The PTX without nvcc's comment lines (they name the compiler build)."""
+    return "\n".join(line for line in ptx.splitlines() if not line.lstrip().startswith("//")) + "\n"
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_generated_ptx_matches_golden(target):
+    """The PTX nvcc makes of the pinned .cu, for both targets (toolchain 13.0, as in CI);
+    KFC_UPDATE_GOLDEN=1 rewrites it after a reviewed change."""
+    r = compile_op(load_kfc("kernels/rmsnorm.kfc"), parse_target(target), shape={"N": 4096})
+    path = GOLDEN / f"rmsnorm_bf16_N4096_{target}.ptx"
+    if os.environ.get("KFC_UPDATE_GOLDEN"):
+        path.write_text(_ptx_body(r.kernel.ptx))
+    assert _ptx_body(r.kernel.ptx) == path.read_text()
+
+
 def test_ptx_templates_are_pinned():
     assert ptx.ld_global(["a", "b"], "p", None, "cs") == \
         'asm volatile("ld.global.cs.v2.b32 {%0, %1}, [%2];" : "+r"(a), "+r"(b) : "l"(p));'
