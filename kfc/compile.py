@@ -49,17 +49,28 @@ class CompileResult:
 
 
 def row_dims(func: FuncOp) -> list[str]:
-    """Dims that only bound the top-level row loop: they stay run-time arguments."""
+    """Dims that bound the top-level parallel loop (its indices, linearised into rows): they
+    stay run-time arguments."""
     loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
-    if len(loops) != 1 or loops[0].rank != 1:
+    if len(loops) != 1:
         return []
     defs = {r: op for op in func.body.ops for r in op.results}
     out = []
     for v in loops[0].operands:
         d = defs.get(v)
-        if isinstance(d, DimOp):
+        if isinstance(d, DimOp) and d.sym not in out:
             out.append(d.sym)
     return out
+
+
+def linearize_loops(func: FuncOp, ctx) -> FuncOp:
+    """A parallel loop over several indices becomes a loop over rows (the linearize pass,
+    verified like every pass) before the op's kind is decided."""
+    if not any(isinstance(op, ParallelOp) and op.rank > 1 for op in func.body.ops):
+        return func
+    from .passes.linearize import Linearize
+
+    return PassManager(parse_pipeline(Linearize.NAME), ctx).run(func)
 
 
 def op_kind(func: FuncOp) -> tuple[str, PassError | None]:
@@ -134,14 +145,15 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
                        hint=f"pass --shape {','.join(f'{m}=...' for m in missing)}")
     special = specialize(func, fixed, partial=True,
                          where="--shape" if shape else "the check block's first shape")
-    kind, why_not = op_kind(special)
-    pipe = parse_user_pipeline(pipeline) if pipeline is not None else parse_pipeline(default_pipeline(kind))
     sample = {k: min(v, 5) for k, v in dims.items() if k in dynamic}
     ctx_kwargs = dict(target=target, check=spec.check, print_ir_after_all=print_ir_after_all, print_ir_before=frozenset(print_ir_before),
                       timing=timing, verify_each=VerifyEach({**fixed, **sample}, spec.check) if verify_each else None)
     if out is not None:
         ctx_kwargs["out"] = out
     ctx = PassContext(**ctx_kwargs)
+    special = linearize_loops(special, ctx)
+    kind, why_not = op_kind(special)
+    pipe = parse_user_pipeline(pipeline) if pipeline is not None else parse_pipeline(default_pipeline(kind))
     t0 = time.perf_counter()
     lowered = PassManager(pipe, ctx).run(special)
     t_passes = time.perf_counter() - t0

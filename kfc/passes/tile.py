@@ -130,14 +130,16 @@ class Tile(Pass):
                                              ctx.target.has("cluster"), per_row_inputs(loop))
         for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
             if value < 1 or value & (value - 1) and name != "rows":
-                raise PassError(f"tile: {name}={value} must be a positive power of two")
+                raise PassError(f"tile: {name}={value} must be a positive power of two", loop.loc)
         if cluster > 1 and not ctx.target.has("cluster"):
-            raise PassError(f"tile: cluster={cluster} needs thread-block clusters, which {ctx.target} lacks")
+            raise PassError(f"tile: cluster={cluster} needs thread-block clusters, which {ctx.target} lacks", loop.loc)
         per_thread = vec * math.ceil(n / (vec * threads * cluster))
         if per_thread > MAX_ELEMS_PER_THREAD:
+            longest = 1024 * MAX_CLUSTER * MAX_ELEMS_PER_THREAD
             raise PassError(f"tile: {threads} thread(s) x {cluster} CTA(s) per row of {n} leaves {per_thread} elements "
-                            f"per thread; at most {MAX_ELEMS_PER_THREAD} fit in registers",
-                            hint=f"use more threads or a cluster: threads x cluster >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}")
+                            f"per thread; at most {MAX_ELEMS_PER_THREAD} fit in registers", loop.loc,
+                            hint=f"use more threads or a cluster: threads x cluster >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}"
+                            if n <= longest else f"a row kernel holds rows of up to {longest} elements in registers")
         layout = row_layout(threads, vec, cluster)
         vmap = ValueMap()
 
