@@ -35,7 +35,7 @@ def end_to_end(kernel: str, target: str, runs: int) -> float:
 
 def pipeline_only(kernel: str, target: str, runs: int) -> float:
     from kfc.codegen.cuda import generate_cuda
-    from kfc.compile import choose_dims, row_dims
+    from kfc.compile import choose_dims, fixed_dims
     from kfc.frontend import load_kfc
     from kfc.ir.specialize import specialize
     from kfc.passes import PassContext, PassManager, ROW_PIPELINE, parse_pipeline
@@ -45,7 +45,7 @@ def pipeline_only(kernel: str, target: str, runs: int) -> float:
     for _ in range(runs):
         t = time.perf_counter()
         spec = load_kfc(ROOT / "kernels" / f"{kernel}.kfc")
-        dims = {k: v for k, v in choose_dims(spec, None).items() if k not in row_dims(spec.func)}
+        dims = fixed_dims(spec.func, choose_dims(spec, None))
         func = specialize(spec.func, dims, partial=True)
         lowered = PassManager(parse_pipeline(ROW_PIPELINE), PassContext(parse_target(target), check=spec.check)).run(func)
         generate_cuda(lowered)

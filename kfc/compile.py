@@ -63,6 +63,12 @@ def row_dims(func: FuncOp) -> list[str]:
     return out
 
 
+def fixed_dims(func: FuncOp, dims: dict[str, int]) -> dict[str, int]:
+    """The dims a kernel is specialised on: all but the row dims (those stay run-time)."""
+    dynamic = set(row_dims(func))
+    return {k: int(v) for k, v in dims.items() if k not in dynamic}
+
+
 def linearize_loops(func: FuncOp, ctx) -> FuncOp:
     """A parallel loop over several indices becomes a loop over rows (the linearize pass,
     verified like every pass) before the op's kind is decided."""
@@ -137,7 +143,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     func = spec.func
     dynamic = row_dims(func)
     dims = choose_dims(spec, shape)
-    fixed = {k: v for k, v in dims.items() if k not in dynamic}
+    fixed = fixed_dims(func, dims)
     missing = [s for s in func.symbols if s not in dims and s not in dynamic]
     if missing:
         raise KfcError(f"no size for {', '.join(missing)}: kfc compile fixes every dim but the row count, and "

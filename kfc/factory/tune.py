@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import attrs
 
-from ..compile import row_dims
+from ..compile import fixed_dims, row_dims
 from ..diagnostics import KfcError
 from ..frontend.spec import OpSpec
 from ..kb.fingerprint import op_features, op_fingerprint
@@ -59,7 +59,7 @@ class TuneResult:
 
 
 def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace:
-    fixed = {k: v for k, v in dims.items() if k not in row_dims(spec.func)}
+    fixed = fixed_dims(spec.func, dims)
     func = specialize(spec.func, fixed, partial=True)
     try:
         n = row_length(find_row_loop(func), func)

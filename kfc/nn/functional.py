@@ -62,20 +62,10 @@ def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor
         if residual.shape != x.shape:
             raise KfcError(f"rms_norm: residual has shape {tuple(residual.shape)}, x has {tuple(x.shape)}")
         res = residual.reshape(-1, n)
-        if _eager(x, w, residual):
-            from ..library import kernel
-
-            y, out = kernel("rmsnorm_residual")(ops._ready(rows), ops._ready(res.to(x.dtype)),
-                                                ops._f32(w, n, x.device, 1.0), eps)
-        else:
-            y, out = ops.rms_norm_residual(rows, res, w, eps)
+        op = ops.rms_norm_residual_rows if _eager(x, w, residual) else ops.rms_norm_residual
+        y, out = op(rows, res, w, eps)
         return y.view(x.shape), out.view(x.shape).to(residual.dtype)
-    if _eager(x, w):
-        from ..library import kernel
-
-        y = kernel("rmsnorm")(ops._ready(rows), ops._f32(w, n, x.device, 1.0), eps)
-    else:
-        y = ops.rms_norm(rows, w, eps)
+    y = (ops.rms_norm_rows if _eager(x, w) else ops.rms_norm)(rows, w, eps)
     return y.view(x.shape)
 
 
@@ -84,13 +74,7 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tens
     """torch.nn.functional.layer_norm."""
     rows, n = _rows(x, normalized_shape, "layer_norm")
     w, b = _flat(weight, n, "layer_norm: weight"), _flat(bias, n, "layer_norm: bias")
-    if _eager(x, w, b):
-        from ..library import kernel
-
-        y = kernel("layernorm")(ops._ready(rows), ops._f32(w, n, x.device, 1.0), ops._f32(b, n, x.device, 0.0),
-                                float(eps))
-    else:
-        y = ops.layer_norm(rows, w, b, float(eps))
+    y = (ops.layer_norm_rows if _eager(x, w, b) else ops.layer_norm)(rows, w, b, float(eps))
     return y.view(x.shape)
 
 
@@ -103,11 +87,6 @@ def softmax(x: Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> Te
     dim = dim % x.dim()
     moved = x.movedim(dim, -1) if dim != x.dim() - 1 else x
     rows, _ = _rows(moved, (moved.shape[-1],), "softmax")
-    if _eager(x):
-        from ..library import kernel
-
-        y = kernel("softmax")(ops._ready(rows))
-    else:
-        y = ops.softmax_lastdim(rows)
+    y = (ops.softmax_rows if _eager(x) else ops.softmax_lastdim)(rows)
     y = y.view(moved.shape)
     return y.movedim(-1, dim) if dim != x.dim() - 1 else y

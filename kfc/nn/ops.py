@@ -48,9 +48,15 @@ def _sum_rows(t: Tensor, like: Optional[Tensor]) -> Optional[Tensor]:
 
 # --- rms_norm ----------------------------------------------------------------------------------
 
+def rms_norm_rows(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    """The kernel call under kfc::rms_norm (kfc.nn.functional calls it directly when no
+    gradient is wanted and nothing is traced)."""
+    return kernel("rmsnorm")(_ready(x), _f32(weight, x.shape[-1], x.device, 1.0), eps)
+
+
 @torch.library.custom_op("kfc::rms_norm", mutates_args=(), device_types="cuda")
 def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
-    return kernel("rmsnorm")(_ready(x), _f32(weight, x.shape[-1], x.device, 1.0), eps)
+    return rms_norm_rows(x, weight, eps)
 
 
 @rms_norm.register_fake
@@ -95,11 +101,15 @@ rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 # --- rms_norm with a fused residual ------------------------------------------------------------
 
-@torch.library.custom_op("kfc::rms_norm_residual", mutates_args=(), device_types="cuda")
-def rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+def rms_norm_residual_rows(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
     """(y, residual_out): h = x + residual, residual_out = h, y = rms_norm(h) * weight."""
     return kernel("rmsnorm_residual")(_ready(x), _ready(residual.to(x.dtype)),
                                       _f32(weight, x.shape[-1], x.device, 1.0), eps)
+
+
+@torch.library.custom_op("kfc::rms_norm_residual", mutates_args=(), device_types="cuda")
+def rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+    return rms_norm_residual_rows(x, residual, weight, eps)
 
 
 @rms_norm_residual.register_fake
@@ -127,10 +137,14 @@ rms_norm_residual.register_autograd(_rms_residual_backward, setup_context=_rms_r
 
 # --- layer_norm --------------------------------------------------------------------------------
 
-@torch.library.custom_op("kfc::layer_norm", mutates_args=(), device_types="cuda")
-def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+def layer_norm_rows(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
     n = x.shape[-1]
     return kernel("layernorm")(_ready(x), _f32(weight, n, x.device, 1.0), _f32(bias, n, x.device, 0.0), eps)
+
+
+@torch.library.custom_op("kfc::layer_norm", mutates_args=(), device_types="cuda")
+def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+    return layer_norm_rows(x, weight, bias, eps)
 
 
 @layer_norm.register_fake
@@ -173,9 +187,13 @@ layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
 
 # --- softmax -----------------------------------------------------------------------------------
 
+def softmax_rows(x: Tensor) -> Tensor:
+    return kernel("softmax")(_ready(x))
+
+
 @torch.library.custom_op("kfc::softmax_lastdim", mutates_args=(), device_types="cuda")
 def softmax_lastdim(x: Tensor) -> Tensor:
-    return kernel("softmax")(_ready(x))
+    return softmax_rows(x)
 
 
 @softmax_lastdim.register_fake

@@ -44,9 +44,8 @@ def module_name(spec: OpSpec) -> str:
 
 def fixed_shapes(spec: OpSpec, shapes: list[dict[str, int]]) -> list[dict[str, int]]:
     """The fixed dims to build: the given ones, else every check case's (row dims dropped)."""
-    from ..compile import row_dims
+    from ..compile import fixed_dims
 
-    dynamic = set(row_dims(spec.func))
     if not shapes:
         if spec.check is None or not spec.check.shapes:
             raise KfcError(f"{spec.path}: no --shape given and the op has no check block to take shapes from",
@@ -54,7 +53,7 @@ def fixed_shapes(spec: OpSpec, shapes: list[dict[str, int]]) -> list[dict[str, i
         shapes = [dict(s) for s in spec.check.shapes]
     out = []
     for s in shapes:
-        fixed = {k: int(v) for k, v in s.items() if k not in dynamic}
+        fixed = fixed_dims(spec.func, s)
         if fixed not in out:
             out.append(fixed)
     return out
@@ -171,7 +170,7 @@ def _knowledge(kb_path, instances, targets, fingerprint) -> dict:
     """Per (instance, target, fixed dims): the knowledge base's fastest timed pipeline there."""
     if kb_path is None or not Path(kb_path).exists():
         return {}
-    from ..compile import row_dims
+    from ..compile import fixed_dims
     from ..kb.store import KnowledgeBase
 
     out = {}
@@ -181,13 +180,12 @@ def _knowledge(kb_path, instances, targets, fingerprint) -> dict:
             op = kb.op_by_fingerprint(fingerprint(inst.func))
             if op is None:
                 continue
-            dynamic = set(row_dims(inst.func))
             for t in targets:
                 for row in kb.candidates(op_id=op["id"], target=t.name):
                     if row.get("stage") != "timed" or row.get("median_us") is None:
                         continue
                     shape = row["shape"] if isinstance(row["shape"], dict) else json.loads(row["shape"])
-                    key = (inst.instance_name, t.name, dims_key({k: v for k, v in shape.items() if k not in dynamic}))
+                    key = (inst.instance_name, t.name, dims_key(fixed_dims(inst.func, shape)))
                     best = out.get(key)
                     if best is None or row["median_us"] < best["median_us"]:
                         out[key] = {"shape": shape, "pipeline": row["pipeline"], "median_us": row["median_us"],
@@ -214,10 +212,9 @@ def _check_cases(spec: OpSpec, fixed: list[dict[str, int]]) -> dict:
     check = spec.check
     if check is None:
         return {"reference": None, "cases": []}
-    from ..compile import row_dims
+    from ..compile import fixed_dims
 
-    dynamic = set(row_dims(spec.func))
-    cases = [dict(s) for s in check.shapes if {k: v for k, v in s.items() if k not in dynamic} in fixed]
+    cases = [dict(s) for s in check.shapes if fixed_dims(spec.func, s) in fixed]
     return {"reference": check.reference, "reference_is_function": check.reference_is_function,
             "tolerance": {d: check.tolerance_for(d) for d in ("bf16", "f16", "f32", "f64")},
             "inputs": {k: [g.name, list(g.args)] for k, g in dict(check.inputs).items()},

@@ -111,10 +111,9 @@ class KfcKernel:
 
     # --- compile ------------------------------------------------------------------------------
     def kernel_for(self, dims: dict[str, int], device_index: int):
-        from ..compile import row_dims
+        from ..compile import fixed_dims
 
-        dynamic = set(row_dims(self.func))
-        fixed = {k: v for k, v in dims.items() if k not in dynamic}
+        fixed = fixed_dims(self.func, dims)
         memo = (tuple(sorted(fixed.items())), device_index)
         with self._lock:
             if memo not in self._loaded:
@@ -317,23 +316,25 @@ class _Unresolved:
 _UNRESOLVED = _Unresolved()
 
 
+@functools.cache
+def _torch():
+    """torch, imported on first use (kfc imports without it)."""
+    import torch
+
+    return torch
+
+
 def _signature(args: tuple) -> tuple:
     """What a call's launch depends on, per positional argument: a tensor's dtype, shape and
     device; for anything else its type (a scalar's value goes into its slot on every call)."""
-    return tuple((a.dtype, a.shape, a.get_device()) if isinstance(a, _Tensor()) else type(a) for a in args)
+    return tuple((a.dtype, a.shape, a.get_device()) if isinstance(a, _torch().Tensor) else type(a)
+                 for a in args)
 
 
 def _out_signature(out) -> tuple | None:
     if out is None:
         return None
     return _signature(tuple(out) if isinstance(out, (tuple, list)) else (out,))
-
-
-@functools.cache
-def _Tensor():
-    import torch
-
-    return torch.Tensor
 
 
 def _remember(launchers: list, launcher, keep: int = 16) -> None:
@@ -367,13 +368,6 @@ class Allocation:
         if self.mode == self.NEW:
             return args[self.arg].new_empty(self.shape)
         return _torch().empty(self.shape, dtype=self.dtype, device=self.device)
-
-
-@functools.cache
-def _torch():
-    import torch
-
-    return torch
 
 
 class PreparedCall:
@@ -488,10 +482,9 @@ def _tensor_spec(arg: int, slot: int, t) -> tuple:
 def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]):
     """The cubin and report for `spec` at `dims`, from the JIT cache or compiled into it."""
     from ..codegen.toolchain import find_toolchain
-    from ..compile import compile_op, row_dims
+    from ..compile import compile_op, fixed_dims
 
-    dynamic = set(row_dims(spec.func))
-    fixed = {k: v for k, v in dims.items() if k not in dynamic}
+    fixed = fixed_dims(spec.func, dims)
     key = cache.cache_key(print_ir(spec.func), pipeline or "", target.name, fixed, find_toolchain().version_text)
     hit = cache.lookup(key)
     if hit is not None:
