@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from kfc.factory.space import GEOMETRY
+from kfc.factory.space import GEOMETRY, completed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def collect(paths: list[str], base: dict | None = None) -> dict:
 
 def config_key(config: dict) -> str:
     """One text per configuration, whatever the order of its choices."""
-    return json.dumps(config, sort_keys=True)
+    return json.dumps(completed(config), sort_keys=True)
 
 
 class Landscape:
@@ -95,6 +95,7 @@ class Landscape:
         self.by_key = {config_key(p["config"]): p for p in points}
 
     def distance(self, a: dict, b: dict) -> int:
+        a, b = completed(a), completed(b)
         return sum((self.geometry_weight if c in GEOMETRY else 1) for c in a if a[c] != b.get(c))
 
     def lookup(self, config: dict) -> tuple[float | None, str, bool]:

@@ -56,11 +56,15 @@ def test_long_rows_use_a_cluster_and_distributed_shared_memory(compiled):
 
 
 def test_cu_holds_inline_ptx_for_loads_stores_and_reductions(compiled):
-    cu = compiled[("rmsnorm", "bf16", 4096, "sm_90a")].kernel.cu
-    assert 'asm volatile("{\\n .reg .pred p;\\n setp.ne.b32 p, %5, 0;\\n @p ld.global.cs.v4.b32' in cu
-    assert "st.global.cs.v4.b32" in cu
-    assert "shfl.sync.bfly.b32" in cu and "bar.sync" in cu and "st.shared.f32" in cu
-    assert cu.count("asm volatile") >= 6
+    staged = compiled[("rmsnorm", "bf16", 4096, "sm_90a")].kernel.cu  # 8 KB rows go through shared memory
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in staged
+    assert "mbarrier.arrive.expect_tx" in staged and "mbarrier.try_wait.parity" in staged
+    assert "ld.shared.v4.b32" in staged
+    cu = compiled[("rmsnorm", "bf16", 7, "sm_90a")].kernel.cu  # not a 16-byte multiple: registers
+    assert "cp.async.bulk" not in cu and "@p ld.global.cs" in cu
+    assert "st.global.cs.v4.b32" in staged
+    assert "shfl.sync.bfly.b32" in staged and "bar.sync" in staged and "st.shared.f32" in staged
+    assert staged.count("asm volatile") >= 6
 
 
 def test_generated_kernel_matches_golden():

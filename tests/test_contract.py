@@ -15,7 +15,9 @@ def test_a_row_kernel_s_contract():
     result = compile_op(load_kfc("kernels/rmsnorm.kfc", {"T": "bf16"}), parse_target("sm_90a"), shape={"N": 4096})
     (k,) = result.report["kernels"]
     assert k["name"] == "kfc_kernel_rmsnorm" and k["block"] == [result.plan.block, 1, 1]
-    assert k["smem_dynamic_bytes"] == 0 and k["cluster"] == [1, 1, 1]
+    # a row of 8 KB is staged through shared memory: this CTA's part of one row, dynamic
+    assert k["smem_dynamic_bytes"] == 4096 * 2 and k["cluster"] == [1, 1, 1]
+    assert k["smem_static_bytes"] == result.plan.smem_static and not contract.needs_smem_opt_in(k)
     r = result.plan.rows_per_cta
     for m in (0, 1, r - 1, r, r + 1, 32768):
         assert contract.grid(k, {"M": m, "N": 4096}) == (-(-m // r), 1, 1)

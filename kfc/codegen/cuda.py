@@ -20,6 +20,7 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp
 from ..ir import layouts
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
+from ..ir.smem_ops import CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copy_bytes
 from ..ir.tile_ops import (
     BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, ReduceKind, UnaryOp, WhereOp,
 )
@@ -153,9 +154,15 @@ class RowKernelEmitter:
         self.E = self.row.chunks(self.N)
         self.EV = self.E * self.V
         self.exact = self.row.exact(self.N)
-        # inside the fused per-chunk loop of the row's tail: values declared there hold one
-        # chunk (vec elements), not the thread's whole share of the row
+        # inside a fused per-chunk loop: values declared there hold one chunk (vec elements),
+        # not the thread's whole share of the row
         self.chunk_local: set[Value] | None = None
+        self.smem_dynamic = 0
+        self.staged = [op for op in self.launch.body.ops if isinstance(op, SmemAllocOp)]
+        self.uses: dict[Value, list[Op]] = {}
+        for op in self.launch.body.ops:
+            for v in op.operands:
+                self.uses.setdefault(v, []).append(op)
 
     # --- naming -------------------------------------------------------------------------------
     def _row_length(self) -> int:
@@ -246,7 +253,7 @@ class RowKernelEmitter:
                 f"{smem}\n{body}\n}}\n")
         lo, hi = self.launch.operands
         plan = LaunchPlan(self.kernel_name, tuple(params), block, self.C, self.R, self.launch.persistent,
-                          self.rows_expr(), self.smem_bytes)
+                          self.rows_expr(), self.smem_bytes, self.smem_dynamic)
         return code, plan
 
     def params(self) -> list[KernelParam]:
@@ -294,6 +301,7 @@ class RowKernelEmitter:
         self.names[row] = "kfc_m"
         if self.cluster_ops:
             self.emit_cluster_setup()
+        self.emit_smem_setup()
         self.emit(f"const long long kfc_rows = (long long)({hi}) - (long long)({lo});")
         self.emit(f"const long long kfc_stride = (long long)(gridDim.x / {self.C}) * {self.R};")
         self.emit("unsigned kfc_phase = 0;")
@@ -304,12 +312,26 @@ class RowKernelEmitter:
         self.emit("const bool kfc_rowvalid = kfc_base + kfc_r < kfc_rows;")
         first_cluster = self.cluster_ops[0] if self.cluster_ops else None
         head, tail = self.split_tail(L.body.ops)
+        runs = self.fused_reductions(head)
+        skip: set[int] = set()
         for op in head:
+            if id(op) in skip:
+                continue
             if op is first_cluster:
                 self.emit(ptx.cluster_wait())
+            if id(op) in runs:
+                run = runs[id(op)]
+                skip.update(id(o) for o in run)
+                self.emit_fused_reduction(run)
+                continue
             self.emit_op(op)
         if tail:
             self.emit_fused_tail(tail)
+        if self.staged:
+            # the next row's copies overwrite the buffers: every thread must be done reading them
+            self.emit("if (kfc_base + kfc_stride < kfc_rows) {")
+            self.emit("  " + ptx.bar_sync(0))
+            self.emit("}")
         if self.cluster_ops:
             # The next iteration's first cluster step waits on this: no CTA sends into a peer's
             # slots before the peer has read the last ones. After the last iteration nothing is
@@ -338,6 +360,95 @@ class RowKernelEmitter:
                    if isinstance(r.type, TensorType)) and not any(isinstance(op, StOp) for op in tail):
             return list(ops), []
         return list(ops[:last + 1]), tail
+
+    def fused_reductions(self, ops) -> dict[int, list[Op]]:
+        """Runs of ops that end in a per-thread reduction and whose row values nothing after
+        the reduction reads (rows re-read from shared memory make such runs): each is emitted
+        as one loop over the thread's chunks, accumulating chunk by chunk, so a thread never
+        holds its whole share of the row. Keyed by the id of the run's first op."""
+        runs: dict[int, list[Op]] = {}
+        ops = list(ops)
+        for j, op in enumerate(ops):
+            if not isinstance(op, ThreadReduceOp):
+                continue
+            i = j
+            while i > 0 and isinstance(ops[i - 1], self.FUSABLE) and not isinstance(ops[i - 1], StOp) and \
+                    id(ops[i - 1]) not in {id(o) for r in runs.values() for o in r}:
+                i -= 1
+            run = ops[i:j + 1]
+            inside = {id(o) for o in run}
+            rows = [r for o in run[:-1] for r in o.results if self.kind(r) == "row"]
+            if not any(isinstance(o, LdOp) for o in run) or not rows or \
+                    any(id(u) not in inside for r in rows for u in self.uses.get(r, ())):
+                continue
+            # a row value from before the run that the run reads stays whole: fine, it is read per chunk
+            runs[id(run[0])] = run
+        return runs
+
+    def emit_fused_reduction(self, run) -> None:
+        reduce_op = run[-1]
+        self._check_f32(reduce_op)
+        body = []
+        for op in run[:-1]:  # scalars first: they never depend on the run's row values
+            if any(self.kind(v) == "row" for v in op.results):
+                body.append(op)
+            else:
+                self.emit_op(op)
+        acc = self.name(reduce_op.result)
+        self.emit(f"float {acc} = {self.identity(reduce_op.kind)};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
+        self.indent += 1
+        self.chunk_local = set()
+        try:
+            for op in body:
+                self.emit_op(op)
+            self.thread_reduce_steps(reduce_op, f"(e * {self.V} + k)", "k", self.V)
+        finally:
+            self.chunk_local = None
+        self.indent -= 1
+        self.emit("}")
+
+    def emit_smem_setup(self) -> None:
+        """Shared-memory buffers (one part per row slot of the CTA, in dynamic shared memory)
+        and mbarriers (one per row slot), initialised before the row loop."""
+        bars = [op for op in self.launch.body.ops if isinstance(op, MbarrierAllocOp)]
+        if not self.staged and not bars:
+            return
+        offset = 0
+        if self.staged:
+            self.smem_decls.append("extern __shared__ __align__(128) unsigned char kfc_dsmem[];")
+        for k, op in enumerate(self.staged):
+            t = op.result.ttype
+            if t.rank != 1 or t.shape[0] != self.N:
+                raise CodegenError(f"a shared-memory buffer of {t} in a row kernel of rows of {self.N}", op.loc,
+                                   "stage whole rows: buffers have the row's length")
+            part = self.E * self.row.span * t.dtype.itemsize  # this CTA's spans of one row
+            name = f"kfc_sbuf{k}"
+            self.emit(f"const unsigned {name} = {ptx.smem_addr('kfc_dsmem[0]')} + {offset}u + "
+                      f"(unsigned)kfc_r * {part}u;")
+            self.names[op.result] = name
+            offset += -(-self.R * part // 128) * 128
+        self.smem_dynamic = offset
+        for k, op in enumerate(bars):
+            if op.arrivals != 1:
+                raise CodegenError(f"row kernels arrive once per mbarrier phase, not {op.arrivals} times", op.loc)
+            self.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_mbar{k}[{self.R}];")
+            self.smem_bytes += 8 * self.R
+            self.names[op.result] = f"kfc_mbar_addr{k}"
+        self.emit("if (threadIdx.x == 0) {")
+        self.indent += 1
+        self.emit(f"for (int r = 0; r < {self.R}; ++r) {{")
+        for k in range(len(bars)):
+            self.emit("  " + ptx.mbarrier_init(ptx.smem_addr(f"kfc_mbar{k}[r]"), 1))
+        self.emit("}")
+        self.emit(ptx.fence_mbarrier_init())
+        self.emit(ptx.fence_proxy_async_shared())
+        self.indent -= 1
+        self.emit("}")
+        self.emit(ptx.bar_sync(0))
+        for k in range(len(bars)):
+            self.emit(f"const unsigned kfc_mbar_addr{k} = {ptx.smem_addr(f'kfc_mbar{k}[kfc_r]')};")
 
     def emit_fused_tail(self, tail) -> None:
         row_ops = []
@@ -588,6 +699,7 @@ class RowKernelEmitter:
             self.emit(f"{n} = {other};")
             self.emit(f"if ({' && '.join(conds)}) {n} = {self.name(tensor)}[{addr}];")
             return
+        shared = t.space is MemSpace.SHARED
         word, nwords, per_word, accesses, pred = self.access_plan(op, d, guard)
         self.open_chunks()
         base = self.row.chunk_start_c("e", "kfc_g")
@@ -596,8 +708,13 @@ class RowKernelEmitter:
             wt = "unsigned" if word == 4 else "unsigned short"
             fill = self._other_bits(op.other, d, word)
             self.emit(f"{wt} {', '.join(f'{w} = {fill}' for w in words)};")
-            addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[1:], f'{base} + {a * op.vec}')}"
-            self.emit(ptx.ld_global(words, addr, pred, op.cache, word))
+            if shared:  # this CTA's part of a staged row: its spans one after another
+                offset = f"({self.row.cta_offset_c('e', 'kfc_t')} + {a * op.vec})"
+                self.emit(ptx.ld_shared(words, f"{self.name(tensor)} + (unsigned)({offset}) * {d.itemsize}u", pred,
+                                        word))
+            else:
+                addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[1:], f'{base} + {a * op.vec}')}"
+                self.emit(ptx.ld_global(words, addr, pred, op.cache, word))
             for wi, w in enumerate(words):
                 for k in range(per_word):
                     self.emit(f"{self.chunk_elem(r, a * op.vec + wi * per_word + k)} = {self._from_bits(w, d, k, word)};")
@@ -707,6 +824,79 @@ class RowKernelEmitter:
             self.emit(ptx.st_global(words, addr, pred, op.cache, word))
         self.close_chunks()
 
+    # --- shared memory and bulk copies ----------------------------------------------------------
+    def op_SmemAllocOp(self, op: SmemAllocOp) -> None:
+        pass  # laid out in dynamic shared memory before the row loop (emit_smem_setup)
+
+    def op_MbarrierAllocOp(self, op: MbarrierAllocOp) -> None:
+        pass  # declared and initialised before the row loop (emit_smem_setup)
+
+    def copies_on(self, bar: Value) -> list[CopyAsyncOp]:
+        return [o for o in self.launch.body.ops if isinstance(o, CopyAsyncOp) and o.operands[2] is bar]
+
+    def op_ExpectTxOp(self, op: ExpectTxOp) -> None:
+        """Thread 0 of the row slot arrives and announces the bytes its CTA's copies carry
+        (the IR's count is the whole row's; a cluster splits it); a slot without a row only
+        arrives, so every slot's phase completes."""
+        bar = op.operands[0]
+        copies = self.copies_on(bar)
+        if op.bytes != sum(copy_bytes(c.operands[1].ttype) for c in copies):
+            raise CodegenError(f"gpu.expect_tx announces {op.bytes} bytes; the copies on its barrier carry "
+                               f"{sum(copy_bytes(c.operands[1].ttype) for c in copies)}", op.loc)
+        per_cta = sum(self.E * self.row.span * c.operands[1].ttype.dtype.itemsize for c in copies)
+        if per_cta >= 1 << 20:
+            raise CodegenError(f"a CTA's part of the staged rows is {per_cta} bytes; an mbarrier phase counts at most "
+                               f"2^20-1", op.loc, "split the row over a larger cluster")
+        self.emit("if (kfc_t == 0) {")
+        self.indent += 1
+        self.emit("unsigned kfc_tx = 0;")
+        for c in copies:
+            isz = c.operands[1].ttype.dtype.itemsize
+            self.emit(f"for (int e = 0; e < {self.E}; ++e) {{ const long long j0 = {self.row.cta_span_start_c('e', 'kfc_crank')}; "
+                      f"if (j0 < {self.N}) kfc_tx += (unsigned)(({self.N} - j0 < {self.row.span} ? {self.N} - j0 : "
+                      f"{self.row.span}) * {isz}); }}")
+        self.emit(f"if (kfc_rowvalid) {ptx.mbarrier_arrive_expect_tx_var(self.name(bar), 'kfc_tx')}")
+        self.emit(f"else {ptx.mbarrier_arrive(self.name(bar))}")
+        self.indent -= 1
+        self.emit("}")
+
+    def op_CopyAsyncOp(self, op: CopyAsyncOp) -> None:
+        """Thread 0 of the row slot copies each of its CTA's spans of the row in one bulk copy
+        (the last span stops at the row's end: both ends stay 16-byte aligned because the
+        row's byte length is a multiple of 16)."""
+        src, buf, bar = op.operands[0], op.operands[1], op.operands[2]
+        t = src.ttype
+        isz = t.dtype.itemsize
+        if [ix.kind for ix in op.index] != ["point"] * (t.rank - 1) + ["all"]:
+            raise CodegenError("row kernels copy whole rows (x[m, :]) into shared memory", op.loc)
+        if (self.N * isz) % 16 or (self.row.span * isz) % 16:
+            raise CodegenError(f"a bulk copy moves multiples of 16 bytes; rows of {self.N} x {isz} bytes in spans of "
+                               f"{self.row.span} elements do not split so", op.loc,
+                               "leave this row in registers (stage-rows skips such rows)")
+        self.emit("if (kfc_t == 0 && kfc_rowvalid) {")
+        self.indent += 1
+        self.emit(ptx.fence_proxy_async_shared())
+        self.emit("#pragma unroll")
+        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
+        self.indent += 1
+        self.emit(f"const long long j0 = {self.row.cta_span_start_c('e', 'kfc_crank')};")
+        self.emit(f"if (j0 < {self.N}) {{")
+        self.indent += 1
+        self.emit(f"const unsigned kfc_nb = (unsigned)(({self.N} - j0 < {self.row.span} ? {self.N} - j0 : "
+                  f"{self.row.span}) * {isz});")
+        addr = f"{self.name(src)} + {self._address(op, src, op.index, op.operands[3:], 'j0')}"
+        dst = f"{self.name(buf)} + (unsigned)({self.row.cta_offset_c('e', '0')}) * {isz}u"
+        self.emit(ptx.cp_async_bulk_to_shared(dst, addr, "kfc_nb", self.name(bar)))
+        self.indent -= 1
+        self.emit("}")
+        self.indent -= 1
+        self.emit("}")
+        self.indent -= 1
+        self.emit("}")
+
+    def op_MbarrierWaitOp(self, op: MbarrierWaitOp) -> None:
+        self.emit(ptx.mbarrier_wait_parity(self.name(op.operands[0]), "kfc_phase"))
+
     # --- reductions ---------------------------------------------------------------------------
     def combine(self, kind: ReduceKind, a: str, b: str) -> str:
         return {ReduceKind.SUM: f"({a} + {b})", ReduceKind.PROD: f"({a} * {b})",
@@ -724,17 +914,23 @@ class RowKernelEmitter:
 
     def op_ThreadReduceOp(self, op: ThreadReduceOp) -> None:
         self._check_f32(op)
+        self.emit(f"float {self.name(op.result)} = {self.identity(op.kind)};")
+        self.thread_reduce_steps(op, "i", "i", self.EV)
+
+    def thread_reduce_steps(self, op: ThreadReduceOp, reg: str, i: str, count: int) -> None:
+        """acc = f(acc, element) for `count` elements in register order; `reg` is the element's
+        register index in the thread's share (for the bounds test), `i` its index in the
+        operands' C arrays."""
         n = self.name(op.result)
-        self.emit(f"float {n} = {self.identity(op.kind)};")
         if op.map == "mul":
-            a, b = (self.name(v) for v in op.operands)
-            step = f"{n} = __fmaf_rn({a}[i], {b}[i], {n});"
+            a, b = (self.elem(v, i) for v in op.operands)
+            step = f"{n} = __fmaf_rn({a}, {b}, {n});"
         else:
-            x = self.name(op.operands[0])
-            step = f"{n} = {self.combine(op.kind, n, f'{x}[i]')};"
+            step = f"{n} = {self.combine(op.kind, n, self.elem(op.operands[0], i))};"
         if not self.exact:
-            step = f"if {self.row.register_in_row_c('i', 'kfc_g', self.N)} {{ {step} }}"
-        self.loop(step)
+            step = f"if {self.row.register_in_row_c(reg, 'kfc_g', self.N)} {{ {step} }}"
+        self.emit("#pragma unroll")
+        self.emit(f"for (int {i} = 0; {i} < {count}; ++{i}) {{ {step} }}")
 
     def op_WarpReduceOp(self, op: WarpReduceOp) -> None:
         n = self.name(op.result)

@@ -53,6 +53,34 @@ def st_global(words: list[str], addr: str, pred: str | None, hint: str = "", wor
             f' @p st.global{ST_HINTS[hint]}{vec}.{typ} [%0], {src};\\n}}" :: "l"({addr}), {ins}, "r"((int)({pred})) : "memory");')
 
 
+def ld_shared(words: list[str], addr_u32: str, pred: str | None, word_bytes: int = 4) -> str:
+    """Load len(words) words from shared `addr_u32` (a 32-bit shared-window address) into the
+    given lvalues, which keep their prior value where `pred` is false."""
+    n = len(words)
+    vec = f".v{n}" if n > 1 else ""
+    typ = _WORD_TYPES[word_bytes]
+    dst = "{" + _regs(n) + "}" if n > 1 else "%0"
+    con = "h" if word_bytes == 2 else "r"
+    outs = ", ".join(f'"+{con}"({w})' for w in words)
+    if pred is None:
+        return f'asm volatile("ld.shared{vec}.{typ} {dst}, [%{n}];" : {outs} : "r"({addr_u32}));'
+    return (f'asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{n + 1}, 0;\\n'
+            f' @p ld.shared{vec}.{typ} {dst}, [%{n}];\\n}}" : {outs} : "r"({addr_u32}), "r"((int)({pred})));')
+
+
+def cp_async_bulk_to_shared(dst_u32: str, src: str, nbytes: str, mbar_u32: str) -> str:
+    """Copy `nbytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` into
+    this CTA's shared memory in the background; the bytes complete on the mbarrier."""
+    return (f'asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" '
+            f':: "r"({dst_u32}), "l"({src}), "r"({nbytes}), "r"({mbar_u32}) : "memory");')
+
+
+def fence_proxy_async_shared() -> str:
+    """Order this thread's earlier shared-memory accesses (and those a barrier made visible to
+    it) before later accesses of the async proxy (bulk copies)."""
+    return 'asm volatile("fence.proxy.async.shared::cta;" ::: "memory");'
+
+
 def shfl_bfly(value: str, lane_mask: int) -> str:
     """An expression: `value` from the lane whose index differs in the bits of lane_mask."""
     return f"kfc_shfl_bfly({value}, {lane_mask})"
@@ -120,6 +148,16 @@ def fence_mbarrier_init() -> str:
 def mbarrier_arrive_expect_tx(mbar_u32: str, nbytes: int) -> str:
     return (f'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], {nbytes};" '
             f':: "r"({mbar_u32}) : "memory");')
+
+
+def mbarrier_arrive_expect_tx_var(mbar_u32: str, nbytes: str) -> str:
+    """Arrive and announce a byte count computed at run time."""
+    return (f'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" '
+            f':: "r"({mbar_u32}), "r"({nbytes}) : "memory");')
+
+
+def mbarrier_arrive(mbar_u32: str) -> str:
+    return f'asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"({mbar_u32}) : "memory");'
 
 
 def mbarrier_wait_parity(mbar_u32: str, parity: str) -> str:

@@ -22,8 +22,10 @@ def check_resources(plan: LaunchPlan, report: PtxasReport, target: Target, what:
         raise ResourceError(f"{what}: {report.registers} registers x {plan.block} threads = {regs} registers per CTA; "
                             f"an SM of {target} has {target.regs_per_sm}",
                             hint="use fewer threads per CTA, or fewer elements per thread")
-    if report.smem_bytes > target.smem_per_block:
-        raise ResourceError(f"{what}: {report.smem_bytes} bytes of shared memory per CTA; {target} allows "
-                            f"{target.smem_per_block}", hint="use fewer rows per CTA")
+    smem = report.smem_bytes + plan.smem_dynamic
+    if smem > target.smem_per_block:
+        raise ResourceError(f"{what}: {smem} bytes of shared memory per CTA ({report.smem_bytes} static, "
+                            f"{plan.smem_dynamic} for staged rows); {target} allows {target.smem_per_block}",
+                            hint="use fewer rows per CTA, or split staged rows over a larger cluster")
     if plan.cluster > 16:
         raise ResourceError(f"{what}: a cluster of {plan.cluster} CTAs; {target} allows 16 (8 portable)")

@@ -83,6 +83,46 @@ def find_toolchain() -> Toolchain:
     return Toolchain(nvcc, ptxas, version)
 
 
+def find_cuobjdump() -> str:
+    """cuobjdump: beside nvcc, on PATH, or from NVIDIA's nvidia-cuda-cuobjdump wheel (kfc[test],
+    with nvidia-cuda-nvdisasm, which it runs)."""
+    beside = Path(find_toolchain().nvcc).with_name("cuobjdump")
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia  # the namespace package NVIDIA's CUDA wheels install into
+    except ImportError:
+        nvidia = None
+    for root in getattr(nvidia, "__path__", ()):
+        wheel = Path(root) / "cu13" / "bin" / "cuobjdump"
+        if wheel.is_file():
+            return str(wheel)
+    raise ToolchainError("cuobjdump not found", hint="install the CUDA toolkit's cuobjdump, or "
+                                                      "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (part of kfc[test])")
+
+
+def disassemble(cubin: bytes) -> str:
+    """The SASS of a cubin, as `cuobjdump -sass` prints it."""
+    import tempfile
+
+    tool = find_cuobjdump()
+    with tempfile.TemporaryDirectory(prefix="kfc-sass-") as d:
+        path = Path(d) / "kernel.cubin"
+        path.write_bytes(cubin)
+        try:
+            # cuobjdump runs nvdisasm, which NVIDIA's wheels install beside it
+            env = {**os.environ, "PATH": os.pathsep.join([str(Path(tool).parent), os.environ.get("PATH", "")])}
+            r = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, timeout=120, env=env)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ToolchainError(f"cannot run {tool}: {e}") from None
+        if r.returncode != 0:
+            raise ToolchainError(f"cuobjdump -sass failed: {r.stderr.strip()[:500]}")
+        return r.stdout
+
+
 _REG = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")

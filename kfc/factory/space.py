@@ -1,5 +1,5 @@
-"""The space a tuner searches for a row op: the options of `tile`, `lower-ptx` and whether
-`fuse-reductions` runs. A configuration is a dict of choices; it maps to one pipeline string,
+"""The space a tuner searches for a row op: whether rows are staged through shared memory
+(`stage-rows`), the options of `tile`, `lower-ptx` and whether `fuse-reductions` runs. A configuration is a dict of choices; it maps to one pipeline string,
 and a pipeline string of that form maps back (others, e.g. from an agent, stay opaque).
 """
 
@@ -15,6 +15,7 @@ from ..passes.base import PassError
 from ..passes.lower_ptx import LowerPtx
 from ..passes.lower_reductions import FuseReductions
 from ..passes.pipeline import parse_pipeline
+from ..passes.stage_rows import COPY_GRANULE, StageRows, threshold
 from ..passes.tile import MAX_ELEMS_PER_THREAD, Tile, choose
 
 THREADS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -24,8 +25,16 @@ STREAM = ("cs", "nc_na", "none")
 STORE = ("cs", "none")
 APPROX = ("auto", "off")
 # the choices that decide how a row is laid out over vector loads, threads, CTAs and clusters (and
-# whether a CTA loops over rows): configurations alike in these are variations of one kernel shape
-GEOMETRY = ("threads", "vec", "cluster", "persistent")
+# whether a CTA loops over rows, and where the row lives): configurations alike in these are
+# variations of one kernel shape
+GEOMETRY = ("threads", "vec", "cluster", "persistent", "stage")
+# what a configuration recorded before a choice existed meant by leaving it out
+ADDED_CHOICES = {"stage": False}
+
+
+def completed(config: dict[str, Any]) -> dict[str, Any]:
+    """A configuration with the choices added since it was recorded filled in as it meant them."""
+    return {**ADDED_CHOICES, **config}
 
 
 
@@ -37,19 +46,35 @@ class SearchSpace:
     itemsize: int = 2
     has_cluster: bool = True
     geometry: tuple[str, ...] = GEOMETRY
+    reads: int = 2  # the stretches that read a staged row (kfc.passes.stage_rows.stretches)
 
     def choices(self) -> dict[str, tuple]:
         vec_max = max(1, 16 // self.itemsize)
         threads = tuple(t for t in THREADS if t * 1 <= max(self.n, 32) and t <= 1024)
         clusters = tuple(c for c in CLUSTERS if c == 1 or (self.has_cluster and self.n >= 8192 * c // 2))
-        return {"threads": threads, "cluster": clusters, "rows": ROWS, "persistent": (False, True),
+        stage = (False, True) if self.stageable else (False,)
+        return {"stage": stage, "threads": threads, "cluster": clusters, "rows": ROWS, "persistent": (False, True),
                 "vec": tuple(v for v in (1, 2, 4, 8, 16) if v <= vec_max), "stream": STREAM, "store": STORE,
                 "fuse": (True, False), "approx": APPROX}
 
+    @property
+    def stageable(self) -> bool:
+        """Whether stage-rows can stage the row (its bytes a multiple of the copy granule)."""
+        return (self.n * self.itemsize) % COPY_GRANULE == 0
+
+    def stages(self, p: StageRows) -> bool:
+        """Whether that stage-rows pass stages this space's row."""
+        return self.stageable and self.n * self.itemsize >= threshold(p.min_bytes, self.reads)
+
+    def _choose(self, stage: bool, rows=0, threads=0, vec=0, cluster=0):
+        return choose(self.n, self.itemsize, rows, threads, vec, cluster, self.has_cluster,
+                      staged_bytes=self.n * self.itemsize if stage else 0)
+
     def default(self) -> dict[str, Any]:
         """The configuration the default pipeline's heuristics pick."""
-        rows, threads, vec, cluster = choose(self.n, self.itemsize, 0, 0, 0, 0, self.has_cluster)
-        return {"threads": threads, "cluster": cluster, "rows": 0, "persistent": False, "vec": vec,
+        stage = self.stages(StageRows())
+        rows, threads, vec, cluster = self._choose(stage)
+        return {"stage": stage, "threads": threads, "cluster": cluster, "rows": 0, "persistent": False, "vec": vec,
                 "stream": "cs", "store": "cs", "fuse": True, "approx": "auto"}
 
     def valid(self, c: dict[str, Any]) -> bool:
@@ -60,6 +85,7 @@ class SearchSpace:
             return False  # the tile pass refuses it: the row's share would not fit in registers
         if c["rows"] and c["rows"] * c["threads"] > 1024:
             return False
+        c = completed(c)
         return all(c[k] in v for k, v in self.choices().items())
 
     def pipeline(self, c: dict[str, Any]) -> str:
@@ -75,7 +101,8 @@ class SearchSpace:
             ptx.append(f"stream={c['stream']}")
         if c["store"] != "cs":
             ptx.append(f"store={c['store']}")
-        steps = ["canonicalize", "cse", "dce", "tile{" + ",".join(tile) + "}", "lower-reductions"]
+        steps = ["canonicalize", "cse", "dce"] + (["stage-rows{min_bytes=0}"] if completed(c)["stage"] else []) + \
+            ["tile{" + ",".join(tile) + "}", "lower-reductions"]
         if c["fuse"]:
             steps.append("fuse-reductions")
         steps.append("lower-ptx" + ("{" + ",".join(ptx) + "}" if ptx else ""))
@@ -94,15 +121,19 @@ class SearchSpace:
         ptx = next((p for p in passes if isinstance(p, LowerPtx)), None)
         if at is None or ptx is None:
             return None
+        staging = [p for p in passes[:at] if isinstance(p, StageRows)]
+        stage = len(staging) == 1 and self.stages(staging[0])
         tile = passes[at]
-        _, threads, vec, cluster = choose(self.n, self.itemsize, tile.rows, tile.threads, tile.vec, tile.cluster,
-                                          self.has_cluster)
-        c = {"threads": threads, "cluster": cluster, "rows": tile.rows, "persistent": tile.persistent,
+        _, threads, vec, cluster = self._choose(stage, tile.rows, tile.threads, tile.vec, tile.cluster)
+        c = {"stage": stage, "threads": threads, "cluster": cluster, "rows": tile.rows, "persistent": tile.persistent,
              "vec": vec, "stream": ptx.stream, "store": ptx.store, "approx": ptx.approx,
              "fuse": any(isinstance(p, FuseReductions) for p in passes)}
         if not self.valid(c):
             return None
         passes[at] = attrs.evolve(tile, threads=threads, vec=vec, cluster=cluster)
+        # stage-rows as this row sees it: staging (spelled with min_bytes=0) or absent
+        passes = [StageRows(min_bytes=0) if isinstance(p, StageRows) else p for p in passes
+                  if not isinstance(p, StageRows) or stage]
         return c if self.pipeline(c) == ",".join(str(p) for p in passes) else None
 
     def canonical(self, pipeline: str) -> str:

@@ -28,6 +28,7 @@ from ..passes import default_pipeline
 from ..passes.base import PassError
 from ..passes.pipeline import parse_pipeline
 from ..passes.rows import find_row_loop, row_length
+from ..passes.stage_rows import stretches
 from ..ir.specialize import specialize
 from ..target import Target
 from .evaluate import to_outcome
@@ -62,11 +63,12 @@ def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace
     fixed = fixed_dims(spec.func, dims)
     func = specialize(spec.func, fixed, partial=True)
     try:
-        n = row_length(find_row_loop(func), func)
+        loop = find_row_loop(func)
+        n = row_length(loop, func)
     except PassError as e:
         raise PassError(f"kfc tune searches row programs; {spec.name} is not one: {e.message}", e.span) from None
     sizes = [v.ttype.dtype.itemsize for v in func.args if v.ttype.space.value != "reg" and v.ttype.rank >= 1]
-    return SearchSpace(n, min(sizes) if sizes else 4, target.has("cluster"))
+    return SearchSpace(n, min(sizes) if sizes else 4, target.has("cluster"), reads=stretches(loop.body))
 
 
 def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy, kb: KnowledgeBase, evaluator,

@@ -26,6 +26,7 @@ from .tile_ops import (
     WhereOp, YieldOp,
 )
 from .signature import bind_dims
+from .smem_ops import HazardError, SharedBuffer
 from .types import MemSpace, SymDim, TensorType, bind_dim
 
 
@@ -178,6 +179,7 @@ class Interpreter:
         self.writers: dict[Value, np.ndarray] | None = None  # set by run_tracked
         self.writer_ops: list[Op] = []
         self._writer_index: dict[int, int] = {}
+        self.barriers: list = []  # (MBarrier, its alloc op) made in the current loop iteration
 
     def shape_of(self, t: TensorType) -> tuple[int, ...]:
         shape = tuple(bind_dim(d, self.dims) for d in t.shape)
@@ -203,6 +205,9 @@ class Interpreter:
 
     def exec_op(self, op: Op, env: dict):
         ins = [env[v] for v in op.operands]
+        interpret = getattr(op, "interpret", None)
+        if interpret is not None:  # an op that carries its own semantics (kfc.ir.smem_ops)
+            return interpret(self, ins, env)
         if isinstance(op, UnaryOp):
             return [self.unary(op, ins[0])]
         if isinstance(op, BinaryOp):
@@ -372,14 +377,9 @@ class Interpreter:
                 plan.append(("slice", pos, valid))
         return plan
 
-    def op_LoadOp(self, op: LoadOp, ins, env):
-        arr = ins[0]
-        t = op.operands[0].ttype
-        rt = op.result.ttype
-        out_shape = self.shape_of(rt)
-        if arr is None:  # an absent optional tensor reads as `other`
-            return [np.full(out_shape, op.other, dtype=rt.dtype.np)]
-        plan = self._gather_plan(op, t, op.index, ins[1:], arr.shape)
+    def gather(self, op: Op, t: TensorType, index, idx_values, arr: np.ndarray, other, out_shape, np_dtype):
+        """The indexed region of arr, `other` where it lies outside the tensor."""
+        plan = self._gather_plan(op, t, index, idx_values, arr.shape)
         gather = [np.where(valid, pos, 0) for _, pos, valid in plan]
         vals = arr[np.ix_(*gather)] if gather else arr[()]
         mask = np.ones(vals.shape, dtype=bool)
@@ -387,8 +387,21 @@ class Interpreter:
             shape = [1] * len(plan)
             shape[axis] = len(valid)
             mask &= valid.reshape(shape)
-        vals = np.where(mask, vals, np.asarray(op.other).astype(rt.dtype.np))
-        return [np.asarray(vals).reshape(out_shape).astype(rt.dtype.np)]
+        vals = np.where(mask, vals, np.asarray(other).astype(np_dtype))
+        return np.asarray(vals).reshape(out_shape).astype(np_dtype)
+
+    def op_LoadOp(self, op: LoadOp, ins, env):
+        arr = ins[0]
+        rt = op.result.ttype
+        out_shape = self.shape_of(rt)
+        if arr is None:  # an absent optional tensor reads as `other`
+            return [np.full(out_shape, op.other, dtype=rt.dtype.np)]
+        if isinstance(arr, SharedBuffer):
+            if arr.pending is not None:
+                raise HazardError(f"{op.NAME}: reads {arr.name} while the copy into it is in flight (nobody waited "
+                                  f"on {arr.pending.name})", op.loc, "wait on the copy's barrier before reading")
+            arr = arr.data
+        return [self.gather(op, op.operands[0].ttype, op.index, ins[1:], arr, op.other, out_shape, rt.dtype.np)]
 
     def op_StoreOp(self, op: StoreOp, ins, env):
         value, arr = ins[0], ins[1]
@@ -420,7 +433,7 @@ class Interpreter:
         for point in itertools.product(*ranges):
             for a, i in zip(body.args, point):
                 env[a] = np.asarray(i, dtype=np.int64)
-            self.exec_block(body, env)
+            self.exec_iteration(body, env)
         return None
 
     def op_ForOp(self, op: ForOp, ins, env):
@@ -444,8 +457,21 @@ class Interpreter:
         body = op.body
         for i in range(int(ins[0]), int(ins[1])):
             env[body.args[0]] = np.asarray(i, dtype=np.int64)
-            self.exec_block(body, env)
+            self.exec_iteration(body, env)
         return None
+
+    def exec_iteration(self, body: Block, env: dict) -> None:
+        """One iteration of a parallel loop: its barriers must end with every copy waited for."""
+        outer, self.barriers = self.barriers, []
+        try:
+            self.exec_block(body, env)
+            for bar, alloc in self.barriers:
+                if bar.copies:
+                    raise HazardError(f"gpu.copy_async into {bar.copies[0][0].name} is never waited for: the "
+                                      f"iteration ends with {bar.outstanding()} on {bar.name}", alloc.loc,
+                                      "wait on the barrier before the data is used or the iteration ends")
+        finally:
+            self.barriers = outer
 
     @staticmethod
     def _combine(kind: str):

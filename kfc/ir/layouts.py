@@ -62,6 +62,21 @@ class Blocked1D:
         """Whether that chunk starts inside a row of n."""
         return f"(({chunk}) * {self.lanes} + {lane}) * {self.vec} < {n}"
 
+    # A CTA's part of the row: for each chunk, the `threads · vec` consecutive elements its
+    # threads hold (a contiguous span; shared-memory staging copies each span in one piece)
+    @property
+    def span(self) -> int:
+        return self.threads * self.vec
+
+    def cta_span_start_c(self, chunk: str, rank: str) -> str:
+        """The row index where CTA `rank`'s span of chunk `chunk` starts."""
+        return f"(({chunk} * {self.lanes} + {rank} * {self.threads}) * {self.vec})"
+
+    def cta_offset_c(self, chunk: str, thread: str) -> str:
+        """Where chunk `chunk` of thread `thread` sits in its CTA's part of the row, spans
+        stored one after another."""
+        return f"(({chunk} * {self.threads} + {thread}) * {self.vec})"
+
     def register_in_row_c(self, reg: str, lane: str, n: int) -> str:
         """Whether register `reg` of lane `lane` holds an element of a row of n."""
         return f"((({reg} / {self.vec}) * {self.lanes} + {lane}) * {self.vec} + ({reg} % {self.vec}) < {n})"

@@ -5,6 +5,7 @@ Every message carries the op's source span. Runs after the front end and after e
 
 from __future__ import annotations
 
+from .barriers import check_barriers
 from .core import Block, Op
 from .func import FuncOp
 from .tile_ops import DimOp, ForOp, LoadOp, StoreOp, YieldOp
@@ -68,11 +69,13 @@ class _Verifier:
                     _dims_known(op, a.type, self.symbols, "region argument")
                 self.block(region, scopes, owner=op)
             scope.update(id(r) for r in op.results)
+        check_barriers(block)
 
     def op_rules(self, op: Op) -> None:
         if isinstance(op, DimOp) and op.sym not in self.symbols:
             raise op.error(f"unknown shape symbol {op.sym!r}", f"the signature declares {sorted(self.symbols)}")
-        if isinstance(op, LoadOp) and id(op.operands[0]) not in self.tensors:
+        if isinstance(op, LoadOp) and id(op.operands[0]) not in self.tensors and \
+                op.operands[0].ttype.space is not MemSpace.SHARED:
             raise op.error("loads from a tensor that is not an argument of the function")
         if isinstance(op, StoreOp):
             target = op.operands[1]

@@ -218,14 +218,14 @@ class Op:
                                                             launch["name"], context)
             module = self._modules[module_key]
             cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
+            if contract.needs_smem_opt_in(launch):  # before the occupancy query, which counts it
+                module.allow_dynamic_smem(smem)
             wave = None
             if launch["persistent"]:
                 sms = torch.cuda.get_device_properties(index).multi_processor_count
                 wave = (sms * max(1, module.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
             if cluster > 8:
                 module.allow_large_clusters()
-            if smem > contract.DEFAULT_SMEM_LIMIT:
-                module.allow_dynamic_smem(smem)
             prepared = Prepared(self, module, launch, contract.grid(launch, dims, wave), bound, dims, index)
             self._prepared[key] = prepared
             return prepared

@@ -28,7 +28,14 @@ except ImportError:  # vendored into a package `kfc package` wrote, which runs w
             super().__init__(f"{message}; {hint}" if hint else message)
 
 PARAM_KINDS = ("tensor", "scalar", "dim")
-DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may take without raising its limit
+DEFAULT_SMEM_LIMIT = 48 * 1024  # shared memory a kernel may take without raising its limit
+
+
+def needs_smem_opt_in(launch: dict) -> bool:
+    """Whether the kernel's static and dynamic shared memory together pass the default limit,
+    so its dynamic part must be allowed explicitly before it launches."""
+    dynamic = launch["smem_dynamic_bytes"]
+    return bool(dynamic) and dynamic + launch.get("smem_static_bytes", 0) > DEFAULT_SMEM_LIMIT
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
            ast.Mod: operator.mod}

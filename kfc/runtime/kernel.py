@@ -275,6 +275,8 @@ class KfcKernel:
                 slot_types.append(CTYPES["long long"])
                 fixed[k] = int(dims[p["name"]])
         cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
+        if contract.needs_smem_opt_in(launch):  # before the occupancy query, which counts it
+            loaded.allow_dynamic_smem(smem)
         wave = None
         if launch["persistent"]:
             sms = torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -282,8 +284,6 @@ class KfcKernel:
         grid = contract.grid(launch, dims, wave)
         if cluster > 8:
             loaded.allow_large_clusters()
-        if smem > contract.DEFAULT_SMEM_LIMIT:
-            loaded.allow_dynamic_smem(smem)
         allocations = [Allocation(v.ttype.dtype.torch, output_shape(v.ttype, dims), device_index, bound,
                                   self.func.input_names) for v in self.func.outputs]
         prepared = PreparedLaunch(int(loaded.function), int(ensure_context(device_index)), grid, block, cluster, smem,

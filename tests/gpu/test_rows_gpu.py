@@ -1,6 +1,9 @@
 """Row kernels on the GPU: rmsnorm, layernorm and softmax, three pipelines each, in bf16, f16
 and f32, against torch on fresh random inputs with NaN-poisoned outputs, for M in {1, 7, 32768}
-and N in {1, 7, 256, 4095, 4096, 65536, 262144} where memory allows. Run with `pytest -m gpu`."""
+and N in {1, 7, 256, 4095, 4096, 65536, 262144} where memory allows; and rows staged through
+shared memory at every length (stage-rows{min_bytes=0}), one row or several per CTA, in a
+persistent grid, for M in {1, 7, 257, 32768} and rows whose last span is partial. Run with
+`pytest -m gpu`."""
 
 import pytest
 
@@ -18,6 +21,12 @@ PIPELINES = {
     "narrow": "canonicalize,cse,dce,tile{vec=2,rows=2},lower-reductions,fuse-reductions,lower-ptx{stream=none},"
               "canonicalize,cse,dce",
 }
+STAGED = "canonicalize,cse,dce,stage-rows{min_bytes=0},tile{%s},lower-reductions,fuse-reductions,lower-ptx," \
+         "canonicalize,cse,dce"
+PIPELINES["staged"] = STAGED % ""
+# several rows per CTA (one barrier and buffer per row slot), the grid striding over the rows
+PIPELINES["staged-persistent"] = STAGED % "rows=4,persistent=true"
+STAGED_NS = [8, 256, 4104, 65544, 262144]   # 4104 and 65544: the last span of the row is partial
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 TOL = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-5}
 MS = [1, 7, 32768]
@@ -63,13 +72,25 @@ def requires_gpu():
 
 @pytest.mark.parametrize("n", NS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("pipeline", list(PIPELINES))
+@pytest.mark.parametrize("pipeline", ["default", "persistent-exact", "narrow"])
 @pytest.mark.parametrize("op", OPS)
 def test_row_kernel_matches_torch(op, pipeline, dtype, n):
+    check_against_torch(op, pipeline, dtype, n, MS)
+
+
+@pytest.mark.parametrize("n", STAGED_NS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("pipeline", ["staged", "staged-persistent"])
+@pytest.mark.parametrize("op", OPS)
+def test_staged_row_kernel_matches_torch(op, pipeline, dtype, n):
+    check_against_torch(op, pipeline, dtype, n, [1, 7, 257, 32768])
+
+
+def check_against_torch(op, pipeline, dtype, n, ms):
     requires_gpu()
     k = kernel(op, pipeline)
     gen = torch.Generator(device="cuda")
-    for m in MS:
+    for m in ms:
         if m * n > MAX_ELEMENTS:
             continue
         gen.manual_seed(hash((op, pipeline, dtype, m, n)) % (1 << 31))

@@ -41,41 +41,71 @@ static __device__ __forceinline__ long long kfc_floormod(long long a, long long 
 }
 
 extern "C" __global__ void __launch_bounds__(256) kfc_kernel_rmsnorm(const __nv_bfloat16* __restrict__ p_x, const float* __restrict__ p_w, float p_eps, __nv_bfloat16* __restrict__ p_y, long long dim_M) {
-  __shared__ float kfc_red11[2][2][4];
-  const int kfc_t = threadIdx.x % 128;
-  const int kfc_r = threadIdx.x / 128;
+  extern __shared__ __align__(128) unsigned char kfc_dsmem[];
+  __shared__ alignas(8) unsigned long long kfc_mbar0[1];
+  __shared__ float kfc_red11[2][1][8];
+  const int kfc_t = threadIdx.x % 256;
+  const int kfc_r = threadIdx.x / 256;
   const int kfc_lane = threadIdx.x % 32;
   const unsigned kfc_crank = 0;
-  const int kfc_g = (int)kfc_crank * 128 + kfc_t;
+  const int kfc_g = (int)kfc_crank * 256 + kfc_t;
   const long long v1 = dim_M;
   const long long v2 = (long long)(0LL);
+  const unsigned kfc_sbuf0 = (unsigned)__cvta_generic_to_shared(&kfc_dsmem[0]) + 0u + (unsigned)kfc_r * 8192u;
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < 1; ++r) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&kfc_mbar0[r])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  asm volatile("bar.sync 0;" ::: "memory");
+  const unsigned kfc_mbar_addr0 = (unsigned)__cvta_generic_to_shared(&kfc_mbar0[kfc_r]);
   const long long kfc_rows = (long long)(v1) - (long long)(v2);
-  const long long kfc_stride = (long long)(gridDim.x / 1) * 2;
+  const long long kfc_stride = (long long)(gridDim.x / 1) * 1;
   unsigned kfc_phase = 0;
-  for (long long kfc_base = (long long)(blockIdx.x / 1) * 2; kfc_base < kfc_rows; kfc_base += kfc_stride) {
+  for (long long kfc_base = (long long)(blockIdx.x / 1) * 1; kfc_base < kfc_rows; kfc_base += kfc_stride) {
     const long long kfc_m = (long long)(v2) + kfc_base + kfc_r;
     const bool kfc_rowvalid = kfc_base + kfc_r < kfc_rows;
-    __nv_bfloat16 v3[32];
-    #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      unsigned w4 = 0u, w5 = 0u, w6 = 0u, w7 = 0u;
-      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cs.v4.b32 {%0, %1, %2, %3}, [%4];\n}" : "+r"(w4), "+r"(w5), "+r"(w6), "+r"(w7) : "l"(p_x + (long long)(kfc_m) * (1 * 4096LL) + (((e * 128 + kfc_g) * 8) + 0)), "r"((int)(kfc_rowvalid)));
-      v3[e * 8 + 0] = __ushort_as_bfloat16((unsigned short)((w4 >> 0) & 0xffffu));
-      v3[e * 8 + 1] = __ushort_as_bfloat16((unsigned short)((w4 >> 16) & 0xffffu));
-      v3[e * 8 + 2] = __ushort_as_bfloat16((unsigned short)((w5 >> 0) & 0xffffu));
-      v3[e * 8 + 3] = __ushort_as_bfloat16((unsigned short)((w5 >> 16) & 0xffffu));
-      v3[e * 8 + 4] = __ushort_as_bfloat16((unsigned short)((w6 >> 0) & 0xffffu));
-      v3[e * 8 + 5] = __ushort_as_bfloat16((unsigned short)((w6 >> 16) & 0xffffu));
-      v3[e * 8 + 6] = __ushort_as_bfloat16((unsigned short)((w7 >> 0) & 0xffffu));
-      v3[e * 8 + 7] = __ushort_as_bfloat16((unsigned short)((w7 >> 16) & 0xffffu));
+    if (kfc_t == 0) {
+      unsigned kfc_tx = 0;
+      for (int e = 0; e < 2; ++e) { const long long j0 = ((e * 256 + kfc_crank * 256) * 8); if (j0 < 4096) kfc_tx += (unsigned)((4096 - j0 < 2048 ? 4096 - j0 : 2048) * 2); }
+      if (kfc_rowvalid) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(kfc_mbar_addr0), "r"(kfc_tx) : "memory");
+      else asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(kfc_mbar_addr0) : "memory");
     }
-    float v8[32];
+    if (kfc_t == 0 && kfc_rowvalid) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      #pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const long long j0 = ((e * 256 + kfc_crank * 256) * 8);
+        if (j0 < 4096) {
+          const unsigned kfc_nb = (unsigned)((4096 - j0 < 2048 ? 4096 - j0 : 2048) * 2);
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" :: "r"(kfc_sbuf0 + (unsigned)(((e * 256 + 0) * 8)) * 2u), "l"(p_x + (long long)(kfc_m) * (1 * 4096LL) + (j0)), "r"(kfc_nb), "r"(kfc_mbar_addr0) : "memory");
+        }
+      }
+    }
+    asm volatile("{\n .reg .pred done;\n waitloop:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra waitloop;\n}" :: "r"(kfc_mbar_addr0), "r"(kfc_phase) : "memory");
+    float v3 = 0.0f;
     #pragma unroll
-    for (int i = 0; i < 32; ++i) { v8[i] = __bfloat162float(v3[i]); }
-    float v9 = 0.0f;
-    #pragma unroll
-    for (int i = 0; i < 32; ++i) { v9 = __fmaf_rn(v8[i], v8[i], v9); }
-    float v10 = v9;
+    for (int e = 0; e < 2; ++e) {
+      __nv_bfloat16 v4[8];
+      unsigned w5 = 0u, w6 = 0u, w7 = 0u, w8 = 0u;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w5), "+r"(w6), "+r"(w7), "+r"(w8) : "r"(kfc_sbuf0 + (unsigned)((((e * 256 + kfc_t) * 8) + 0)) * 2u));
+      v4[0] = __ushort_as_bfloat16((unsigned short)((w5 >> 0) & 0xffffu));
+      v4[1] = __ushort_as_bfloat16((unsigned short)((w5 >> 16) & 0xffffu));
+      v4[2] = __ushort_as_bfloat16((unsigned short)((w6 >> 0) & 0xffffu));
+      v4[3] = __ushort_as_bfloat16((unsigned short)((w6 >> 16) & 0xffffu));
+      v4[4] = __ushort_as_bfloat16((unsigned short)((w7 >> 0) & 0xffffu));
+      v4[5] = __ushort_as_bfloat16((unsigned short)((w7 >> 16) & 0xffffu));
+      v4[6] = __ushort_as_bfloat16((unsigned short)((w8 >> 0) & 0xffffu));
+      v4[7] = __ushort_as_bfloat16((unsigned short)((w8 >> 16) & 0xffffu));
+      float v9[8];
+      #pragma unroll
+      for (int i = 0; i < 8; ++i) { v9[i] = __bfloat162float(v4[i]); }
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) { v3 = __fmaf_rn(v9[k], v9[k], v3); }
+    }
+    float v10 = v3;
     v10 = (v10 + kfc_shfl_bfly(v10, 16));
     v10 = (v10 + kfc_shfl_bfly(v10, 8));
     v10 = (v10 + kfc_shfl_bfly(v10, 4));
@@ -85,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) kfc_kernel_rmsnorm(const __nv_
     asm volatile("bar.sync 0;" ::: "memory");
     float v12 = kfc_ld_shared_f32((unsigned)__cvta_generic_to_shared(&kfc_red11[kfc_phase][kfc_r][0]));
     #pragma unroll
-    for (int w = 1; w < 4; ++w) v12 = (v12 + kfc_ld_shared_f32((unsigned)__cvta_generic_to_shared(&kfc_red11[kfc_phase][kfc_r][w])));
+    for (int w = 1; w < 8; ++w) v12 = (v12 + kfc_ld_shared_f32((unsigned)__cvta_generic_to_shared(&kfc_red11[kfc_phase][kfc_r][w])));
     const float v13 = v12;
     const float v14 = 0.000244140625f;
     float v15;
@@ -95,37 +125,54 @@ extern "C" __global__ void __launch_bounds__(256) kfc_kernel_rmsnorm(const __nv_
     float v17;
     v17 = kfc_rsqrt_approx(v16);
     #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < 2; ++e) {
       float v18[8];
       #pragma unroll
       for (int i = 0; i < 8; ++i) { v18[i] = v17; }
-      float v19[8];
+      __nv_bfloat16 v19[8];
+      unsigned w20 = 0u, w21 = 0u, w22 = 0u, w23 = 0u;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w20), "+r"(w21), "+r"(w22), "+r"(w23) : "r"(kfc_sbuf0 + (unsigned)((((e * 256 + kfc_t) * 8) + 0)) * 2u));
+      v19[0] = __ushort_as_bfloat16((unsigned short)((w20 >> 0) & 0xffffu));
+      v19[1] = __ushort_as_bfloat16((unsigned short)((w20 >> 16) & 0xffffu));
+      v19[2] = __ushort_as_bfloat16((unsigned short)((w21 >> 0) & 0xffffu));
+      v19[3] = __ushort_as_bfloat16((unsigned short)((w21 >> 16) & 0xffffu));
+      v19[4] = __ushort_as_bfloat16((unsigned short)((w22 >> 0) & 0xffffu));
+      v19[5] = __ushort_as_bfloat16((unsigned short)((w22 >> 16) & 0xffffu));
+      v19[6] = __ushort_as_bfloat16((unsigned short)((w23 >> 0) & 0xffffu));
+      v19[7] = __ushort_as_bfloat16((unsigned short)((w23 >> 16) & 0xffffu));
+      float v24[8];
       #pragma unroll
-      for (int i = 0; i < 8; ++i) { v19[i] = (v8[e * 8 + i] * v18[i]); }
-      float v20[8];
-      unsigned w21 = 0u, w22 = 0u, w23 = 0u, w24 = 0u;
-      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w21), "+r"(w22), "+r"(w23), "+r"(w24) : "l"(p_w + (((e * 128 + kfc_g) * 8) + 0)));
-      v20[0] = __uint_as_float(w21);
-      v20[1] = __uint_as_float(w22);
-      v20[2] = __uint_as_float(w23);
-      v20[3] = __uint_as_float(w24);
-      unsigned w25 = 0u, w26 = 0u, w27 = 0u, w28 = 0u;
-      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w25), "+r"(w26), "+r"(w27), "+r"(w28) : "l"(p_w + (((e * 128 + kfc_g) * 8) + 4)));
-      v20[4] = __uint_as_float(w25);
-      v20[5] = __uint_as_float(w26);
-      v20[6] = __uint_as_float(w27);
-      v20[7] = __uint_as_float(w28);
-      float v29[8];
+      for (int i = 0; i < 8; ++i) { v24[i] = __bfloat162float(v19[i]); }
+      float v25[8];
       #pragma unroll
-      for (int i = 0; i < 8; ++i) { v29[i] = (v19[i] * v20[i]); }
-      __nv_bfloat16 v30[8];
+      for (int i = 0; i < 8; ++i) { v25[i] = (v24[i] * v18[i]); }
+      float v26[8];
+      unsigned w27 = 0u, w28 = 0u, w29 = 0u, w30 = 0u;
+      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w27), "+r"(w28), "+r"(w29), "+r"(w30) : "l"(p_w + (((e * 256 + kfc_g) * 8) + 0)));
+      v26[0] = __uint_as_float(w27);
+      v26[1] = __uint_as_float(w28);
+      v26[2] = __uint_as_float(w29);
+      v26[3] = __uint_as_float(w30);
+      unsigned w31 = 0u, w32 = 0u, w33 = 0u, w34 = 0u;
+      asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "+r"(w31), "+r"(w32), "+r"(w33), "+r"(w34) : "l"(p_w + (((e * 256 + kfc_g) * 8) + 4)));
+      v26[4] = __uint_as_float(w31);
+      v26[5] = __uint_as_float(w32);
+      v26[6] = __uint_as_float(w33);
+      v26[7] = __uint_as_float(w34);
+      float v35[8];
       #pragma unroll
-      for (int i = 0; i + 1 < 8; i += 2) { const unsigned w = kfc_cvt_pack_bf16(v29[i + 1], v29[i]); v30[i] = __ushort_as_bfloat16((unsigned short)(w & 0xffffu)); v30[i + 1] = __ushort_as_bfloat16((unsigned short)(w >> 16)); }
-      const unsigned s31 = (unsigned)(((unsigned)__bfloat16_as_ushort(v30[0]) << 0) | ((unsigned)__bfloat16_as_ushort(v30[1]) << 16));
-      const unsigned s32 = (unsigned)(((unsigned)__bfloat16_as_ushort(v30[2]) << 0) | ((unsigned)__bfloat16_as_ushort(v30[3]) << 16));
-      const unsigned s33 = (unsigned)(((unsigned)__bfloat16_as_ushort(v30[4]) << 0) | ((unsigned)__bfloat16_as_ushort(v30[5]) << 16));
-      const unsigned s34 = (unsigned)(((unsigned)__bfloat16_as_ushort(v30[6]) << 0) | ((unsigned)__bfloat16_as_ushort(v30[7]) << 16));
-      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n}" :: "l"(p_y + (long long)(kfc_m) * (1 * 4096LL) + (((e * 128 + kfc_g) * 8) + 0)), "r"(s31), "r"(s32), "r"(s33), "r"(s34), "r"((int)(kfc_rowvalid)) : "memory");
+      for (int i = 0; i < 8; ++i) { v35[i] = (v25[i] * v26[i]); }
+      __nv_bfloat16 v36[8];
+      #pragma unroll
+      for (int i = 0; i + 1 < 8; i += 2) { const unsigned w = kfc_cvt_pack_bf16(v35[i + 1], v35[i]); v36[i] = __ushort_as_bfloat16((unsigned short)(w & 0xffffu)); v36[i + 1] = __ushort_as_bfloat16((unsigned short)(w >> 16)); }
+      const unsigned s37 = (unsigned)(((unsigned)__bfloat16_as_ushort(v36[0]) << 0) | ((unsigned)__bfloat16_as_ushort(v36[1]) << 16));
+      const unsigned s38 = (unsigned)(((unsigned)__bfloat16_as_ushort(v36[2]) << 0) | ((unsigned)__bfloat16_as_ushort(v36[3]) << 16));
+      const unsigned s39 = (unsigned)(((unsigned)__bfloat16_as_ushort(v36[4]) << 0) | ((unsigned)__bfloat16_as_ushort(v36[5]) << 16));
+      const unsigned s40 = (unsigned)(((unsigned)__bfloat16_as_ushort(v36[6]) << 0) | ((unsigned)__bfloat16_as_ushort(v36[7]) << 16));
+      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n}" :: "l"(p_y + (long long)(kfc_m) * (1 * 4096LL) + (((e * 256 + kfc_g) * 8) + 0)), "r"(s37), "r"(s38), "r"(s39), "r"(s40), "r"((int)(kfc_rowvalid)) : "memory");
+    }
+    if (kfc_base + kfc_stride < kfc_rows) {
+      asm volatile("bar.sync 0;" ::: "memory");
     }
     kfc_phase ^= 1;
   }

@@ -1,0 +1,238 @@
+"""Shared memory, mbarriers and bulk asynchronous copies: the `gpu` dialect's memory ops.
+
+    %s = gpu.smem_alloc : bf16[4096] @shared
+        a buffer in the CTA's shared memory; until something is copied in it reads as poison
+    %b = gpu.mbarrier_alloc {arrivals = 1} : i64[] @shared
+        an mbarrier (a 64-bit shared-memory word): a phase completes when `arrivals` arrivals
+        were counted and every byte they announced has landed
+    gpu.expect_tx %b {bytes = 8192}
+        one arrival that also announces `bytes` more bytes of transactions (arrive.expect_tx)
+    gpu.copy_async %x, %s, %b, %m {index = [point, all]}
+        copy x[m, :] into s in the background (cp.async.bulk); elements past the tensor's bounds
+        land as zeros; the copy's bytes count against b's announced bytes; s holds the data only
+        once b's phase completed
+    gpu.mbarrier_wait %b
+        wait for b's current phase to complete; the copies on it become visible
+
+Each op carries its own semantics (`interpret`), run by kfc.ir.interpreter on a small machine
+model (`SharedBuffer`, `MBarrier`): a wait that cannot complete is a deadlock at the wait, a
+read of a buffer whose copy is still in flight and a copy over a buffer whose previous copy was
+not waited for are hazards at the op that commits them. kfc.ir.barriers proves the same
+statically, for every loop body, whenever the IR is verified.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import numpy as np
+
+from ..diagnostics import InterpretError
+from .core import Op, register_op
+from .dtypes import DType
+from .tile_ops import IndexDim, _check_operands, _check_results, _index_tuple, _tt, _verify_index, indexed_shape
+from .types import MemSpace, TensorType
+
+BARRIER_TYPE = TensorType(DType.I64, (), MemSpace.SHARED)
+
+
+class HazardError(InterpretError):
+    """A program that would read or overwrite shared memory at the wrong time, or wait forever."""
+
+
+def is_barrier(t) -> bool:
+    return t == BARRIER_TYPE
+
+
+def is_shared_buffer(t) -> bool:
+    return isinstance(t, TensorType) and t.space is MemSpace.SHARED and t.rank >= 1
+
+
+def copy_bytes(t: TensorType) -> int:
+    """The bytes a copy into buffer type t delivers (every element, zero-filled ones included)."""
+    return t.numel() * t.dtype.itemsize
+
+
+# --- the machine model the interpreter runs ----------------------------------------------------
+
+
+@attrs.define(eq=False)
+class SharedBuffer:
+    """A shared-memory buffer: its contents and the barrier whose phase will deliver a copy."""
+
+    name: str
+    data: np.ndarray
+    pending: "MBarrier | None" = None
+
+
+@attrs.define(eq=False)
+class MBarrier:
+    name: str
+    arrivals: int
+    arrived: int = 0
+    announced: int = 0      # bytes announced by expect_tx in this phase
+    delivered: int = 0      # bytes the copies of this phase carry
+    phase: int = 0
+    copies: list = attrs.Factory(list)  # (buffer, data) landing when the phase completes
+
+    def outstanding(self) -> str | None:
+        """What keeps the current phase open, or None when nothing was started in it."""
+        if self.copies or self.arrived or self.announced:
+            return (f"{self.arrived} of {self.arrivals} arrival(s), {self.delivered} of {self.announced} "
+                    f"announced byte(s) delivered")
+        return None
+
+
+def _name(v) -> str:
+    return f"%{v.name}" if v.name else "the buffer"
+
+
+# --- ops ---------------------------------------------------------------------------------------
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class SmemAllocOp(Op):
+    NAME: ClassVar[str] = "gpu.smem_alloc"
+
+    def verify_(self) -> None:
+        _check_operands(self, 0)
+        _check_results(self, 1)
+        t = _tt(self, self.result, "result")
+        if not is_shared_buffer(t) or t.optional or t.layout is not None:
+            raise self.error(f"allocates a shared-memory buffer (dtype[shape] @shared), not {t}")
+
+    def interpret(self, interp, ins, env):
+        t = self.result.ttype
+        from .interpreter import poison_value
+
+        data = np.full(interp.shape_of(t), poison_value(t.dtype), dtype=t.dtype.np)
+        return [SharedBuffer(_name(self.result), data)]
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class MbarrierAllocOp(Op):
+    NAME: ClassVar[str] = "gpu.mbarrier_alloc"
+    arrivals: int = 1
+
+    def verify_(self) -> None:
+        _check_operands(self, 0)
+        _check_results(self, 1)
+        if not is_barrier(self.result.type):
+            raise self.error(f"its result is an mbarrier, {BARRIER_TYPE}, not {self.result.type}")
+        if not 1 <= self.arrivals < 1 << 20:
+            raise self.error(f"arrivals must be 1..2^20-1, not {self.arrivals}")
+
+    def interpret(self, interp, ins, env):
+        bar = MBarrier(_name(self.result), self.arrivals)
+        interp.barriers.append((bar, self))
+        return [bar]
+
+
+def _barrier_operand(op: Op, v) -> None:
+    if not is_barrier(v.type):
+        raise op.error(f"operand {_name(v)} must be an mbarrier ({BARRIER_TYPE}), not {v.type}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ExpectTxOp(Op):
+    NAME: ClassVar[str] = "gpu.expect_tx"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory"})
+    bytes: int = 0
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 0)
+        _barrier_operand(self, self.operands[0])
+        if not 0 <= self.bytes < 1 << 31:
+            raise self.error(f"announces {self.bytes} bytes; a phase carries 0..2^31-1")
+
+    def interpret(self, interp, ins, env):
+        bar = ins[0]
+        if bar.arrived == bar.arrivals:
+            raise HazardError(f"{self.NAME}: {bar.name} already counted its {bar.arrivals} arrival(s) in this phase; "
+                              "this arrival belongs to no phase anyone waits for", self.loc)
+        bar.arrived += 1
+        bar.announced += self.bytes
+        return None
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class CopyAsyncOp(Op):
+    """Operands: the source tensor, the destination buffer, the barrier, the source's index
+    operands. The indexed region of the source has the buffer's shape."""
+
+    NAME: ClassVar[str] = "gpu.copy_async"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory", "reads_memory"})
+    index: tuple[IndexDim, ...] = attrs.field(converter=_index_tuple)
+
+    def verify_(self) -> None:
+        if len(self.operands) < 3:
+            raise self.error("needs a source tensor, a shared-memory buffer and an mbarrier")
+        _check_results(self, 0)
+        src = _tt(self, self.operands[0], "source")
+        dst = _tt(self, self.operands[1], "destination")
+        _barrier_operand(self, self.operands[2])
+        if src.space is not MemSpace.GLOBAL:
+            raise self.error(f"copies from global memory, not from {src}")
+        if not is_shared_buffer(dst):
+            raise self.error(f"copies into a shared-memory buffer, not {dst}")
+        _verify_index(self, src, self.index, self.operands[3:])
+        region = tuple(indexed_shape(src, self.index))
+        if region != dst.shape or src.dtype is not dst.dtype:
+            raise self.error(f"the indexed region {src.dtype}{list(region)} of the source is not the buffer's "
+                             f"type {dst}")
+
+    def interpret(self, interp, ins, env):
+        src, buf, bar = ins[0], ins[1], ins[2]
+        if buf.pending is not None:
+            raise HazardError(f"{self.NAME}: copies over {buf.name} while the copy into it before is in flight "
+                              f"(nobody waited on {buf.pending.name})", self.loc,
+                              "wait on the earlier copy's barrier before reusing the buffer")
+        t = self.operands[1].ttype
+        if src is None:
+            data = np.zeros(buf.data.shape, dtype=t.dtype.np)
+        else:
+            data = interp.gather(self, self.operands[0].ttype, self.index, ins[3:], src, 0, buf.data.shape,
+                                 t.dtype.np)
+        buf.pending = bar
+        bar.copies.append((buf, data))
+        bar.delivered += copy_bytes(t.bind(interp.dims))
+        return None
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class MbarrierWaitOp(Op):
+    NAME: ClassVar[str] = "gpu.mbarrier_wait"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 0)
+        _barrier_operand(self, self.operands[0])
+
+    def interpret(self, interp, ins, env):
+        bar = ins[0]
+        if bar.arrived < bar.arrivals:
+            raise HazardError(f"{self.NAME}: deadlock: waits on {bar.name}, which counts {bar.arrivals} arrival(s), "
+                              f"but {bar.arrived} arrived before the wait", self.loc,
+                              "announce the copies with gpu.expect_tx before waiting")
+        if bar.delivered != bar.announced:
+            raise HazardError(f"{self.NAME}: deadlock: {bar.name} was announced {bar.announced} byte(s) but its copies "
+                              f"carry {bar.delivered}; the phase never completes", self.loc,
+                              "the expect_tx bytes must equal the bytes of the copies on the barrier")
+        for buf, data in bar.copies:
+            buf.data = data
+            buf.pending = None
+        bar.copies.clear()
+        bar.arrived = bar.announced = bar.delivered = 0
+        bar.phase ^= 1
+        return None
+
+
+SMEM_OPS = (SmemAllocOp, MbarrierAllocOp, ExpectTxOp, CopyAsyncOp, MbarrierWaitOp)
