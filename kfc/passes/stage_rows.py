@@ -43,11 +43,13 @@ from .rows import find_row_loop, row_length
 # The bulk copy moves multiples of 16 bytes between 16-byte-aligned addresses.
 COPY_GRANULE = 16
 # Rows shorter than this stay in registers. Measured on the H200 (bf16 rmsnorm, eager do_bench,
-# M x N from 32768 x 4096 to 8192 x 262144): staged rows beat register rows by 5-7% at rows of
-# 8 to 32 KB and by 30-36% from 128 KB up; shorter rows were not measured staged.
+# M x N from 32768 x 4096 to 8192 x 262144; bench/results/stage_sweep-20261201T1352Z.json):
+# staged rows beat register rows by 5-7% at rows of 8 to 32 KB and by 30-36% from 128 KB up;
+# shorter rows were not measured staged.
 DEFAULT_MIN_BYTES = 8 * 1024
-# Softmax and layernorm (three stretches), same runs: staged rows lost 5-20% at rows of 8 to 32 KB
-# and won 6-40% from 64 KB up.
+# Softmax and layernorm (three stretches), staged from 8 KB on (bench/results/{softmax,layernorm}-
+# staged-from-8KB-*.json against the register rows of the runs before): staged rows lost 5-20% at
+# rows of 8 to 32 KB and won 6-40% from 64 KB up.
 EXTRA_STRETCH_FACTOR = 8
 
 

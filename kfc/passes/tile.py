@@ -52,8 +52,9 @@ MAX_CLUSTER = 16
 # holds at most this much of it, in 256 to 512 threads of about 32 elements each: three CTAs
 # then share an SM and overlap one another's copies and arithmetic. Measured on the H200 (bf16
 # rmsnorm, rows of 4096 to 262144, clusters of 1 to 16 CTAs of 128 to 512 threads, eager
-# do_bench): 64 KB in 512 threads was best or within 1% from rows of 32768 up, 32 elements a
-# thread below that; 32 KB per CTA lost up to 11% (rows of 32768).
+# do_bench; bench/results/stage_sweep-20261201T1352Z.json): 64 KB in 512 threads was best or
+# within 1% from rows of 32768 up, 32 elements a thread below that; 32 KB per CTA lost up to 11%
+# (rows of 32768).
 STAGED_BYTES_PER_CTA = 64 * 1024
 STAGED_ELEMS_PER_THREAD = 32
 STAGED_THREADS = (256, 512)
