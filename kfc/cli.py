@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--allow-spills", action="store_true", help="accept a kernel that spills registers")
     k.add_argument("--from-kb", action="store_true",
                    help="use the fastest pipeline the knowledge base records for this op, target and shape")
-    k.add_argument("--kb", metavar="PATH", help="the knowledge base for --from-kb")
+    k.add_argument("--kb", metavar="PATH|URL", help="the knowledge base for --from-kb (a file, or postgresql://...)")
     _add_pass_flags(k)
     k.set_defaults(run=cmd_compile)
 
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fixed dims to build (repeatable; default: every shape of the check block)")
     pk.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: by kind of op)")
     pk.add_argument("-o", "--output", required=True, metavar="DIR", help="a new or empty folder for the package")
-    pk.add_argument("--kb", metavar="PATH", help="the knowledge base whose measurements the report shows "
+    pk.add_argument("--kb", metavar="PATH|URL", help="the knowledge base whose measurements the report shows "
                     "(default: $KFC_KB, else ~/.cache/kfc/kb.sqlite, when it exists)")
     pk.set_defaults(run=cmd_package)
 
@@ -376,7 +376,7 @@ def cmd_package(args) -> int:
     names = args.target or load_kfc(args.file).targets or ("sm_90a",)
     targets = [parse_target(t) for t in dict.fromkeys(names)]
     build_package(args.file, targets, args.shape or [], Path(args.output), args.pipeline,
-                  Path(args.kb) if args.kb else default_path())
+                  args.kb or default_path())
     return 0
 
 

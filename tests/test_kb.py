@@ -42,9 +42,27 @@ def timed(us, speedup=None, **kw):
     return Outcome(Stage.TIMED, median_us=us, speedup=speedup, **kw)
 
 
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory):
+    import pg_server as pg
+
+    return pg.start(tmp_path_factory.mktemp("postgres"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def kb_location(request, tmp_path):
+    """An SQLite file's path or an empty PostgreSQL database's URL: every test of the store's
+    behaviour runs on both."""
+    if request.param == "sqlite":
+        return tmp_path / "kb.sqlite"
+    import pg_server as pg
+
+    return pg.fresh_database(request.getfixturevalue("pg_server"))
+
+
 @pytest.fixture
-def kb(tmp_path):
-    with KnowledgeBase(tmp_path / "kb.sqlite") as k:
+def kb(kb_location):
+    with KnowledgeBase(kb_location) as k:
         yield k
 
 
@@ -67,8 +85,9 @@ def add(kb, run, op, pipeline, outcome=None, shape=SHAPE, target=SM, proposer="t
 
 
 def test_opens_in_wal_with_schema_version(kb):
-    assert kb.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert kb.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    if not kb.is_postgres:  # a file: write-ahead log and foreign keys on
+        assert kb.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert kb.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert kb.conn.execute("SELECT version FROM kfc_schema").fetchone()[0] == SCHEMA_VERSION
     assert kb.integrity_check() == "ok"
 
@@ -341,8 +360,8 @@ def test_sigkill_mid_run_loses_nothing_committed(tmp_path):
         add(k, None, op, "cse", timed(1.0))
 
 
-def test_concurrent_writers_and_reader(tmp_path):
-    path = tmp_path / "kb.sqlite"
+def test_concurrent_writers_and_reader(kb_location):
+    path = kb_location
     with KnowledgeBase(path) as k:
         op = k.op_id("0123456789abcdef", "rmsnorm", {})
     n = 60
@@ -376,6 +395,46 @@ def test_concurrent_writers_and_reader(tmp_path):
         assert {t.proposal.pipeline for t in trials} == {f"{tag}-{i}" for tag in "ab" for i in range(n)}
         assert [r["status"] for r in reader.runs()] == ["finished", "finished"]
         assert reader.integrity_check() == "ok"
+
+
+def test_a_postgresql_knowledge_base_is_shared_and_reopened(pg_server):
+    import pg_server as pg
+
+    url = pg.fresh_database(pg_server)
+    with KnowledgeBase(url) as a, KnowledgeBase(url) as b:
+        op = a.op_id("0123456789abcdef", "rmsnorm", {})
+        assert b.op_id("0123456789abcdef", "rmsnorm", {}) == op  # one op, whoever asks
+        run = a.start_run(op, SM, SHAPE, "search", 2, {"gpu": "H200"})
+        cid = add(a, run, op, "cse", timed(2.5))
+        assert [t.candidate_id for t in b.trials(op_id=op)] == [cid]
+        with pytest.raises(KfcError, match="already has an outcome"):
+            b.record_outcome(cid, timed(1.0))
+        b.record_outcome(cid, timed(1.0), replace=True)
+    with KnowledgeBase(url) as again:
+        assert again.best(op, SM, SHAPE).outcome.median_us == 1.0
+        assert again.is_postgres and again.integrity_check() == "ok"
+
+
+def test_postgresql_errors_are_clear(monkeypatch):
+    with pytest.raises(KfcError, match="cannot connect to the knowledge base postgresql://kfc:\\*\\*\\*@127.0.0.1:1/"):
+        KnowledgeBase("postgresql://kfc:secret@127.0.0.1:1/kfc")
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(KfcError, match="needs psycopg") as info:
+        KnowledgeBase("postgresql://kfc@127.0.0.1/kfc")
+    assert "pip install 'kfc[cluster]'" in info.value.hint
+
+
+def test_sqlite_statements_in_postgresql_words():
+    from kfc.kb.postgres import translate, translate_schema
+
+    assert translate("SELECT * FROM ops WHERE id = ?") == ("SELECT * FROM ops WHERE id = %s", False)
+    text, returns = translate("INSERT OR IGNORE INTO ops(fingerprint, name) VALUES (?, ?)")
+    assert text == "INSERT INTO ops(fingerprint, name) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING id" and returns
+    text, returns = translate("INSERT OR REPLACE INTO outcomes(candidate_id, stage, notes) VALUES (?, ?, ?)")
+    assert text.endswith("ON CONFLICT (candidate_id) DO UPDATE SET stage = EXCLUDED.stage, notes = EXCLUDED.notes")
+    assert not returns
+    assert translate_schema("id INTEGER PRIMARY KEY AUTOINCREMENT, n INTEGER, x REAL") == \
+        "id BIGSERIAL PRIMARY KEY, n BIGINT, x DOUBLE PRECISION"
 
 
 # --- fingerprints --------------------------------------------------------------------------------
@@ -486,8 +545,8 @@ def run_kb(argv):
 
 
 @pytest.fixture
-def filled(tmp_path):
-    path = tmp_path / "kb.sqlite"
+def filled(kb_location):
+    path = kb_location
     rms_fp = fp_of("rmsnorm")
     with KnowledgeBase(path) as k:
         op = k.op_id(rms_fp, "rmsnorm", features_of("rmsnorm"))

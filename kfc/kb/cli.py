@@ -15,7 +15,7 @@ from .. import cli_args
 from ..diagnostics import KfcError
 from ..files import write_atomically
 
-KB_HELP = "the knowledge base file (default: $KFC_KB, else ~/.cache/kfc/kb.sqlite)"
+KB_HELP = "the knowledge base: a file, or a postgresql:// URL (default: $KFC_KB, else ~/.cache/kfc/kb.sqlite)"
 
 EXAMPLES = """\
 examples:
@@ -32,7 +32,7 @@ examples:
 def _sub(sub, name: str, help: str, description: str, example: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=description, epilog="example:\n  " + example,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kb", metavar="PATH", default=None, help=KB_HELP)
+    p.add_argument("--kb", metavar="PATH|URL", default=None, help=KB_HELP)
     return p
 
 

@@ -1,4 +1,6 @@
-"""The knowledge base: every experiment the factory runs, with its provenance, in one SQLite file.
+"""The knowledge base: every experiment the factory runs, with its provenance, in one SQLite file
+(or, for a team, a PostgreSQL database: give a `postgresql://` URL instead of a path; see
+kfc.kb.postgres).
 
 Tables (schema version 1; `kfc_schema` holds the version, `PRAGMA application_id` marks the file):
 
@@ -37,6 +39,7 @@ from typing import Any, Self
 
 from ..diagnostics import KfcError
 from ..factory.model import Outcome, Proposal, Stage, Trial
+from . import postgres
 from .fingerprint import similarity
 
 SCHEMA_VERSION = 1
@@ -129,9 +132,11 @@ _FLOAT_FIELDS = {"median_us", "spread_us", "roofline_fraction", "speedup"}
 _HINT = "give another path with --kb PATH or the KFC_KB environment variable"
 
 
-def default_path() -> Path:
-    """$KFC_KB, else ~/.cache/kfc/kb.sqlite."""
+def default_path() -> Path | str:
+    """$KFC_KB (a path, or a postgresql:// URL), else ~/.cache/kfc/kb.sqlite."""
     env = os.environ.get("KFC_KB")
+    if postgres.is_url(env):
+        return env
     return Path(env).expanduser() if env else Path.home() / ".cache" / "kfc" / "kb.sqlite"
 
 
@@ -200,15 +205,22 @@ FROM candidates c JOIN outcomes o ON o.candidate_id = c.id
 
 
 class KnowledgeBase:
-    """One SQLite file of ops, runs, candidates, outcomes and lessons.
+    """One SQLite file (or PostgreSQL database) of ops, runs, candidates, outcomes and lessons.
 
     `KnowledgeBase(path)` opens (creating, unless `create=False`) the file; `path` defaults to
-    `default_path()`. Use as a context manager or call `close()`. One object per thread.
+    `default_path()`; a `postgresql://` URL opens that database, creating the tables in it if
+    it has none. Use as a context manager or call `close()`. One object per thread.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True) -> None:
-        self.path = Path(path).expanduser() if path is not None else default_path()
-        self._conn: sqlite3.Connection | None = None
+        if path is None:
+            path = default_path()
+        self._conn = None
+        self._errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+        if postgres.is_url(str(path)):
+            self._open_postgres(str(path))
+            return
+        self.path = Path(path).expanduser()
         if self.path.is_dir():
             raise KfcError(f"{self.path} is a directory, not a knowledge base file", hint=_HINT)
         if not self.path.exists():
@@ -245,6 +257,23 @@ class KnowledgeBase:
                                hint=_HINT) from None
             raise KfcError(f"cannot open the knowledge base {self.path}: {msg}", hint=_HINT) from None
 
+    def _open_postgres(self, url: str) -> None:
+        self.url = url
+        self.path = postgres.redacted(url)  # what messages name
+        conn = postgres.Connection(url, BUSY_TIMEOUT_S)
+        self._errors = (conn.Error,)
+        self._conn = conn
+        try:
+            self._init_schema()
+        except BaseException:
+            conn.close()
+            self._conn = None
+            raise
+
+    @property
+    def is_postgres(self) -> bool:
+        return isinstance(self._conn, postgres.Connection)
+
     # --- plumbing -------------------------------------------------------------------------
     @property
     def conn(self) -> sqlite3.Connection:
@@ -273,7 +302,7 @@ class KnowledgeBase:
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as e:
+        except self._errors as e:
             raise KfcError(f"cannot write to the knowledge base {self.path}: {e}",
                            hint="another process may hold it for longer than "
                                 f"{BUSY_TIMEOUT_S:.0f} s, or the file is read-only") from None
@@ -282,18 +311,20 @@ class KnowledgeBase:
         except BaseException as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
+            if isinstance(e, self._errors):
                 raise KfcError(f"knowledge base {self.path}: {e}") from None
             raise
         else:
             try:
                 conn.execute("COMMIT")
-            except sqlite3.Error as e:
+            except self._errors as e:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise KfcError(f"knowledge base {self.path}: commit failed: {e}") from None
 
     def _tables(self) -> set[str]:
+        if self.is_postgres:
+            return self.conn.tables()
         return {r[0] for r in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
 
@@ -325,11 +356,13 @@ class KnowledgeBase:
         with self._write() as conn:  # re-check under the write lock: another process may have won
             if self._check_schema(self._tables()):
                 return
-            for stmt in _SCHEMA.split(";"):
+            schema = postgres.translate_schema(_SCHEMA) if self.is_postgres else _SCHEMA
+            for stmt in schema.split(";"):
                 if stmt.strip():
                     conn.execute(stmt)
             conn.execute("INSERT INTO kfc_schema(version, created_utc) VALUES (?, ?)", (SCHEMA_VERSION, _now()))
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            if not self.is_postgres:
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
     def _require(self, table: str, row_id: int | None, what: str) -> None:
         if row_id is None:
@@ -637,7 +670,11 @@ class KnowledgeBase:
         return out
 
     def integrity_check(self) -> str:
-        """'ok', or SQLite's description of the damage."""
+        """'ok', or SQLite's description of the damage (a PostgreSQL server keeps its own
+        integrity: its tables are checked to be there)."""
+        if self.is_postgres:
+            missing = set(_TABLES) - self._tables()
+            return "ok" if not missing else f"missing tables: {', '.join(sorted(missing))}"
         return "\n".join(r[0] for r in self.conn.execute("PRAGMA integrity_check"))
 
 

@@ -168,7 +168,9 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
 
 def _knowledge(kb_path, instances, targets, fingerprint) -> dict:
     """Per (instance, target, fixed dims): the knowledge base's fastest timed pipeline there."""
-    if kb_path is None or not Path(kb_path).exists():
+    from ..kb.postgres import is_url
+
+    if kb_path is None or not (is_url(str(kb_path)) or Path(kb_path).exists()):
         return {}
     from ..compile import fixed_dims
     from ..kb.store import KnowledgeBase
