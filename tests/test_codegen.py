@@ -250,3 +250,22 @@ def test_a_loss_over_a_vocabulary_builds_with_the_default_pipeline(tmp_path, n):
     spec = parse_kfc(XENT, str(tmp_path / "xent.kfc"))
     result = compile_op(spec, parse_target("sm_90a"), shape={"N": n})
     assert result.kernel.report.spills == 0 and result.plan.cluster > 1
+
+
+ALL_ROW_KERNELS = ["rmsnorm", "layernorm", "softmax", "rmsnorm_residual", "rmsnorm_bwd_dx", "layernorm_bwd_dx",
+                   "softmax_bwd"]
+# from one element to 262144, staged and in registers, rows that split evenly and ones that do not
+SWEEP_NS = [1, 7, 4104, 65537, 131072, 200000, 262143, 262144]
+
+
+def test_the_default_pipeline_builds_every_row_kernel_at_every_length_without_spills():
+    jobs = [(k, "bf16", n, "sm_90a") for k in ALL_ROW_KERNELS for n in SWEEP_NS]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = dict(pool.map(_compile, jobs))
+    for (name, _, n, _), r in results.items():
+        rep = r.kernel.report
+        assert rep.spills == 0 and rep.stack_bytes == 0, (name, n, rep)
+        staged = "cp.async.bulk" in r.kernel.cu
+        assert staged == (r.plan.smem_dynamic > 0), (name, n)
+        if n * 2 % 16:
+            assert not staged, (name, n)  # not a 16-byte multiple: the row stays in registers

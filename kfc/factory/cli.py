@@ -24,6 +24,7 @@ def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags)
         "writing the best kernel (.cu/.ptx/.cubin/report.json) and tune.json for each shape.",
         epilog="examples:\n  kfc tune kernels/rmsnorm.kfc --target sm_90a --budget 32\n"
                "  kfc tune kernels/softmax.kfc --shape M=32768,N=16384 --shape M=16384,N=65536 --kb kb.sqlite\n"
+               "  kfc tune kernels/rmsnorm.kfc --ray auto --budget 256       # on every GPU of a Ray cluster\n"
                "  kfc compile kernels/rmsnorm.kfc --from-kb --shape N=4096     # reuse the best recorded pipeline",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("file", help="a .kfc file of a row op")
@@ -36,9 +37,13 @@ def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags)
     t.add_argument("--dtype", type=parse_dtypes, metavar="T=bf16", help="bind the op's type parameters")
     t.add_argument("--policy", choices=["search", "claude"], default="search",
                    help="search: offline, the knowledge base as prior (default); claude: needs ANTHROPIC_API_KEY")
-    t.add_argument("--kb", metavar="PATH", help="the knowledge base (default $KFC_KB or ~/.cache/kfc/kb.sqlite)")
+    t.add_argument("--kb", metavar="PATH|URL", help="the knowledge base: a file, or postgresql://... for one a team "
+                   "shares (default $KFC_KB or ~/.cache/kfc/kb.sqlite)")
     t.add_argument("--gpus", type=cli_args.gpu_list, metavar="LIST",
                    help="GPU indices to use, e.g. 0,1 (default: every visible GPU)")
+    t.add_argument("--ray", metavar="ADDRESS",
+                   help="use the GPUs of the Ray cluster at ADDRESS (auto: the one this machine is in) instead of "
+                        "this machine's; needs pip install 'kfc[cluster]'")
     t.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="the search policy's random seed (0 or more)")
     t.add_argument("--timeout", type=float_in(0.0, 86400.0), default=300.0,
                    help="seconds before a candidate counts as hung (default 300)")
@@ -54,25 +59,25 @@ def cmd_tune(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..compile import choose_dims, compile_op, write_outputs
+    from ..diagnostics import KfcError
     from ..frontend import load_kfc
     from ..kb.store import KnowledgeBase
-    from ..runtime.driver import GpuUnavailable
     from ..target import parse_target
-    from .evaluate import Evaluator
 
+    if args.ray is not None and args.gpus:
+        raise KfcError("give either --ray or --gpus, not both",
+                       hint="--ray ADDRESS uses every GPU of the Ray cluster; --gpus LIST picks GPUs of this machine")
     spec = load_kfc(args.file, args.dtype)
     target = parse_target(args.target)
     shapes = [choose_dims(spec, s) for s in (args.shape or [None])]
-    gpus = _visible_gpus(args.gpus)
-    if not gpus:
-        raise GpuUnavailable("kfc tune times candidates on a GPU, and none is visible",
-                             hint="run it on a machine with an NVIDIA GPU; kfc compile and kfc check need none")
     policy = _policy(args)
-    kb = KnowledgeBase(args.kb)
+    evaluator = _evaluator(args)
+    try:
+        kb = KnowledgeBase(args.kb)
+    except BaseException:
+        evaluator.close()
+        raise
     console = Console()
-    from ..cli import reference_limits
-
-    evaluator = Evaluator(gpus, timeout_s=args.timeout, reference_limits=reference_limits(args))
     out_root = Path(args.output or "kfc-out/tune")
     results = []
     try:
@@ -107,9 +112,31 @@ def cmd_tune(args) -> int:
                       "to resume")
         return 130
     finally:
+        rate = getattr(evaluator, "candidates_per_minute", None)  # a stand-in evaluator may not count
+        if rate is not None:
+            console.print(f"  throughput: {rate:.1f} candidates per minute on {evaluator.n_gpus} GPU(s)")
         evaluator.close()
         kb.close()
     return 0
+
+
+def _evaluator(args):
+    """Where candidates are evaluated: this machine's GPUs, or a Ray cluster's with --ray."""
+    from ..cli import reference_limits
+
+    if args.ray is not None:
+        from .cluster import RayEvaluator
+
+        return RayEvaluator(args.ray, timeout_s=args.timeout, reference_limits=reference_limits(args))
+    from ..runtime.driver import GpuUnavailable
+    from .evaluate import Evaluator
+
+    gpus = _visible_gpus(args.gpus)
+    if not gpus:
+        raise GpuUnavailable("kfc tune times candidates on a GPU, and none is visible",
+                             hint="run it on a machine with an NVIDIA GPU, or on a Ray cluster's with --ray; "
+                                  "kfc compile and kfc check need none")
+    return Evaluator(gpus, timeout_s=args.timeout, reference_limits=reference_limits(args))
 
 
 def _report_shape(console, r, target) -> None:

@@ -1,6 +1,8 @@
 """Evaluating candidates: compile on the CPU cores (threads driving nvcc, results in the JIT
 cache), then gate and time on the GPUs, one worker process per visible GPU. A worker that
-crashes or exceeds the time limit is restarted and its candidate recorded as a failure."""
+exceeds the time limit is restarted and its candidate recorded as a failure. A worker that dies
+holding a job is restarted and the job tried once more on the fresh worker (it may have been
+killed from outside); only a second death records the candidate as a crash."""
 
 from __future__ import annotations
 
@@ -56,6 +58,10 @@ def compile_candidate(spec: OpSpec, target: Target, pipeline: str, dims_list: li
     return Compiled(Stage.COMPILED, "", p["registers"], p["spill_stores"] + p["spill_loads"], p["smem_bytes"])
 
 
+class WorkerDied(Exception):
+    """The worker process ended while it held a job; the message says how."""
+
+
 class GpuWorker:
     """One `python -m kfc.factory.worker` process bound to one GPU."""
 
@@ -102,17 +108,28 @@ class GpuWorker:
                 return f"was killed by signal {-code}"
         return f"exited with status {code}"
 
-    def run(self, job: dict) -> GateResult:
+    def run(self, job: dict, retries: int = 0) -> GateResult:
+        """The job's result. A worker that dies holding it is restarted, and the job tried up to
+        `retries` more times on the fresh worker before it counts as a crash."""
+        hows = []
+        for _ in range(retries + 1):
+            try:
+                return self._attempt(job)
+            except WorkerDied as e:
+                self.stop()
+                hows.append(str(e))
+        how = hows[0] if len(set(hows)) == 1 else ", then ".join(hows)
+        tries = f" ({len(hows)} tries, each on a fresh worker)" if len(hows) > 1 else ""
+        return GateResult(Stage.COMPILED, f"crashed: the GPU worker {how}{tries}; restarted", "worker")
+
+    def _attempt(self, job: dict) -> GateResult:
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         try:
             self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            how = self.exit_description()
-            self.stop()
-            return GateResult(Stage.COMPILED, f"crashed: the GPU worker {how} before taking the job; restarted",
-                              "worker")
+            raise WorkerDied(f"{self.exit_description()} before taking the job") from None
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
@@ -122,9 +139,7 @@ class GpuWorker:
                 return GateResult(Stage.COMPILED, f"hung: no result within {self.timeout_s:.0f} s; the worker was "
                                   "killed and restarted", "worker")
             if line is None:
-                how = self.exit_description()
-                self.stop()
-                return GateResult(Stage.COMPILED, f"crashed: the GPU worker {how}; restarted", "worker")
+                raise WorkerDied(self.exit_description())
             try:
                 d = json.loads(line)
             except ValueError:
@@ -133,24 +148,68 @@ class GpuWorker:
                 return result_from_dict(d)
 
 
+class Throughput:
+    """Candidates evaluated per minute, from the first one submitted to the last one finished
+    (time after the last is not the evaluator's)."""
+
+    def __init__(self) -> None:
+        self.evaluated = 0
+        self._first: float | None = None
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def submitted(self) -> None:
+        with self._lock:
+            if self._first is None:
+                self._first = time.monotonic()
+
+    def finished(self) -> None:
+        with self._lock:
+            self.evaluated += 1
+            self._last = time.monotonic()
+
+    @property
+    def per_minute(self) -> float | None:
+        with self._lock:
+            if self._first is None or self._last is None or self._last <= self._first:
+                return None
+            return 60.0 * self.evaluated / (self._last - self._first)
+
+
+def make_job(job_id: int, spec: OpSpec, target: Target, pipeline: str, cases: list, timed: dict | None,
+             reference_limits=None) -> dict:
+    """The job a GPU worker evaluates (kfc.factory.worker's format): plain JSON, the op by its
+    .kfc path and dtypes."""
+    job = {"id": job_id, "kfc": spec.path, "dtypes": spec.dtypes, "pipeline": pipeline, "target": target.name,
+           "cases": [{"dims": c.dims, "label": c.label} for c in cases], "timed": timed}
+    if reference_limits is not None:
+        job["reference"] = {"timeout_s": reference_limits.timeout_s, "memory_bytes": reference_limits.memory_bytes}
+    return job
+
+
 class Evaluator:
     """Compile in parallel on the CPU, gate on the GPUs in parallel, one job per GPU at a time."""
 
     def __init__(self, gpus: list[str], compile_workers: int | None = None, timeout_s: float = 300.0,
-                 reference_limits=None) -> None:
+                 reference_limits=None, worker=GpuWorker) -> None:
         self.reference_limits = reference_limits  # kfc.check.sandbox.Limits for the gate's reference
         self.workers: queue.Queue = queue.Queue()
         for g in gpus:
-            self.workers.put(GpuWorker(g, timeout_s))
+            self.workers.put(worker(g, timeout_s))
         self.n_gpus = len(gpus)
         self.compile_pool = ThreadPoolExecutor(max_workers=compile_workers or os.cpu_count() or 2)
         self.gpu_pool = ThreadPoolExecutor(max_workers=max(1, len(gpus)))
+        self.throughput = Throughput()
         self._ids = 0
+
+    @property
+    def candidates_per_minute(self) -> float | None:
+        return self.throughput.per_minute
 
     def gate(self, job: dict) -> GateResult:
         worker = self.workers.get()
         try:
-            return worker.run(job)
+            return worker.run(job, retries=1)
         finally:
             self.workers.put(worker)
 
@@ -158,17 +217,17 @@ class Evaluator:
         """A future of (Compiled, GateResult | None)."""
         self._ids += 1
         job_id = self._ids
+        self.throughput.submitted()
 
         def work():
-            compiled = compile_candidate(spec, target, pipeline, _distinct_fixed(spec, [c.dims for c in cases]))
-            if compiled.stage is not Stage.COMPILED:
-                return compiled, None
-            job = {"id": job_id, "kfc": spec.path, "dtypes": spec.dtypes, "pipeline": pipeline, "target": target.name,
-                   "cases": [{"dims": c.dims, "label": c.label} for c in cases], "timed": timed}
-            if self.reference_limits is not None:
-                job["reference"] = {"timeout_s": self.reference_limits.timeout_s,
-                                    "memory_bytes": self.reference_limits.memory_bytes}
-            return compiled, self.gpu_pool.submit(self.gate, job).result()
+            try:
+                compiled = compile_candidate(spec, target, pipeline, distinct_fixed(spec, [c.dims for c in cases]))
+                if compiled.stage is not Stage.COMPILED:
+                    return compiled, None
+                job = make_job(job_id, spec, target, pipeline, cases, timed, self.reference_limits)
+                return compiled, self.gpu_pool.submit(self.gate, job).result()
+            finally:
+                self.throughput.finished()
 
         return self.compile_pool.submit(work)
 
@@ -179,7 +238,7 @@ class Evaluator:
         self.gpu_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _distinct_fixed(spec: OpSpec, dims_list: list[dict[str, int]]) -> list[dict[str, int]]:
+def distinct_fixed(spec: OpSpec, dims_list: list[dict[str, int]]) -> list[dict[str, int]]:
     """One compile per distinct set of fixed dims (the row count does not change the binary)."""
     from ..compile import row_dims
 

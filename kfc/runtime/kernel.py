@@ -479,13 +479,20 @@ def _tensor_spec(arg: int, slot: int, t) -> tuple:
     return (arg, slot, t.dtype, tuple(t.shape), t.get_device())
 
 
-def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]):
-    """The cubin and report for `spec` at `dims`, from the JIT cache or compiled into it."""
+def kernel_cache_key(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]) -> str:
+    """The JIT cache's key for `spec` built with `pipeline` at `dims`."""
     from ..codegen.toolchain import find_toolchain
-    from ..compile import compile_op, fixed_dims
+    from ..compile import fixed_dims
 
     fixed = fixed_dims(spec.func, dims)
-    key = cache.cache_key(print_ir(spec.func), pipeline or "", target.name, fixed, find_toolchain().version_text)
+    return cache.cache_key(print_ir(spec.func), pipeline or "", target.name, fixed, find_toolchain().version_text)
+
+
+def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]):
+    """The cubin and report for `spec` at `dims`, from the JIT cache or compiled into it."""
+    from ..compile import compile_op
+
+    key = kernel_cache_key(spec, target, pipeline, dims)
     hit = cache.lookup(key)
     if hit is not None:
         return hit
