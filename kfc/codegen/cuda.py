@@ -9,6 +9,7 @@ shared memory, and the approximate functions are inline PTX from kfc.codegen.ptx
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import attrs
@@ -396,18 +397,10 @@ class RowKernelEmitter:
                 self.emit_op(op)
         acc = self.name(reduce_op.result)
         self.emit(f"float {acc} = {self.identity(reduce_op.kind)};")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
-        self.indent += 1
-        self.chunk_local = set()
-        try:
+        with self.chunk_loop():
             for op in body:
                 self.emit_op(op)
             self.thread_reduce_steps(reduce_op, f"(e * {self.V} + k)", "k", self.V)
-        finally:
-            self.chunk_local = None
-        self.indent -= 1
-        self.emit("}")
 
     def emit_smem_setup(self) -> None:
         """Shared-memory buffers (one part per row slot of the CTA, in dynamic shared memory)
@@ -457,16 +450,22 @@ class RowKernelEmitter:
                 row_ops.append(op)
             else:
                 self.emit_op(op)
+        with self.chunk_loop():
+            for op in row_ops:
+                self.emit_op(op)
+
+    @contextlib.contextmanager
+    def chunk_loop(self):
+        """A loop over the thread's chunks e, inside which row values hold one chunk each."""
         self.emit("#pragma unroll")
         self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
         self.indent += 1
         self.chunk_local = set()
         try:
-            for op in row_ops:
-                self.emit_op(op)
+            yield
         finally:
             self.chunk_local = None
-        self.indent -= 1
+            self.indent -= 1
         self.emit("}")
 
     def emit_cluster_setup(self) -> None:

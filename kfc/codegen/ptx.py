@@ -23,21 +23,28 @@ def _regs(n: int, first: int = 0) -> str:
     return ", ".join(f"%{i}" for i in range(first, first + n))
 
 
-def ld_global(words: list[str], addr: str, pred: str | None, hint: str = "", word_bytes: int = 4) -> str:
-    """Load len(words) words of `word_bytes` each from global `addr` into the given lvalues
-    (which keep their prior value where `pred` is false). One instruction: .v2/.v4 when > 1."""
+def _vector_load(space: str, words: list[str], addr: str, addr_constraint: str, pred: str | None,
+                 word_bytes: int) -> str:
+    """ld.{space} of len(words) words into the given lvalues (which keep their prior value where
+    `pred` is false). One instruction: .v2/.v4 when > 1."""
     n = len(words)
     vec = f".v{n}" if n > 1 else ""
     typ = _WORD_TYPES[word_bytes]
     dst = "{" + _regs(n) + "}" if n > 1 else "%0"
     con = "h" if word_bytes == 2 else "r"
     outs = ", ".join(f'"+{con}"({w})' for w in words)
+    if pred is None:
+        return f'asm volatile("ld.{space}{vec}.{typ} {dst}, [%{n}];" : {outs} : "{addr_constraint}"({addr}));'
+    return (f'asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{n + 1}, 0;\\n'
+            f' @p ld.{space}{vec}.{typ} {dst}, [%{n}];\\n}}" : {outs} : "{addr_constraint}"({addr}), '
+            f'"r"((int)({pred})));')
+
+
+def ld_global(words: list[str], addr: str, pred: str | None, hint: str = "", word_bytes: int = 4) -> str:
+    """Load len(words) words of `word_bytes` each from global `addr` (a pointer)."""
     if word_bytes == 1:
         raise ValueError("byte loads go through 16-bit registers; widen the access")
-    if pred is None:
-        return (f'asm volatile("ld.global{LD_HINTS[hint]}{vec}.{typ} {dst}, [%{n}];" : {outs} : "l"({addr}));')
-    return (f'asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{n + 1}, 0;\\n'
-            f' @p ld.global{LD_HINTS[hint]}{vec}.{typ} {dst}, [%{n}];\\n}}" : {outs} : "l"({addr}), "r"((int)({pred})));')
+    return _vector_load(f"global{LD_HINTS[hint]}", words, addr, "l", pred, word_bytes)
 
 
 def st_global(words: list[str], addr: str, pred: str | None, hint: str = "", word_bytes: int = 4) -> str:
@@ -54,18 +61,8 @@ def st_global(words: list[str], addr: str, pred: str | None, hint: str = "", wor
 
 
 def ld_shared(words: list[str], addr_u32: str, pred: str | None, word_bytes: int = 4) -> str:
-    """Load len(words) words from shared `addr_u32` (a 32-bit shared-window address) into the
-    given lvalues, which keep their prior value where `pred` is false."""
-    n = len(words)
-    vec = f".v{n}" if n > 1 else ""
-    typ = _WORD_TYPES[word_bytes]
-    dst = "{" + _regs(n) + "}" if n > 1 else "%0"
-    con = "h" if word_bytes == 2 else "r"
-    outs = ", ".join(f'"+{con}"({w})' for w in words)
-    if pred is None:
-        return f'asm volatile("ld.shared{vec}.{typ} {dst}, [%{n}];" : {outs} : "r"({addr_u32}));'
-    return (f'asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{n + 1}, 0;\\n'
-            f' @p ld.shared{vec}.{typ} {dst}, [%{n}];\\n}}" : {outs} : "r"({addr_u32}), "r"((int)({pred})));')
+    """Load len(words) words from shared `addr_u32` (a 32-bit shared-window address)."""
+    return _vector_load("shared", words, addr_u32, "r", pred, word_bytes)
 
 
 def cp_async_bulk_to_shared(dst_u32: str, src: str, nbytes: str, mbar_u32: str) -> str:
