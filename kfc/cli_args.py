@@ -127,11 +127,13 @@ def target(text: str) -> str:
     return t
 
 
-def gpu_list(text: str) -> list[str]:
-    """`--gpus 0,1`: distinct GPU indices."""
+def gpu_list(text: str) -> list[str] | None:
+    """`--gpus 0,1`: distinct GPU indices; `--gpus all`: None, every visible GPU."""
+    if text.strip().lower() == "all":
+        return None
     parts = [p.strip() for p in text.split(",")]
     if not parts or any(not re.fullmatch(r"[0-9]+", p) for p in parts):
-        raise argparse.ArgumentTypeError(f"bad --gpus {text!r}: write GPU indices, e.g. 0,1")
+        raise argparse.ArgumentTypeError(f"bad --gpus {text!r}: write GPU indices, e.g. 0,1, or all")
     if len(set(parts)) != len(parts):
         raise argparse.ArgumentTypeError(f"bad --gpus {text!r}: a GPU is listed twice")
     return parts

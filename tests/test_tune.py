@@ -453,3 +453,15 @@ def test_a_similar_ops_prior_is_tried_basin_by_basin():
     out = SearchPolicy(seed=0, explore=0.0).propose(ctx, 4)
     assert [p.pipeline for p in out] == [space.pipeline(c) for c in (own_earlier, persistent, wide, four)]
     assert "the best of a basin, 1.024x its op's best" in out[2].rationale
+
+
+def test_gpus_takes_indices_or_all():
+    import argparse
+
+    from kfc.cli_args import gpu_list
+
+    assert gpu_list("0,1") == ["0", "1"] and gpu_list(" 3 ") == ["3"]
+    assert gpu_list("all") is None and gpu_list("ALL") is None  # every visible GPU, as the default
+    for bad, why in (("0,0", "listed twice"), ("x", "or all"), ("", "GPU indices")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            gpu_list(bad)

@@ -40,7 +40,8 @@ def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags)
     t.add_argument("--kb", metavar="PATH|URL", help="the knowledge base: a file, or postgresql://... for one a team "
                    "shares (default $KFC_KB or ~/.cache/kfc/kb.sqlite)")
     t.add_argument("--gpus", type=cli_args.gpu_list, metavar="LIST",
-                   help="GPU indices to use, e.g. 0,1 (default: every visible GPU)")
+                   help="GPUs of this machine to use: indices, e.g. 0,1, or all (the default: every visible GPU), "
+                        "one worker process each")
     t.add_argument("--ray", metavar="ADDRESS",
                    help="use the GPUs of the Ray cluster at ADDRESS (auto: the one this machine is in) instead of "
                         "this machine's; needs pip install 'kfc[cluster]'")
