@@ -184,6 +184,13 @@ def test_short_rows_stay_in_registers_by_default():
     assert StageRows().min_bytes > 2048 * 2
 
 
+def test_stage_rows_after_tile_is_a_clear_error():
+    spec, f = kernel("rmsnorm", 65536)
+    with pytest.raises(PassError, match="stage-rows runs on the row loop before tile") as info:
+        run_pipeline(f, "canonicalize,tile,stage-rows", check=spec.check)
+    assert "before tile" in info.value.hint
+
+
 def test_min_bytes_is_a_ranged_option():
     with pytest.raises(PassError, match="min_bytes"):
         parse_pipeline("stage-rows{min_bytes=-1}")

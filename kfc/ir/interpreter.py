@@ -364,7 +364,7 @@ class Interpreter:
                 i = next(it)
                 if not 0 <= i < n:
                     raise InterpretError(f"{op.NAME}: index {i} is out of bounds for dim {dim} of size {n} "
-                                         f"of {op.operands[0 if isinstance(op, LoadOp) else 1].name or 'the tensor'}",
+                                         f"of {op.operands[1 if isinstance(op, StoreOp) else 0].name or 'the tensor'}",
                                          op.loc, "guard the access, or use a slice with a limit")
                 plan.append(("point", np.array([i]), np.array([True])))
             elif ix.kind == "all":

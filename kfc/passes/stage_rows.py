@@ -33,11 +33,12 @@ import attrs
 
 from ..ir.core import Block, Value
 from ..ir.func import FuncOp
+from ..ir.gpu_ops import LaunchOp
 from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp
 from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, LoadOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
-from .base import Pass, option, register_pass
+from .base import Pass, PassError, option, register_pass
 from .rows import find_row_loop, row_length
 
 # The bulk copy moves multiples of 16 bytes between 16-byte-aligned addresses.
@@ -113,6 +114,9 @@ class StageRows(Pass):
     min_bytes: int = option(DEFAULT_MIN_BYTES, lo=0, hi=1 << 30)
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
+        if any(isinstance(op, LaunchOp) for op in func.body.ops):
+            raise PassError("stage-rows runs on the row loop before tile maps it onto the GPU", func.loc,
+                            "put stage-rows before tile in the pipeline, as the default pipeline does")
         loop = find_row_loop(func)
         n = row_length(loop, func)
         body = loop.body
