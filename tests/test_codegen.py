@@ -269,3 +269,19 @@ def test_the_default_pipeline_builds_every_row_kernel_at_every_length_without_sp
         assert staged == (r.plan.smem_dynamic > 0), (name, n)
         if n * 2 % 16:
             assert not staged, (name, n)  # not a 16-byte multiple: the row stays in registers
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_iota_of_a_dim_compiles_in_a_row_program(tmp_path, target):
+    """argmax by iota(N): the front end sizes iota by a dim, the row passes keep it a row
+    (recomputed per stretch when the row is staged), and codegen gives each element its index."""
+    from kfc.frontend import parse_kfc
+    from tests.argmax_op import ARGMAX
+
+    path = str(tmp_path / "argmax.kfc")
+    for n, dtype in ((7, "bf16"), (4096, "f32"), (65536, "bf16"), (65537, "f32")):
+        spec = parse_kfc(ARGMAX, path, {"T": dtype})
+        result = compile_op(spec, parse_target(target), shape={"M": 5, "N": n}, verify_each=True)
+        assert result.kernel.report.spills == 0, (n, dtype)
+        assert "(int)(" in result.kernel.cu and "kfc_g" in result.kernel.cu
+        assert ("cp.async.bulk" in result.kernel.cu) == (n == 65536), (n, dtype)  # 128 KB, three stretches

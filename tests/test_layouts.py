@@ -39,6 +39,14 @@ def test_numpy_and_c_agree_on_where_each_element_lives(t, v, c, n):
             start = c_value(row.chunk_start_c("e", "g"), e=reg // v, g=lane)
             assert start == row.element(reg // v, lane)
             assert c_value(row.in_row_c("e", "g", n), e=reg // v, g=lane) == (start < n)
+            assert c_value(row.register_element_c("i", "g"), i=reg, g=lane) == j
+            # a staged row: CTA `rank` copies span e (threads·vec elements from cta_span_start)
+            # to e·span in its buffer; thread t reads its chunk at cta_offset: the same element
+            rank, thread, k = lane // t, lane % t, reg % v
+            span_start = c_value(row.cta_span_start_c("e", "r"), e=reg // v, r=rank)
+            at = c_value(row.cta_offset_c("e", "t"), e=reg // v, t=thread) + k
+            assert span_start + (at - (reg // v) * row.span) == j
+            assert 0 <= at - (reg // v) * row.span < row.span
     assert row.exact(n) == bool((placed >= 0).all())
 
 

@@ -23,7 +23,7 @@ from ..ir import layouts
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
 from ..ir.smem_ops import CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copy_bytes
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, ReduceKind, UnaryOp, WhereOp,
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, IotaOp, ReduceKind, UnaryOp, WhereOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx
@@ -346,7 +346,7 @@ class RowKernelEmitter:
         self.indent -= 1
         self.emit("}")
 
-    FUSABLE = (ConstOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, LdOp, StOp)
+    FUSABLE = (ConstOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, LdOp, StOp)
 
     def split_tail(self, ops):
         """The ops after the last reduction step, when all of them can run chunk by chunk:
@@ -538,6 +538,18 @@ class RowKernelEmitter:
             self.loop(f"{n}[i] = {lit};")
         else:
             self.emit(f"const {C_TYPES[t.dtype]} {self.name(op.result)} = {lit};")
+
+    def op_IotaOp(self, op: IotaOp) -> None:
+        """Each element its own row index (a register's, from the layout; in a chunk loop,
+        chunk e's)."""
+        if self.kind(op.result) != "row":
+            raise CodegenError(f"iota makes a row here, not {op.result.type}", op.loc)
+        ct = C_TYPES[op.result.ttype.dtype]
+        n = self.declare(op.result)
+        if self.chunk_local is not None:
+            self.loop(f"{n}[i] = ({ct})({self.row.chunk_start_c('e', 'kfc_g')} + i);")
+        else:
+            self.loop(f"{n}[i] = ({ct})({self.row.register_element_c('i', 'kfc_g')});")
 
     def op_DimOp(self, op: DimOp) -> None:
         self.emit(f"const long long {self.name(op.result)} = {c_dim(op.sym)};")

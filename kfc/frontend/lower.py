@@ -856,9 +856,13 @@ def _dot(lw: Lowerer, node, pos, kw):
 
 
 def _iota(lw: Lowerer, node, pos, kw):
-    n = lw.const_int(pos[0], "iota's length")
-    if n <= 0:
-        raise lw.err(pos[0], f"iota needs a positive length, not {n}")
+    arg = pos[0]
+    if isinstance(arg, lark.Tree) and arg.data == "name" and str(arg.children[0]) in lw.symbols:
+        n = SymDim(str(arg.children[0]))  # iota(N): the indices of a dim, sized when specialised
+    else:
+        n = lw.const_int(arg, "iota's length (a constant or a dim)")
+        if n <= 0:
+            raise lw.err(arg, f"iota needs a positive length, not {n}")
     dtype = lw.dtype_arg(kw["dtype"]) if "dtype" in kw else DType.I32
     if not dtype.is_int:
         raise lw.err(kw["dtype"], "iota makes integers", "convert afterwards, e.g. f32(iota(64))")

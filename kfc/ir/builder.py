@@ -33,7 +33,7 @@ from .tile_ops import (
     ExpandDimsOp, ForOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
     ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible,
 )
-from .types import Dim, MemSpace, TensorType, Type
+from .types import Dim, MemSpace, SymDim, TensorType, Type
 
 Number = Union[bool, int, float]
 Operand = Union[Value, Number]
@@ -185,7 +185,7 @@ class Builder:
     def dim(self, sym: str) -> Value:
         return self.create(DimOp, [], sym=sym).result
 
-    def iota(self, n: int, dtype: DType = DType.I32) -> Value:
+    def iota(self, n: int | SymDim, dtype: DType = DType.I32) -> Value:
         return self.create(IotaOp, [], [TensorType(dtype, (n,))]).result
 
     def tri(self, rows: int, cols: int, lower: bool = True, k: int = 0) -> Value:

@@ -77,9 +77,13 @@ class Blocked1D:
         stored one after another."""
         return f"(({chunk} * {self.threads} + {thread}) * {self.vec})"
 
+    def register_element_c(self, reg: str, lane: str) -> str:
+        """The row index register `reg` of lane `lane` holds."""
+        return f"(({reg} / {self.vec}) * {self.lanes} + {lane}) * {self.vec} + ({reg} % {self.vec})"
+
     def register_in_row_c(self, reg: str, lane: str, n: int) -> str:
         """Whether register `reg` of lane `lane` holds an element of a row of n."""
-        return f"((({reg} / {self.vec}) * {self.lanes} + {lane}) * {self.vec} + ({reg} % {self.vec}) < {n})"
+        return f"({self.register_element_c(reg, lane)} < {n})"
 
     def per_lane(self, x: np.ndarray, fill) -> np.ndarray:
         """A row as [lane, its registers in order], padded with `fill` past the row's end."""

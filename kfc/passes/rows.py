@@ -14,12 +14,13 @@ from ..ir.core import Op
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, LoadOp, ParallelOp, ReduceOp, StoreOp, UnaryOp, WhereOp,
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IotaOp, LoadOp, ParallelOp, ReduceOp, StoreOp, UnaryOp,
+    WhereOp,
 )
 from ..ir.types import TensorType
 from .base import PassError
 
-ROW_OPS = (ConstOp, DimOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, LoadOp, StoreOp)
+ROW_OPS = (ConstOp, DimOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, LoadOp, StoreOp)
 
 
 def find_row_loop(func: FuncOp, kind=ParallelOp) -> Op:

@@ -35,7 +35,7 @@ from ..ir.core import Block, Value
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp
-from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, LoadOp, ReduceOp, UnaryOp, WhereOp
+from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, option, register_pass
@@ -93,7 +93,7 @@ def _row_tile(v: Value) -> bool:
     return isinstance(t, TensorType) and t.space is MemSpace.REG and t.rank >= 1
 
 
-RECOMPUTABLE = (ConstOp, CastOp, UnaryOp, BinaryOp, CmpOp, WhereOp, BroadcastOp)
+RECOMPUTABLE = (ConstOp, IotaOp, CastOp, UnaryOp, BinaryOp, CmpOp, WhereOp, BroadcastOp)
 
 
 def _recomputable(op, row_values: set) -> bool:
