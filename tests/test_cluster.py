@@ -313,3 +313,23 @@ def test_on_the_cluster_a_worker_crash_kills_its_process_not_the_actor(ray_clust
     assert compiled.stage is Stage.COMPILED
     assert gated.stage is Stage.TIMED and gated.median_us == 12.5  # retried on a fresh process in the actor
     assert ev.actors_replaced == 0
+
+
+def test_an_address_where_nothing_listens_is_one_message():
+    import socket
+
+    from kfc.factory.cluster import _check_reachable
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(KfcError, match=f"nothing answers at the Ray address 127.0.0.1:{port}") as info:
+        _check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
+    assert "ray start --head" in info.value.hint
+    with pytest.raises(KfcError, match="bad Ray address"):
+        _check_reachable("127.0.0.1:port")
+    _check_reachable("auto")  # found by Ray on the node itself
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        _check_reachable(f"ray://127.0.0.1:{listening.getsockname()[1]}")

@@ -54,6 +54,8 @@ def connect(address: str | None = None, local_cpus: int | None = None) -> bool:
     if address is None and local_cpus is None:
         raise KfcError("give a Ray cluster's address (or auto), or local_cpus for a cluster on this machine")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": False}
+    if address is not None:
+        _check_reachable(address)
     try:
         if address is not None:
             ray.init(address=address, **kwargs)
@@ -64,6 +66,28 @@ def connect(address: str | None = None, local_cpus: int | None = None) -> bool:
                        hint="start one with `ray start --head` (and `ray start --address=HEAD:6379` on each GPU "
                             "node), or check the address") from None
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse, with one message, an address where nothing listens: Ray itself would retry for
+    minutes, printing its own logs."""
+    import socket
+
+    if address == "auto":
+        return
+    rest = address.removeprefix("ray://")
+    host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    default = 10001 if address.startswith("ray://") else 6379  # Ray client server, GCS
+    try:
+        port_number = int(port) if port else default
+    except ValueError:
+        raise KfcError(f"bad Ray address {address!r}", hint="write HOST:PORT, ray://HOST:PORT or auto") from None
+    try:
+        socket.create_connection((host or "127.0.0.1", port_number), timeout=timeout_s).close()
+    except OSError as e:
+        raise KfcError(f"nothing answers at the Ray address {address} ({e.strerror or e})",
+                       hint="start a cluster with `ray start --head` and give its address, or auto on a node of "
+                            "one") from None
 
 
 def compile_task(path: str, dtypes: dict[str, str], target: str, pipeline: str,
