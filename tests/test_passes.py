@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, assume, given, settings
 
 from kfc.cli import main
 from kfc.diagnostics import InterpretError, KfcError, VerifyError
-from kfc.frontend import load_kfc
 from kfc.ir import ALL, Builder, DType, parse_ir, print_ir, verify
 from kfc.ir.func import FuncOp
 from kfc.ir.gpu_ops import LaunchOp, ThreadReduceOp
@@ -48,9 +47,7 @@ from kfc.passes import (
     PASSES,
     ROW_PIPELINE,
     Pass,
-    PassContext,
     PassError,
-    PassManager,
     Pipeline,
     VerifyEach,
     parse_pipeline,
@@ -59,10 +56,10 @@ from kfc.passes import (
 from kfc.passes.base import format_option, option_range
 from kfc.passes.rewriter import PatternRewriter, RewritePattern, RewriteStats, apply_patterns_greedily
 from kfc.passes.tile import choose
-from kfc.target import Target, parse_target
+from kfc.target import parse_target
+from tests.pipelines import kernel, ops_of, run_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
-SM90A = parse_target("sm_90a")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,17 +92,8 @@ def make_pass(prefix: str, run_fn, requires=frozenset()):
     return TestPass
 
 
-def run_pipeline(func: FuncOp, text: str, target: Target = SM90A, **ctx_kwargs):
-    ctx = PassContext(target, **ctx_kwargs)
-    return PassManager(parse_pipeline(text), ctx).run(func), ctx
-
-
 def op_names(func: FuncOp) -> list[str]:
     return [op.NAME for op in func.walk()]
-
-
-def ops_of(func: FuncOp, cls) -> list:
-    return [op for op in func.walk() if isinstance(op, cls)]
 
 
 def loop_body(func: FuncOp):
@@ -157,12 +145,6 @@ def rows_func(body, in_dtype=DType.F32, out_dtype=None, n=8, m=4, extra_inputs=(
             xr = b.load(x, [i, ALL])
             b.store(body(b, xr, extras), y, [i, ALL])
     return verify(f.op)
-
-
-def kernel(name: str, n: int, dtype: str = "bf16"):
-    """A row kernel specialised to row length n (the row count stays symbolic), as kfc compile does."""
-    spec = load_kfc(f"kernels/{name}.kfc", {"T": dtype})
-    return spec, verify(specialize(spec.func, {"N": n}, partial=True))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,21 +16,17 @@ import pytest
 from kfc.codegen.cuda import generate_cuda
 from kfc.codegen.toolchain import compile_cuda, disassemble
 from kfc.diagnostics import InterpretError, VerifyError
-from kfc.frontend import load_kfc
 from kfc.ir import parse_ir, print_ir, verify
 from kfc.ir.interpreter import Interpreter, bind_arguments, run
 from kfc.ir.smem_ops import CopyAsyncOp, ExpectTxOp, HazardError, MbarrierWaitOp, SmemAllocOp
-from kfc.ir.specialize import specialize
 from kfc.ir.core import Value
 from kfc.ir.dtypes import DType
 from kfc.ir.tile_ops import ConstOp, LoadOp
 from kfc.ir.types import TensorType
-from kfc.passes import PASSES, ROW_PIPELINE, Pass, PassContext, PassError, PassManager, VerifyEach, parse_pipeline
+from kfc.passes import PASSES, ROW_PIPELINE, Pass, PassError, VerifyEach, parse_pipeline
 from kfc.passes.base import register_pass
 from kfc.passes.stage_rows import StageRows
-from kfc.target import parse_target
-
-SM90A = parse_target("sm_90a")
+from tests.pipelines import kernel, ops_of, run_pipeline
 
 # one row of x copied into shared memory, read back, doubled and stored
 STAGED = """
@@ -139,20 +135,6 @@ def test_a_copy_past_the_tensor_zero_fills_and_counts_every_byte():
 
 
 # --- the pass ------------------------------------------------------------------------------------
-
-
-def kernel(name, n, dtype="bf16"):
-    spec = load_kfc(f"kernels/{name}.kfc", {"T": dtype})
-    return spec, verify(specialize(spec.func, {"N": n}, partial=True))
-
-
-def run_pipeline(func, text, **ctx_kwargs):
-    ctx = PassContext(SM90A, **ctx_kwargs)
-    return PassManager(parse_pipeline(text), ctx).run(func), ctx
-
-
-def ops_of(func, cls):
-    return [op for op in func.walk() if isinstance(op, cls)]
 
 
 @pytest.mark.parametrize("name, reads", [("rmsnorm", 2), ("softmax", 3), ("layernorm", 3), ("softmax_bwd", 4),

@@ -372,17 +372,15 @@ class RowKernelEmitter:
         for j, op in enumerate(ops):
             if not isinstance(op, ThreadReduceOp):
                 continue
-            i = j
-            while i > 0 and isinstance(ops[i - 1], self.FUSABLE) and not isinstance(ops[i - 1], StOp) and \
-                    id(ops[i - 1]) not in {id(o) for r in runs.values() for o in r}:
+            i = j  # back over fusable ops; a reduction ends the walk, so runs never overlap
+            while i > 0 and isinstance(ops[i - 1], self.FUSABLE) and not isinstance(ops[i - 1], StOp):
                 i -= 1
             run = ops[i:j + 1]
             inside = {id(o) for o in run}
             rows = [r for o in run[:-1] for r in o.results if self.kind(r) == "row"]
             if not any(isinstance(o, LdOp) for o in run) or not rows or \
                     any(id(u) not in inside for r in rows for u in self.uses.get(r, ())):
-                continue
-            # a row value from before the run that the run reads stays whole: fine, it is read per chunk
+                continue  # a row value of the run is read after it: it must stay whole
             runs[id(run[0])] = run
         return runs
 
@@ -402,6 +400,10 @@ class RowKernelEmitter:
                 self.emit_op(op)
             self.thread_reduce_steps(reduce_op, f"(e * {self.V} + k)", "k", self.V)
 
+    def cta_part_bytes(self, buffer: TensorType) -> int:
+        """The bytes of one staged row this CTA holds: its spans, the last one padded."""
+        return self.E * self.row.span * buffer.dtype.itemsize
+
     def emit_smem_setup(self) -> None:
         """Shared-memory buffers (one part per row slot of the CTA, in dynamic shared memory)
         and mbarriers (one per row slot), initialised before the row loop."""
@@ -416,7 +418,7 @@ class RowKernelEmitter:
             if t.rank != 1 or t.shape[0] != self.N:
                 raise CodegenError(f"a shared-memory buffer of {t} in a row kernel of rows of {self.N}", op.loc,
                                    "stage whole rows: buffers have the row's length")
-            part = self.E * self.row.span * t.dtype.itemsize  # this CTA's spans of one row
+            part = self.cta_part_bytes(t)
             name = f"kfc_sbuf{k}"
             self.emit(f"const unsigned {name} = {ptx.smem_addr('kfc_dsmem[0]')} + {offset}u + "
                       f"(unsigned)kfc_r * {part}u;")
@@ -854,7 +856,7 @@ class RowKernelEmitter:
         if op.bytes != sum(copy_bytes(c.operands[1].ttype) for c in copies):
             raise CodegenError(f"gpu.expect_tx announces {op.bytes} bytes; the copies on its barrier carry "
                                f"{sum(copy_bytes(c.operands[1].ttype) for c in copies)}", op.loc)
-        per_cta = sum(self.E * self.row.span * c.operands[1].ttype.dtype.itemsize for c in copies)
+        per_cta = sum(self.cta_part_bytes(c.operands[1].ttype) for c in copies)
         if per_cta >= 1 << 20:
             raise CodegenError(f"a CTA's part of the staged rows is {per_cta} bytes; an mbarrier phase counts at most "
                                f"2^20-1", op.loc, "split the row over a larger cluster")
@@ -864,8 +866,7 @@ class RowKernelEmitter:
         for c in copies:
             isz = c.operands[1].ttype.dtype.itemsize
             self.emit(f"for (int e = 0; e < {self.E}; ++e) {{ const long long j0 = {self.row.cta_span_start_c('e', 'kfc_crank')}; "
-                      f"if (j0 < {self.N}) kfc_tx += (unsigned)(({self.N} - j0 < {self.row.span} ? {self.N} - j0 : "
-                      f"{self.row.span}) * {isz}); }}")
+                      f"if (j0 < {self.N}) kfc_tx += (unsigned)({self.row.span_length_c('j0', self.N)} * {isz}); }}")
         self.emit(f"if (kfc_rowvalid) {ptx.mbarrier_arrive_expect_tx_var(self.name(bar), 'kfc_tx')}")
         self.emit(f"else {ptx.mbarrier_arrive(self.name(bar))}")
         self.indent -= 1
@@ -893,8 +894,7 @@ class RowKernelEmitter:
         self.emit(f"const long long j0 = {self.row.cta_span_start_c('e', 'kfc_crank')};")
         self.emit(f"if (j0 < {self.N}) {{")
         self.indent += 1
-        self.emit(f"const unsigned kfc_nb = (unsigned)(({self.N} - j0 < {self.row.span} ? {self.N} - j0 : "
-                  f"{self.row.span}) * {isz});")
+        self.emit(f"const unsigned kfc_nb = (unsigned)({self.row.span_length_c('j0', self.N)} * {isz});")
         addr = f"{self.name(src)} + {self._address(op, src, op.index, op.operands[3:], 'j0')}"
         dst = f"{self.name(buf)} + (unsigned)({self.row.cta_offset_c('e', '0')}) * {isz}u"
         self.emit(ptx.cp_async_bulk_to_shared(dst, addr, "kfc_nb", self.name(bar)))

@@ -13,9 +13,13 @@ from __future__ import annotations
 import attrs
 
 from .core import Block, Value
+from . import smem_ops as m
 from .smem_ops import CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copy_bytes
 from .tile_ops import LoadOp
 from .types import TensorType
+
+
+name = m.value_name
 
 
 @attrs.define
@@ -25,10 +29,6 @@ class _Phase:
     announced: int = 0
     delivered: int = 0
     copies: list = attrs.Factory(list)   # the buffers whose copies land in this phase
-
-
-def _name(v: Value) -> str:
-    return f"%{v.name}" if v.name else "a buffer"
 
 
 def check_barriers(block: Block) -> None:
@@ -47,21 +47,20 @@ def check_barriers(block: Block) -> None:
             bar = op.operands[0]
             p = phases.get(bar)
             if p is None:
-                raise op.error(f"{_name(bar)} is not an mbarrier allocated in this block")
+                raise op.error(f"{name(bar)} is not an mbarrier allocated in this block")
             if p.arrived == p.arrivals:
-                raise op.error(f"{_name(bar)} already counted its {p.arrivals} arrival(s) in this phase")
+                raise op.error(m.overshoot(name(bar), p.arrivals))
             p.arrived += 1
             p.announced += op.bytes
         elif isinstance(op, CopyAsyncOp):
             buf, bar = op.operands[1], op.operands[2]
             p = phases.get(bar)
             if p is None:
-                raise op.error(f"{_name(bar)} is not an mbarrier allocated in this block")
+                raise op.error(f"{name(bar)} is not an mbarrier allocated in this block")
             if buf not in allocs:
-                raise op.error(f"{_name(buf)} is not a buffer allocated in this block")
+                raise op.error(f"{name(buf)} is not a buffer allocated in this block")
             if buf in in_flight:
-                raise op.error(f"copies over {_name(buf)} while the copy into it before is in flight (nobody waited "
-                               f"on {_name(in_flight[buf])})", "wait on the earlier copy's barrier first")
+                raise op.error(m.copy_over_in_flight(name(buf), name(in_flight[buf])), m.HINT_WAIT_BEFORE_REUSE)
             t: TensorType = buf.ttype
             if not t.is_static:
                 raise op.error(f"the buffer {t} needs a static shape to count its bytes", "specialise the dims first")
@@ -72,14 +71,11 @@ def check_barriers(block: Block) -> None:
             bar = op.operands[0]
             p = phases.get(bar)
             if p is None:
-                raise op.error(f"{_name(bar)} is not an mbarrier allocated in this block")
+                raise op.error(f"{name(bar)} is not an mbarrier allocated in this block")
             if p.arrived < p.arrivals:
-                raise op.error(f"deadlock: waits on {_name(bar)}, which counts {p.arrivals} arrival(s), but "
-                               f"{p.arrived} arrive before the wait", "announce the copies with gpu.expect_tx first")
+                raise op.error(m.missing_arrivals(name(bar), p.arrivals, p.arrived), m.HINT_ANNOUNCE)
             if p.delivered != p.announced:
-                raise op.error(f"deadlock: {_name(bar)} is announced {p.announced} byte(s) but its copies carry "
-                               f"{p.delivered}; the phase never completes",
-                               "the expect_tx bytes must equal the bytes of the copies on the barrier")
+                raise op.error(m.wrong_bytes(name(bar), p.announced, p.delivered), m.HINT_BYTES)
             for buf in p.copies:
                 in_flight.pop(buf, None)
                 written.add(buf)
@@ -87,10 +83,8 @@ def check_barriers(block: Block) -> None:
         elif isinstance(op, LoadOp) and op.operands[0] in allocs:
             buf = op.operands[0]
             if buf in in_flight:
-                raise op.error(f"reads {_name(buf)} while the copy into it is in flight (nobody waited on "
-                               f"{_name(in_flight[buf])})", "wait on the copy's barrier before reading")
+                raise op.error(m.read_in_flight(name(buf), name(in_flight[buf])), m.HINT_WAIT_BEFORE_READ)
             if buf not in written:
-                raise op.error(f"reads {_name(buf)}, which nothing was copied into: it holds garbage")
+                raise op.error(f"reads {name(buf)}, which nothing was copied into: it holds garbage")
     for buf, bar in in_flight.items():
-        raise allocs[buf].error(f"the copy into {_name(buf)} is never waited for (its barrier {_name(bar)})",
-                                "wait on the barrier before the block ends")
+        raise allocs[buf].error(m.never_waited(name(buf), name(bar)), m.HINT_WAIT_BEFORE_END)

@@ -34,6 +34,16 @@ from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, 
 from .types import Layout, TensorType
 
 
+def row_dependent(body) -> set:
+    """The row index (a row loop's region argument) and every value computed from it, before
+    or after `tile` maps the loop."""
+    values = {body.args[0]}
+    for op in body.ops:
+        if any(v in values for v in op.operands):
+            values.update(op.results)
+    return values
+
+
 def row_layout(threads: int, vec: int, cluster: int) -> Layout:
     return layouts.Blocked1D(threads, vec, cluster).as_layout()
 
@@ -66,11 +76,7 @@ class LaunchOp(Op):
     def row_dependent_values(self) -> set:
         """Values computed from the row index (loads and stores that use them stream through
         memory once; the others are re-read by every row)."""
-        dep = {self.body.args[0]}
-        for op in self.body.ops:
-            if any(v in dep for v in op.operands):
-                dep.update(op.results)
-        return dep
+        return row_dependent(self.body)
 
     def verify_(self) -> None:
         _check_results(self, 0)

@@ -26,6 +26,7 @@ from .tile_ops import (
     WhereOp, YieldOp,
 )
 from .signature import bind_dims
+from . import smem_ops
 from .smem_ops import HazardError, SharedBuffer
 from .types import MemSpace, SymDim, TensorType, bind_dim
 
@@ -398,8 +399,8 @@ class Interpreter:
             return [np.full(out_shape, op.other, dtype=rt.dtype.np)]
         if isinstance(arr, SharedBuffer):
             if arr.pending is not None:
-                raise HazardError(f"{op.NAME}: reads {arr.name} while the copy into it is in flight (nobody waited "
-                                  f"on {arr.pending.name})", op.loc, "wait on the copy's barrier before reading")
+                raise HazardError(f"{op.NAME}: {smem_ops.read_in_flight(arr.name, arr.pending.name)}", op.loc,
+                                  smem_ops.HINT_WAIT_BEFORE_READ)
             arr = arr.data
         return [self.gather(op, op.operands[0].ttype, op.index, ins[1:], arr, op.other, out_shape, rt.dtype.np)]
 
@@ -467,9 +468,8 @@ class Interpreter:
             self.exec_block(body, env)
             for bar, alloc in self.barriers:
                 if bar.copies:
-                    raise HazardError(f"gpu.copy_async into {bar.copies[0][0].name} is never waited for: the "
-                                      f"iteration ends with {bar.outstanding()} on {bar.name}", alloc.loc,
-                                      "wait on the barrier before the data is used or the iteration ends")
+                    raise HazardError(f"{smem_ops.never_waited(bar.copies[0][0].name, bar.name)}: the iteration "
+                                      f"ends with {bar.outstanding()}", alloc.loc, smem_ops.HINT_WAIT_BEFORE_END)
         finally:
             self.barriers = outer
 

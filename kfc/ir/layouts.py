@@ -72,6 +72,10 @@ class Blocked1D:
         """The row index where CTA `rank`'s span of chunk `chunk` starts."""
         return f"(({chunk} * {self.lanes} + {rank} * {self.threads}) * {self.vec})"
 
+    def span_length_c(self, start: str, n: int) -> str:
+        """Elements of a row of n in the span that starts at `start` (the last one may be short)."""
+        return f"({n} - {start} < {self.span} ? {n} - {start} : {self.span})"
+
     def cta_offset_c(self, chunk: str, thread: str) -> str:
         """Where chunk `chunk` of thread `thread` sits in its CTA's part of the row, spans
         stored one after another."""

@@ -84,8 +84,42 @@ class MBarrier:
         return None
 
 
-def _name(v) -> str:
-    return f"%{v.name}" if v.name else "the buffer"
+def value_name(v) -> str:
+    return f"%{v.name}" if v.name else "a buffer"
+
+
+# The protocol's violations, said the same way by the interpreter (kfc.ir.smem_ops, at run time)
+# and the barrier check (kfc.ir.barriers, statically); arguments are names as value_name gives.
+def overshoot(bar: str, arrivals: int) -> str:
+    return f"{bar} already counted its {arrivals} arrival(s) in this phase"
+
+
+def copy_over_in_flight(buf: str, bar: str) -> str:
+    return f"copies over {buf} while the copy into it before is in flight (nobody waited on {bar})"
+
+
+def read_in_flight(buf: str, bar: str) -> str:
+    return f"reads {buf} while the copy into it is in flight (nobody waited on {bar})"
+
+
+def missing_arrivals(bar: str, arrivals: int, arrived: int) -> str:
+    return f"deadlock: waits on {bar}, which counts {arrivals} arrival(s), but {arrived} arrive before the wait"
+
+
+def wrong_bytes(bar: str, announced: int, delivered: int) -> str:
+    return (f"deadlock: {bar} is announced {announced} byte(s) but its copies carry {delivered}; "
+            "the phase never completes")
+
+
+def never_waited(buf: str, bar: str) -> str:
+    return f"the copy into {buf} is never waited for (its barrier {bar})"
+
+
+HINT_WAIT_BEFORE_REUSE = "wait on the earlier copy's barrier before reusing the buffer"
+HINT_WAIT_BEFORE_READ = "wait on the copy's barrier before reading"
+HINT_ANNOUNCE = "announce the copies with gpu.expect_tx before waiting"
+HINT_BYTES = "the expect_tx bytes must equal the bytes of the copies on the barrier"
+HINT_WAIT_BEFORE_END = "wait on the barrier before the data is used or the iteration ends"
 
 
 # --- ops ---------------------------------------------------------------------------------------
@@ -108,7 +142,7 @@ class SmemAllocOp(Op):
         from .interpreter import poison_value
 
         data = np.full(interp.shape_of(t), poison_value(t.dtype), dtype=t.dtype.np)
-        return [SharedBuffer(_name(self.result), data)]
+        return [SharedBuffer(value_name(self.result), data)]
 
 
 @register_op
@@ -126,14 +160,14 @@ class MbarrierAllocOp(Op):
             raise self.error(f"arrivals must be 1..2^20-1, not {self.arrivals}")
 
     def interpret(self, interp, ins, env):
-        bar = MBarrier(_name(self.result), self.arrivals)
+        bar = MBarrier(value_name(self.result), self.arrivals)
         interp.barriers.append((bar, self))
         return [bar]
 
 
 def _barrier_operand(op: Op, v) -> None:
     if not is_barrier(v.type):
-        raise op.error(f"operand {_name(v)} must be an mbarrier ({BARRIER_TYPE}), not {v.type}")
+        raise op.error(f"operand {value_name(v)} must be an mbarrier ({BARRIER_TYPE}), not {v.type}")
 
 
 @register_op
@@ -153,8 +187,8 @@ class ExpectTxOp(Op):
     def interpret(self, interp, ins, env):
         bar = ins[0]
         if bar.arrived == bar.arrivals:
-            raise HazardError(f"{self.NAME}: {bar.name} already counted its {bar.arrivals} arrival(s) in this phase; "
-                              "this arrival belongs to no phase anyone waits for", self.loc)
+            raise HazardError(f"{self.NAME}: {overshoot(bar.name, bar.arrivals)}; this arrival belongs to no phase "
+                              "anyone waits for", self.loc)
         bar.arrived += 1
         bar.announced += self.bytes
         return None
@@ -190,9 +224,8 @@ class CopyAsyncOp(Op):
     def interpret(self, interp, ins, env):
         src, buf, bar = ins[0], ins[1], ins[2]
         if buf.pending is not None:
-            raise HazardError(f"{self.NAME}: copies over {buf.name} while the copy into it before is in flight "
-                              f"(nobody waited on {buf.pending.name})", self.loc,
-                              "wait on the earlier copy's barrier before reusing the buffer")
+            raise HazardError(f"{self.NAME}: {copy_over_in_flight(buf.name, buf.pending.name)}", self.loc,
+                              HINT_WAIT_BEFORE_REUSE)
         t = self.operands[1].ttype
         if src is None:
             data = np.zeros(buf.data.shape, dtype=t.dtype.np)
@@ -219,13 +252,11 @@ class MbarrierWaitOp(Op):
     def interpret(self, interp, ins, env):
         bar = ins[0]
         if bar.arrived < bar.arrivals:
-            raise HazardError(f"{self.NAME}: deadlock: waits on {bar.name}, which counts {bar.arrivals} arrival(s), "
-                              f"but {bar.arrived} arrived before the wait", self.loc,
-                              "announce the copies with gpu.expect_tx before waiting")
+            raise HazardError(f"{self.NAME}: {missing_arrivals(bar.name, bar.arrivals, bar.arrived)}", self.loc,
+                              HINT_ANNOUNCE)
         if bar.delivered != bar.announced:
-            raise HazardError(f"{self.NAME}: deadlock: {bar.name} was announced {bar.announced} byte(s) but its copies "
-                              f"carry {bar.delivered}; the phase never completes", self.loc,
-                              "the expect_tx bytes must equal the bytes of the copies on the barrier")
+            raise HazardError(f"{self.NAME}: {wrong_bytes(bar.name, bar.announced, bar.delivered)}", self.loc,
+                              HINT_BYTES)
         for buf, data in bar.copies:
             buf.data = data
             buf.pending = None

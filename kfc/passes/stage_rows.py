@@ -33,7 +33,7 @@ import attrs
 
 from ..ir.core import Block, Value
 from ..ir.func import FuncOp
-from ..ir.gpu_ops import LaunchOp
+from ..ir.gpu_ops import LaunchOp, row_dependent
 from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp
 from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
@@ -54,15 +54,6 @@ DEFAULT_MIN_BYTES = 8 * 1024
 EXTRA_STRETCH_FACTOR = 8
 
 
-def row_dependent(body) -> set:
-    """The row index and every value computed from it."""
-    values = {body.args[0]}
-    for op in body.ops:
-        if any(v in values for v in op.operands):
-            values.update(op.results)
-    return values
-
-
 def stretches(body) -> int:
     """How many stretches of the row program a reduction ends, plus the last: how often a
     staged row is read."""
@@ -76,7 +67,7 @@ def threshold(min_bytes: int, reads: int) -> int:
 
 def stageable(op, row_values: set, n: int) -> bool:
     """A load of one whole row of a global tensor, indexed by the row."""
-    if not isinstance(op, LoadOp) or type(op) is not LoadOp:
+    if type(op) is not LoadOp:  # a refined load (ptx.ld) is past staging
         return False
     t: TensorType = op.operands[0].ttype
     if t.space is not MemSpace.GLOBAL or t.optional or op.result.ttype.rank != 1:
@@ -145,9 +136,11 @@ class StageRows(Pass):
 
         # the copies start where the first staged load was (its index operands are defined by
         # then: every staged load's indices come before the first use of any staged row)
-        first = min(body.ops.index(op) for op in staged)
-        last_index_def = max((body.ops.index(d) for op in staged for v in op.operands[1:]
-                              for d in body.ops if v in d.results), default=-1)
+        position = {id(op): i for i, op in enumerate(body.ops)}
+        defs = {r: op for op in body.ops for r in op.results}
+        first = min(position[id(op)] for op in staged)
+        last_index_def = max((position[id(defs[v])] for op in staged for v in op.operands[1:] if v in defs),
+                             default=-1)
         start = max(first, last_index_def + 1)
         first_use = min(i for i, o in enumerate(body.ops) if any(v in buffers for v in o.operands))
         if start > first_use:
@@ -157,7 +150,6 @@ class StageRows(Pass):
         stretch = 0                                  # reductions passed so far
         stretch_of: dict[Value, int] = {}            # each original row value's stretch
         made: dict[tuple[Value, int], Value] = {}    # (original, stretch) -> its value there
-        defs = {r: op for op in body.ops for r in op.results}
 
         def value_in(v: Value, k: int) -> Value:
             """v as stretch k reads it: a staged row is read again from shared memory, a row
