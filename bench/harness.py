@@ -48,9 +48,15 @@ class Measurement:
 
 
 def wrong(out, ref, tol: float) -> str:
-    """What is wrong with a contender's output by kfc's tolerance rule ("" when it matches)."""
+    """What is wrong with a contender's output by kfc's tolerance rule ("" when it matches); an
+    op of several outputs is checked output by output."""
     from kfc.check.tolerance import compare_arrays
 
+    if isinstance(ref, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(ref):
+            return f"{len(ref)} outputs expected"
+        problems = [f"output {i}: {p}" for i, (o, r) in enumerate(zip(out, ref)) if (p := wrong(o, r, tol))]
+        return "; ".join(problems)
     c = compare_arrays(out.float(), ref.float(), tol)
     return "" if c.ok else f"rel RMSE {c.rel_rmse:.3g}, worst {c.worst:.3g}, {c.unwritten} not finite"
 

@@ -188,7 +188,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         "target": target.name, "arch": arch, "family": target.family,
         "pipeline": str(pipe), "dims": fixed, "dynamic_dims": dynamic, "ir_hash": ir_hash(lowered),
         # the launch contract: the kernels to launch in order (kfc.runtime.contract reads it)
-        "kernels": [plan.contract()],
+        "kernels": plan.contracts(),
         "ptxas": attrs.asdict(kernel.report),
         "toolchain": {"nvcc": tc.nvcc, "version": tc.version_text},
         "seconds": {"passes": round(t_passes, 4), "nvcc_ptxas": round(t_nvcc, 3),

@@ -245,6 +245,7 @@ def test_which_signatures_the_compiled_launcher_serves():
 
     call = PreparedCall.__new__(PreparedCall)
     call.scalar_args, call.outputs = {2}, [("y", 3), ("z", 4)]
+    call.followers, call.workspaces = [], {}
     x = object()
     assert call.can_be_native((x, x, 0.5), None)
     assert call.can_be_native((x, x), None)
@@ -252,3 +253,5 @@ def test_which_signatures_the_compiled_launcher_serves():
     assert call.can_be_native((x, x, 0.5), (x, x)) and call.can_be_native((x, x, 0.5), [x, x])
     assert not call.can_be_native((x, x, 0.5), (x, None))
     assert not call.can_be_native((x, x, 0.5), x)
+    call.workspaces = {"kfc_ws0": (4, 8)}  # an op of several kernels: the ctypes path launches them
+    assert not call.can_be_native((x, x, 0.5), None)

@@ -23,10 +23,10 @@ from ..ir import layouts
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
 from ..ir.smem_ops import CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copy_bytes
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, IotaOp, ReduceKind, UnaryOp, WhereOp,
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, IotaOp, ReduceKind, UnaryOp, WhereOp, YieldOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
-from . import ptx
+from . import ptx, row_sums
 
 C_TYPES = {
     DType.F32: "float", DType.F64: "double", DType.BF16: "__nv_bfloat16", DType.F16: "__half",
@@ -68,15 +68,22 @@ def c_kernel(op_name: str) -> str:
 @attrs.frozen
 class KernelParam:
     name: str        # the parameter's name in the op (a dim's symbol for kind "dim")
-    kind: str        # "tensor" | "scalar" | "dim"
+    kind: str        # "tensor" | "scalar" | "dim" | "workspace" (global memory the runtime allocates)
     ctype: str
     dtype: str
     optional: bool = False
     is_output: bool = False
+    shape: tuple[str, ...] = ()  # a workspace's, as ir/constexpr expressions of the dims
 
     @property
     def cname(self) -> str:
+        if self.kind == "workspace":
+            return self.name  # kfc's own name (kfc_ws<k>): no parameter of the op can take it
         return c_dim(self.name) if self.kind == "dim" else c_param(self.name)
+
+    def contract(self) -> dict:
+        return attrs.asdict(self, filter=lambda a, v: a.name != "shape" or self.kind == "workspace",
+                            value_serializer=lambda _, a, v: list(v) if a is not None and a.name == "shape" else v)
 
 
 @attrs.frozen
@@ -93,6 +100,9 @@ class LaunchPlan:
     rows_expr: str       # an ir/constexpr expression of the dims: the number of rows
     smem_static: int
     smem_dynamic: int = 0
+    # dims the launch defines for the kernels after it: expressions of the dims and kfc_grid_x
+    defines: tuple[tuple[str, str], ...] = ()
+    followers: tuple[dict, ...] = ()  # the contract entries of the kernels launched after this one
 
     @property
     def grid(self) -> tuple[str, str, str]:
@@ -102,11 +112,18 @@ class LaunchPlan:
         return (f"(({rows}) + {self.rows_per_cta - 1}) // {self.rows_per_cta} * {self.cluster}", "1", "1")
 
     def contract(self) -> dict:
-        return {"name": self.kernel, "grid": list(self.grid), "block": [self.block, 1, 1],
-                "cluster": [self.cluster, 1, 1], "smem_static_bytes": self.smem_static,
-                "smem_dynamic_bytes": self.smem_dynamic, "persistent": self.persistent,
-                "params": [attrs.asdict(p) for p in self.params],
-                "rows": self.rows_expr, "rows_per_cta": self.rows_per_cta}
+        entry = {"name": self.kernel, "grid": list(self.grid), "block": [self.block, 1, 1],
+                 "cluster": [self.cluster, 1, 1], "smem_static_bytes": self.smem_static,
+                 "smem_dynamic_bytes": self.smem_dynamic, "persistent": self.persistent,
+                 "params": [p.contract() for p in self.params],
+                 "rows": self.rows_expr, "rows_per_cta": self.rows_per_cta}
+        if self.defines:
+            entry["defines"] = dict(self.defines)
+        return entry
+
+    def contracts(self) -> list[dict]:
+        """Every kernel of the op, in launch order (the launch contract's "kernels")."""
+        return [self.contract(), *self.followers]
 
 
 def _f32_literal(v: float) -> str:
@@ -164,6 +181,8 @@ class RowKernelEmitter:
         for op in self.launch.body.ops:
             for v in op.operands:
                 self.uses.setdefault(v, []).append(op)
+        # sums across rows: one f32 accumulator per element a thread holds, per result
+        self.sums = row_sums.plan_row_sums(func, self.launch, self.N, CodegenError) if self.launch.results else None
 
     # --- naming -------------------------------------------------------------------------------
     def _row_length(self) -> int:
@@ -245,17 +264,80 @@ class RowKernelEmitter:
         for op in self.func.body.ops:
             if op is self.launch:
                 self.emit_launch()
-            else:
-                self.emit_op(op, top=True)
+                break  # what follows uses the launch's sums: the second kernel's (row_sums)
+            self.emit_op(op, top=True)
         body = "\n".join(self.lines)
         smem = "\n".join("  " + d for d in self.smem_decls)
         block = self.R * self.T
         code = (f'extern "C" __global__ void __launch_bounds__({block}) {self.kernel_name}({sig}) {{\n'
                 f"{smem}\n{body}\n}}\n")
-        lo, hi = self.launch.operands
+        defines, followers = (), ()
+        if self.sums is not None:
+            code += "\n" + self.sums_kernel()
+            # one partial per row slot of each cluster of the (persistent) grid
+            defines = ((row_sums.GROUPS_DIM, f"kfc_grid_x // {self.C} * {self.R}"),)
+            followers = (self.sums_contract(),)
         plan = LaunchPlan(self.kernel_name, tuple(params), block, self.C, self.R, self.launch.persistent,
-                          self.rows_expr(), self.smem_bytes, self.smem_dynamic)
+                          self.rows_expr(), self.smem_bytes, self.smem_dynamic, defines, followers)
         return code, plan
+
+    # --- sums across rows -----------------------------------------------------------------------
+    @property
+    def sums_kernel_name(self) -> str:
+        return f"{self.kernel_name}_sums"
+
+    def workspace_params(self) -> list[KernelParam]:
+        return [KernelParam(row_sums.workspace_name(k), "workspace", "float", "f32", is_output=True,
+                            shape=(row_sums.GROUPS_DIM, str(self.N)))
+                for k in range(len(self.launch.results))]
+
+    def sums_kernel(self) -> str:
+        return row_sums.emit_row_sums(self.sums, self.sums_kernel_name, len(self.launch.results), c_param, c_dim,
+                                      C_TYPES, self.from_float)
+
+    def sums_contract(self) -> dict:
+        outputs = []
+        for store, _, _ in self.sums.stores:
+            t = store.operands[1]
+            p = KernelParam(t.name, "tensor", C_TYPES[t.ttype.dtype], str(t.ttype.dtype), False, True)
+            if p not in outputs:
+                outputs.append(p)
+        params = [*self.workspace_params(), *outputs, KernelParam(row_sums.GROUPS_DIM, "dim", "long long", "index")]
+        return {"name": self.sums_kernel_name, "grid": [row_sums.grid_x(self.N), "1", "1"],
+                "block": [row_sums.COLUMNS * row_sums.PARTS, 1, 1], "cluster": [1, 1, 1],
+                "smem_static_bytes": 4 * len(self.launch.results) * row_sums.COLUMNS * row_sums.PARTS,
+                "smem_dynamic_bytes": 0, "persistent": False, "params": [p.contract() for p in params]}
+
+    def acc(self, k: int, i: str) -> str:
+        """Element i of the thread's part of sum k (in registers or in its shared words)."""
+        if self.launch.sums_in == "shared":
+            return f"kfc_sums[({k * self.R * self.EV} + ({i})) * {self.T}]"
+        return f"kfc_acc{k}[{i}]"
+
+    def emit_sum_accumulators(self) -> None:
+        for k in range(len(self.launch.results)):
+            if self.launch.sums_in == "registers":
+                self.emit(f"float kfc_acc{k}[{self.EV}];")
+            self.emit("#pragma unroll")
+            self.emit(f"for (int i = 0; i < {self.EV}; ++i) {self.acc(k, 'i')} = 0.0f;")
+
+    def op_YieldOp(self, op) -> None:
+        """A row's contributions to the sums across rows, added into the thread's accumulators
+        (a row slot without a row adds zero: a select, where a branch around the adds made
+        ptxas spill the accumulators)."""
+        at = f"e * {self.V} + i" if self.chunk_local is not None else "i"
+        for k, v in enumerate(op.operands):
+            self.loop(f"{self.acc(k, at)} += kfc_rowvalid ? {self.elem(v, 'i')} : 0.0f;")
+
+    def emit_partials(self) -> None:
+        """Each row slot's sums, written whole into its row of the workspace (zeros where the
+        slot had no row): the partials the second kernel adds up."""
+        self.emit(f"const long long kfc_group = (long long)(blockIdx.x / {self.C}) * {self.R} + kfc_r;")
+        for k in range(len(self.launch.results)):
+            j = self.row.register_element_c("i", "kfc_g")
+            self.emit("#pragma unroll")
+            self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ if ({j} < {self.N}) "
+                      f"{row_sums.workspace_name(k)}[kfc_group * {self.N}LL + {j}] = {self.acc(k, 'i')}; }}")
 
     def params(self) -> list[KernelParam]:
         out = []
@@ -266,13 +348,15 @@ class RowKernelEmitter:
                 out.append(KernelParam(v.name, "scalar", C_TYPES[t.dtype], str(t.dtype)))
             else:
                 out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
+        if self.sums is not None:
+            out.extend(self.workspace_params())
         for s in self.func.symbols:
             out.append(KernelParam(s, "dim", "long long", "index"))
         return out
 
     @staticmethod
     def param_decl(p: KernelParam) -> str:
-        if p.kind == "tensor":
+        if p.kind in ("tensor", "workspace"):
             const = "" if p.is_output else "const "
             return f"{const}{p.ctype}* __restrict__ {p.cname}"
         return f"{p.ctype} {p.cname}"
@@ -303,6 +387,8 @@ class RowKernelEmitter:
         if self.cluster_ops:
             self.emit_cluster_setup()
         self.emit_smem_setup()
+        if self.sums is not None:
+            self.emit_sum_accumulators()
         self.emit(f"const long long kfc_rows = (long long)({hi}) - (long long)({lo});")
         self.emit(f"const long long kfc_stride = (long long)(gridDim.x / {self.C}) * {self.R};")
         self.emit("unsigned kfc_phase = 0;")
@@ -345,8 +431,10 @@ class RowKernelEmitter:
         self.emit("kfc_phase ^= 1;")
         self.indent -= 1
         self.emit("}")
+        if self.sums is not None:
+            self.emit_partials()
 
-    FUSABLE = (ConstOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, LdOp, StOp)
+    FUSABLE = (ConstOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, LdOp, StOp, YieldOp)
 
     def split_tail(self, ops):
         """The ops after the last reduction step, when all of them can run chunk by chunk:
@@ -358,7 +446,7 @@ class RowKernelEmitter:
         if not tail or not all(isinstance(op, self.FUSABLE) for op in tail):
             return list(ops), []
         if not any(r.type.layout is not None and r.type.layout.kind == "row" for op in tail for r in op.results
-                   if isinstance(r.type, TensorType)) and not any(isinstance(op, StOp) for op in tail):
+                   if isinstance(r.type, TensorType)) and not any(isinstance(op, (StOp, YieldOp)) for op in tail):
             return list(ops), []
         return list(ops[:last + 1]), tail
 
@@ -408,10 +496,11 @@ class RowKernelEmitter:
         """Shared-memory buffers (one part per row slot of the CTA, in dynamic shared memory)
         and mbarriers (one per row slot), initialised before the row loop."""
         bars = [op for op in self.launch.body.ops if isinstance(op, MbarrierAllocOp)]
-        if not self.staged and not bars:
+        shared_sums = self.sums is not None and self.launch.sums_in == "shared"
+        if not self.staged and not bars and not shared_sums:
             return
         offset = 0
-        if self.staged:
+        if self.staged or shared_sums:
             self.smem_decls.append("extern __shared__ __align__(128) unsigned char kfc_dsmem[];")
         for k, op in enumerate(self.staged):
             t = op.result.ttype
@@ -424,7 +513,15 @@ class RowKernelEmitter:
                       f"(unsigned)kfc_r * {part}u;")
             self.names[op.result] = name
             offset += -(-self.R * part // 128) * 128
+        if shared_sums:
+            # each thread's words: [result][row slot][register][thread], so that a warp's
+            # accesses to one register fall in distinct banks
+            self.emit(f"float* const kfc_sums = reinterpret_cast<float*>(kfc_dsmem + {offset}) + "
+                      f"kfc_r * {self.EV * self.T} + kfc_t;")
+            offset += len(self.launch.results) * self.R * self.EV * self.T * 4
         self.smem_dynamic = offset
+        if not self.staged and not bars:
+            return
         for k, op in enumerate(bars):
             if op.arrivals != 1:
                 raise CodegenError(f"row kernels arrive once per mbarrier phase, not {op.arrivals} times", op.loc)
@@ -448,7 +545,7 @@ class RowKernelEmitter:
     def emit_fused_tail(self, tail) -> None:
         row_ops = []
         for op in tail:  # scalars first: they never depend on the tail's row values
-            if any(self.kind(v) == "row" for v in op.results) or isinstance(op, StOp):
+            if any(self.kind(v) == "row" for v in op.results) or isinstance(op, (StOp, YieldOp)):
                 row_ops.append(op)
             else:
                 self.emit_op(op)

@@ -131,14 +131,16 @@ _CMEM = re.compile(r"(\d+) bytes cmem\[0\]")
 
 
 def parse_ptxas_report(text: str) -> PtxasReport:
-    def num(rx, default=0):
-        m = rx.search(text)
-        return int(m.group(1)) if m else default
+    """The report of the cubin's kernels together: the most any one uses of each resource, and
+    the spills of all of them (an op compiled to several kernels must spill in none)."""
+    def most(rx, group=1):
+        return max((int(m.group(group)) for m in rx.finditer(text)), default=0)
 
-    sp = _SPILL.search(text)
+    spills = list(_SPILL.finditer(text))
     return PtxasReport(
-        registers=num(_REG), spill_stores=int(sp.group(2)) if sp else 0, spill_loads=int(sp.group(3)) if sp else 0,
-        stack_bytes=int(sp.group(1)) if sp else 0, smem_bytes=num(_SMEM), barriers=num(_BAR), cmem_bytes=num(_CMEM))
+        registers=most(_REG), spill_stores=sum(int(m.group(2)) for m in spills),
+        spill_loads=sum(int(m.group(3)) for m in spills), stack_bytes=most(_SPILL),
+        smem_bytes=most(_SMEM), barriers=most(_BAR), cmem_bytes=most(_CMEM))
 
 
 @attrs.frozen

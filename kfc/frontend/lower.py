@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 import lark
@@ -17,7 +17,7 @@ from ..ir.builder import ALL, Builder, BuildError, Slice
 from ..ir.core import Value
 from ..ir.dtypes import DTYPE_NAMES, DType, parse_dtype
 from ..ir.func import FuncOp
-from ..ir.tile_ops import StoreOp
+from ..ir.tile_ops import StoreOp, broadcast_compatible
 from ..ir.types import MemSpace, SymDim, TensorType
 from ..ir.verifier import verify
 
@@ -43,6 +43,8 @@ class _Frame:
     carried: tuple[str, ...] = ()
     assigned_at: dict[str, Span] = attrs.Factory(dict)
     indices: frozenset[str] = frozenset()  # the loop's index names: fixed for an iteration
+    # a parallel loop's sums across its iterations: output name -> (contribution, statement)
+    accumulated: dict[str, tuple[Value, Any]] = attrs.Factory(dict)
 
 
 class _Literal:
@@ -340,11 +342,57 @@ class Lowerer:
             with self.b.at(self.span(r)):
                 bounds.append((self.index_value(lo, "lower bound"), self.index_value(hi, "upper bound")))
         with self.b.at(self.span(node)):
-            with self.b.parallel(bounds, names) as ivs:
-                frame = _Frame("parallel", dict(zip(names, ivs)), indices=frozenset(names))
+            with self.b.parallel_reduce(bounds, names) as loop:
+                frame = _Frame("parallel", dict(zip(names, loop.ivs)), indices=frozenset(names))
                 self.frames.append(frame)
                 self.block(body)
                 self.frames.pop()
+                sums = list(frame.accumulated.items())
+                if sums:
+                    loop.reduce(["sum"] * len(sums), [c for _, (c, _) in sums], [f"{n}_sum" for n, _ in sums],
+                                self.span(sums[-1][1][1]))
+        for (name, (_, stmt)), total in zip(sums, loop.results):
+            target = self.params[name]
+            dtype = target.ttype.dtype
+            with self.b.at(self.span(stmt)):
+                value = total if dtype is DType.F32 else self.b.cast(total, dtype)
+            self.store(target, [ALL] * target.ttype.rank, value, stmt)
+
+    def stmt_accumulate(self, node) -> None:
+        """`out[:] += v` in a parallel loop: out is the sum of v over the loop's iterations (in
+        f32, in an order the code generator fixes, the same on every run)."""
+        name, index, expr = node.children
+        frame = self.frames[-1]
+        if frame.kind != "parallel":
+            where = "inside a for loop" if frame.kind == "for" else "outside a parallel loop"
+            raise self.err(node, f"'{name} +=' {where}: += sums a value across the iterations of the parallel loop "
+                                 "whose body it is in", "carry the sum through a for loop (carry (...)) and add it "
+                                 "to the output once, in the parallel loop's body" if frame.kind == "for" else
+                                 f"write {name}[...] = ... to store a value")
+        target = self.lookup(str(name), name)
+        if not isinstance(target, Tensor) or str(name) not in self.outputs:
+            raise self.err(name, f"'{name}' is not an output; += sums into an output tensor",
+                           "declare the tensor among the outputs after '->'")
+        if index is not None:
+            items = self.index_items(index, target.value)
+            if any(item is not ALL for item in items):
+                raise self.err(index, f"+= sums into the whole of '{name}': index it with ':' in every dim",
+                               f"write {name}[{', '.join([':'] * target.value.ttype.rank)}] += ...")
+        value = self.value(expr)
+        if not isinstance(value, Value) or value.ttype.dtype is not DType.F32:
+            got = "a number" if not isinstance(value, Value) else f"{value.ttype.dtype}"
+            raise self.err(expr, f"+= sums f32 values, not {got}", "convert the value with f32(...)")
+        want = tuple(target.value.ttype.shape)
+        if value.ttype.shape != want:
+            if not broadcast_compatible(value.ttype.shape, want):
+                raise self.err(expr, f"+= adds a {list(value.ttype.shape)} value into '{name}', shaped {list(want)}",
+                               "the summed value has the output's shape")
+            with self.b.at(self.span(expr)):
+                value = self.b.broadcast_to(value, want)
+        if str(name) in frame.accumulated:
+            with self.b.at(self.span(node)):
+                value = self.b.binary("add", frame.accumulated[str(name)][0], value)
+        frame.accumulated[str(name)] = (value, node)
 
     def stmt_for_loop(self, node) -> None:
         name, lo, hi, step, carry, body = node.children

@@ -33,7 +33,7 @@ from .tile_ops import (
     ExpandDimsOp, ForOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
     ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible,
 )
-from .types import Dim, MemSpace, SymDim, TensorType, Type
+from .types import Dim, MemSpace, SymDim, TensorType, Type, bare_type
 
 Number = Union[bool, int, float]
 Operand = Union[Value, Number]
@@ -130,17 +130,29 @@ class Builder:
 
     @contextlib.contextmanager
     def parallel(self, bounds: Sequence[tuple[Operand, Operand]], names: Sequence[str] | None = None) -> Iterator[tuple[Value, ...]]:
+        with self.parallel_reduce(bounds, names) as frame:
+            yield frame.ivs
+
+    @contextlib.contextmanager
+    def parallel_reduce(self, bounds: Sequence[tuple[Operand, Operand]],
+                        names: Sequence[str] | None = None) -> Iterator["ParallelFrame"]:
+        """A parallel loop whose body may end with `frame.reduce(kinds, values)`: each value is
+        an iteration's contribution to one of the loop's results (`frame.results` afterwards)."""
         lows = [self.as_index(lo, "lower bound") for lo, _ in bounds]
         highs = [self.as_index(hi, "upper bound") for _, hi in bounds]
         names = list(names) if names is not None else [None] * len(bounds)
-        ivs = tuple(Value(TensorType(DType.INDEX), n) for n in names)
+        frame = ParallelFrame(tuple(Value(TensorType(DType.INDEX), n) for n in names))
         loc = self._loc
         self._blocks.append([])
         try:
-            yield ivs
+            yield frame
         finally:
             ops = self._blocks.pop()
-        self.insert(ParallelOp(operands=tuple(lows + highs), regions=(Block(ivs, ops),), loc=loc))
+        if frame.contributions:
+            ops.append(YieldOp(operands=frame.contributions, loc=frame.yield_loc or loc))
+        frame.results = tuple(Value(bare_type(c.type), name) for c, name in zip(frame.contributions, frame.names))
+        self.insert(ParallelOp(operands=tuple(lows + highs), results=frame.results, reduce=frame.kinds,
+                               regions=(Block(frame.ivs, ops),), loc=loc))
 
     @contextlib.contextmanager
     def for_(self, lo: Operand, hi: Operand, step: Operand, carried: Sequence[Value] = (),
@@ -472,6 +484,21 @@ class Builder:
 class FuncFrame:
     args: list[Value]
     op: FuncOp | None = None
+
+
+@attrs.define
+class ParallelFrame:
+    ivs: tuple[Value, ...]
+    kinds: tuple[str, ...] = ()
+    contributions: tuple[Value, ...] = ()
+    names: tuple[str | None, ...] = ()
+    yield_loc: Span | None = None
+    results: tuple[Value, ...] = ()
+
+    def reduce(self, kinds: Sequence[str], values: Sequence[Value], names: Sequence[str | None],
+               loc: Span | None = None) -> None:
+        self.kinds, self.contributions, self.names = tuple(kinds), tuple(values), tuple(names)
+        self.yield_loc = loc
 
 
 @attrs.define

@@ -30,7 +30,7 @@ import attrs
 from . import layouts
 from .core import Op, register_op
 from .dtypes import DType
-from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, _tt
+from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, _tt, verify_loop_reductions
 from .types import Layout, TensorType
 
 
@@ -55,7 +55,8 @@ def lanes_layout(threads: int, cluster: int) -> Layout:
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
 class LaunchOp(Op):
-    """Rows lo..hi mapped onto a grid; the region's one argument is the row index."""
+    """Rows lo..hi mapped onto a grid; the region's one argument is the row index. Results, as
+    for tile.parallel, are sums across the rows of what each row yields."""
 
     NAME: ClassVar[str] = "gpu.launch"
     TRAITS: ClassVar[frozenset[str]] = frozenset({"loop"})
@@ -64,6 +65,10 @@ class LaunchOp(Op):
     vec: int = 8                # elements per thread per access
     cluster: int = 1            # CTAs per row (a cluster)
     persistent: bool = False    # a grid of about one wave that strides over the rows
+    reduce: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # results: sums across rows
+    # where each thread keeps its part of those sums between rows: "registers", or "shared"
+    # memory (its own words, no barrier) when registers are short
+    sums_in: str = "registers"
 
     @property
     def body(self):
@@ -79,8 +84,14 @@ class LaunchOp(Op):
         return row_dependent(self.body)
 
     def verify_(self) -> None:
-        _check_results(self, 0)
         _check_operands(self, 2)
+        verify_loop_reductions(self, self.body)
+        if self.sums_in not in ("registers", "shared"):
+            raise self.error(f"sums_in must be \"registers\" or \"shared\", not {self.sums_in!r}")
+        if self.results and not self.persistent:
+            raise self.error("a launch whose results sum across rows must be persistent: each CTA's rows add into "
+                             "one partial per row slot, and a grid of a CTA per row batch would leave as many "
+                             "partials as rows")
         for v in self.operands:
             _int_scalar(self, v, "bound")
         if len(self.regions) != 1 or len(self.body.args) != 1:

@@ -431,11 +431,20 @@ class Interpreter:
         n = op.rank
         ranges = [range(int(lo), int(hi)) for lo, hi in zip(ins[:n], ins[n:])]
         body = op.body
+        acc = self.loop_accumulators(op)
         for point in itertools.product(*ranges):
             for a, i in zip(body.args, point):
                 env[a] = np.asarray(i, dtype=np.int64)
-            self.exec_iteration(body, env)
-        return None
+            self.accumulate(op, acc, self.exec_iteration(body, env))
+        return acc or None
+
+    def loop_accumulators(self, op) -> list:
+        """The results of a loop that reduces across its iterations, before the first one."""
+        return [np.zeros(self.shape_of(r.ttype), dtype=r.ttype.dtype.np) for r in op.results]
+
+    def accumulate(self, op, acc: list, contributions) -> None:
+        for k, (kind, c) in enumerate(zip(op.reduce, contributions or ())):
+            acc[k] = self._combine(kind)(acc[k], np.asarray(c, dtype=acc[k].dtype)).astype(acc[k].dtype)
 
     def op_ForOp(self, op: ForOp, ins, env):
         lo, hi, step = (int(x) for x in ins[:3])
@@ -456,20 +465,23 @@ class Interpreter:
     # code's order of operations exactly ------------------------------------------------------
     def op_LaunchOp(self, op, ins, env):
         body = op.body
+        acc = self.loop_accumulators(op)
         for i in range(int(ins[0]), int(ins[1])):
             env[body.args[0]] = np.asarray(i, dtype=np.int64)
-            self.exec_iteration(body, env)
-        return None
+            self.accumulate(op, acc, self.exec_iteration(body, env))
+        return acc or None
 
-    def exec_iteration(self, body: Block, env: dict) -> None:
-        """One iteration of a parallel loop: its barriers must end with every copy waited for."""
+    def exec_iteration(self, body: Block, env: dict) -> list | None:
+        """One iteration of a parallel loop, and what it yields: its barriers must end with every
+        copy waited for."""
         outer, self.barriers = self.barriers, []
         try:
-            self.exec_block(body, env)
+            yielded = self.exec_block(body, env)
             for bar, alloc in self.barriers:
                 if bar.copies:
                     raise HazardError(f"{smem_ops.never_waited(bar.copies[0][0].name, bar.name)}: the iteration "
                                       f"ends with {bar.outstanding()}", alloc.loc, smem_ops.HINT_WAIT_BEFORE_END)
+            return yielded
         finally:
             self.barriers = outer
 

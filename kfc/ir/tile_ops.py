@@ -680,14 +680,52 @@ class StoreOp(Op):
 # control flow
 
 
+def verify_loop_reductions(op: Op, body) -> None:
+    """A parallel loop's results are reductions across its iterations: the body ends with a
+    tile.yield of each iteration's contribution, one `reduce` kind per result, and a result has
+    its contribution's dtype and shape (its layout, if any, stays inside the loop). Sums run in
+    f32 so that every order of accumulation rounds alike."""
+    kinds = op.reduce
+    if len(kinds) != len(op.results):
+        raise op.error(f"{len(op.results)} result(s) need as many reduce kinds, has {len(kinds)}")
+    for k in kinds:
+        if k not in LOOP_REDUCE_KINDS:
+            raise op.error(f"reduce kind {k!r} is not one of {', '.join(LOOP_REDUCE_KINDS)}")
+    ops = body.ops
+    if not op.results:
+        if ops and isinstance(ops[-1], YieldOp):
+            raise op.error("a parallel loop without results ends without tile.yield")
+        return
+    if not ops or not isinstance(ops[-1], YieldOp):
+        raise op.error("a parallel loop with results ends with a tile.yield of each iteration's contribution")
+    yielded = ops[-1].operands
+    if len(yielded) != len(op.results):
+        raise op.error(f"yields {len(yielded)} value(s) for {len(op.results)} result(s)")
+    for i, (y, r) in enumerate(zip(yielded, op.results)):
+        yt, rt = _tt(op, y, "contribution"), _tt(op, r, "result")
+        if yt.dtype is not DType.F32:
+            raise op.error(f"contribution {i} is {yt}; reductions across a parallel loop accumulate f32",
+                           "convert the contribution with f32(...)")
+        if yt.space is not MemSpace.REG or rt.space is not MemSpace.REG or yt.shape != rt.shape \
+                or yt.dtype != rt.dtype or rt.layout is not None:
+            raise op.error(f"result {i} is {rt} for contributions of {yt}: a result has its contribution's dtype "
+                           "and shape, without a layout")
+
+
+LOOP_REDUCE_KINDS = ("sum",)
+
+
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
 class ParallelOp(Op):
     """Independent iterations over a box of indices: operands are n lower then n upper bounds;
-    the region's n arguments are the indices."""
+    the region's n arguments are the indices. Results, if any, are reductions across the
+    iterations (`reduce`, one kind per result) of what each iteration yields: `dw[:] += ...`
+    inside the loop."""
 
     NAME: ClassVar[str] = "tile.parallel"
     TRAITS: ClassVar[frozenset[str]] = frozenset({"loop"})
+    reduce: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def rank(self) -> int:
@@ -706,9 +744,9 @@ class ParallelOp(Op):
         return self.regions[0]
 
     def verify_(self) -> None:
-        _check_results(self, 0)
         if len(self.regions) != 1:
             raise self.error("needs exactly one region")
+        verify_loop_reductions(self, self.body)
         n = len(self.body.args)
         if n == 0 or len(self.operands) != 2 * n:
             raise self.error(f"{n} indices need {2 * n} bound operands, has {len(self.operands)}")

@@ -49,8 +49,8 @@ class _Verifier:
             if op.has_trait("terminator"):
                 if i != len(block.ops) - 1:
                     raise op.error("a terminator must be the last op of its block")
-                if isinstance(op, YieldOp) and not isinstance(owner, ForOp):
-                    raise op.error(f"tile.yield ends a tile.for body, not a {owner.NAME} region")
+                if isinstance(op, YieldOp) and not owner.has_trait("loop"):
+                    raise op.error(f"tile.yield ends a loop's body, not a {owner.NAME} region")
             if isinstance(op, FuncOp):
                 raise op.error("functions do not nest")
             op.verify_()

@@ -15,12 +15,13 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.tile_ops import (
     BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IotaOp, LoadOp, ParallelOp, ReduceOp, StoreOp, UnaryOp,
-    WhereOp,
+    WhereOp, YieldOp,
 )
 from ..ir.types import TensorType
 from .base import PassError
 
-ROW_OPS = (ConstOp, DimOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, LoadOp, StoreOp)
+ROW_OPS = (ConstOp, DimOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, LoadOp, StoreOp,
+           YieldOp)
 
 
 def find_row_loop(func: FuncOp, kind=ParallelOp) -> Op:

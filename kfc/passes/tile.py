@@ -9,7 +9,10 @@ Options (0 means: choose from the row length and dtypes):
   cluster     CTAs per row, joined in a thread-block cluster (sm_90+); long rows need it to fit
               in registers
   persistent  a grid of about one wave of CTAs striding over the rows, instead of one CTA per
-              row batch
+              row batch (always, for a loop whose results sum across rows)
+  sums        where a thread keeps its part of sums across rows between rows: registers,
+              shared memory, or auto: shared memory when the rows stay in registers and each
+              thread holds SHARED_SUMS_FROM elements or more of them
 
 The loop becomes a `gpu.launch` with those numbers and every row tile gets the `#row` layout.
 Semantics do not change.
@@ -61,6 +64,17 @@ STAGED_THREADS = (256, 512)
 # A thread's share of a row lives in registers (255 at most): beyond this many elements it
 # spills, and the fully unrolled code takes nvcc minutes to build. Refused before codegen.
 MAX_ELEMS_PER_THREAD = 128
+# Sums across rows (a weight gradient) add an f32 accumulator per element a thread holds. With
+# the rows in registers too, 32 elements a thread of two input rows plus the sums spill at 512
+# threads (rmsnorm_bwd at rows of 262143, sm_90a ptxas): from there the sums live in shared memory.
+SHARED_SUMS_FROM = 32
+# With staged rows, the sums' registers bound how many CTAs share an SM. Measured on the H200
+# (bf16 rmsnorm_bwd, eager do_bench, python -m bench.rmsnorm_bwd --tile ...; bench/results/
+# rmsnorm_bwd-sweep-*.json): staging at most 32 KB per CTA in 256 threads of 32 elements, the
+# sums in shared memory, beat the forward's 64 KB in 512 threads by 13% (rows of 16384), 38%
+# (65536) and 41% (131072); rows of 262144 need 64 KB per CTA even in a cluster of 16, and there
+# the sums did better in registers (1.30 against 1.21 TB/s).
+STAGED_BYTES_PER_CTA_WITH_SUMS = 32 * 1024
 
 
 def _pow2_ceil(x: int) -> int:
@@ -68,13 +82,14 @@ def _pow2_ceil(x: int) -> int:
 
 
 def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster: int, has_cluster: bool,
-           row_inputs: int = 1, staged_bytes: int = 0):
+           row_inputs: int = 1, staged_bytes: int = 0, sums: bool = False):
     """Fill in the options left at 0 and fit the given ones to the row: `vec` is halved until
     it divides n, `rows` shrinks to fit 1024 threads (and to 1 when a cluster holds a row).
     `row_inputs` rows of input live in registers at once (x and dy in a backward pass): each
     thread then holds a proportionally smaller share of the row, so they fit as one does.
     `staged_bytes` of each row sit in shared memory (stage-rows): the cluster is sized so each
-    CTA holds at most STAGED_BYTES_PER_CTA of them."""
+    CTA holds at most STAGED_BYTES_PER_CTA of them (STAGED_BYTES_PER_CTA_WITH_SUMS when the loop
+    also sums across rows)."""
     if vec == 0:
         vec = max(1, 16 // min_itemsize)
     while n % vec:
@@ -85,7 +100,8 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
     if cluster == 0:
         cluster = 1
         if has_cluster and staged_bytes:
-            cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(staged_bytes / STAGED_BYTES_PER_CTA)))
+            budget = STAGED_BYTES_PER_CTA_WITH_SUMS if sums else STAGED_BYTES_PER_CTA
+            cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(staged_bytes / budget)))
         elif has_cluster:
             cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(n / (AUTO_MAX_THREADS * per_thread))))
             # a row that does not split evenly adds a bounds predicate per chunk: with the share
@@ -135,6 +151,7 @@ class Tile(Pass):
     vec: int = option(0, lo=0, hi=16, pow2=True)
     cluster: int = option(0, lo=0, hi=MAX_CLUSTER, pow2=True)
     persistent: bool = option(False, choices=(False, True))
+    sums: str = option("auto", choices=("auto", "registers", "shared"))
 
     def required_features(self) -> frozenset[str]:
         return frozenset({"cluster", "dsmem", "mbarrier"}) if self.cluster > 1 else frozenset()
@@ -148,7 +165,8 @@ class Tile(Pass):
         staged = sum(op.result.ttype.numel() * op.result.ttype.dtype.itemsize
                      for op in loop.body.ops if isinstance(op, SmemAllocOp))
         rows, threads, vec, cluster = choose(n, min(itemsizes), self.rows, self.threads, self.vec, self.cluster,
-                                             ctx.target.has("cluster"), per_row_inputs(loop), staged)
+                                             ctx.target.has("cluster"), per_row_inputs(loop), staged,
+                                             bool(loop.results))
         for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
             if value < 1 or value & (value - 1) and name != "rows":
                 raise PassError(f"tile: {name}={value} must be a positive power of two", loop.loc)
@@ -178,13 +196,21 @@ class Tile(Pass):
         for op in loop.body.ops:
             body.append(attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
                                      results=tuple(retype(r) for r in op.results)))
+        # sums across rows are kept per row slot of a CTA: a persistent grid keeps their number
+        # to about a wave of CTAs, whatever the row count
+        persistent = self.persistent or bool(loop.results)
+        sums_in = self.sums if self.sums != "auto" else \
+            "shared" if loop.results and per_thread >= SHARED_SUMS_FROM and \
+            (not staged or staged / cluster <= STAGED_BYTES_PER_CTA_WITH_SUMS) else "registers"
         try:
-            launch = LaunchOp(operands=loop.operands, regions=(Block((row,), tuple(body)),), loc=loop.loc,
-                              rows_per_cta=rows, threads=threads, vec=vec, cluster=cluster, persistent=self.persistent)
+            launch = LaunchOp(operands=loop.operands, results=loop.results, regions=(Block((row,), tuple(body)),),
+                              loc=loop.loc, rows_per_cta=rows, threads=threads, vec=vec, cluster=cluster,
+                              persistent=persistent, reduce=loop.reduce, sums_in=sums_in)
             launch.verify_()
         except Exception as e:
             raise PassError(f"tile: {getattr(e, 'message', e)}", loop.loc) from None
         ops = tuple(launch if op is loop else op for op in func.body.ops)
         ctx.note(self, f"row {n}: {rows} row(s)/CTA x {threads} threads, vec {vec}, cluster {cluster}"
-                       f"{', persistent' if self.persistent else ''}")
+                       f"{', persistent' if persistent else ''}"
+                       f"{f', sums across rows in {sums_in}' if loop.results else ''}")
         return attrs.evolve(func, regions=(Block(func.body.args, ops),))

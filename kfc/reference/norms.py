@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rmsnorm_bwd_dx", "layernorm_bwd_dx", "softmax_bwd"]
+__all__ = ["rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx", "softmax_bwd"]
 
 
 def _grad(forward, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -24,6 +24,20 @@ def rmsnorm_bwd_dx(x, w, dy, dres, eps):
         dx = dx + dres.double()
     rstd = torch.rsqrt(x.double().pow(2).mean(-1) + eps)
     return dx.to(x.dtype), rstd.float()
+
+
+def rmsnorm_bwd(x, w, dout, rstd):
+    """dx and dw of y = x · rstd · w given the forward's saved 1/rms (QuACK's interface). With
+    rstd an input the gradient is its closed form, dx = rstd·(g − x̂·mean(g·x̂)) with x̂ = x·rstd
+    and g = dout·w (autograd would differentiate the rstd recomputed from x, which a random
+    rstd is not); dw = Σ_rows dout·x̂. The GPU tests also check it against autograd of torch's
+    rms_norm with the rstd of the forward."""
+    xd, dyd, rd = x.double(), dout.double(), rstd.double()[:, None]
+    xh = xd * rd
+    g = dyd * w.double()
+    dx = rd * (g - xh * (g * xh).mean(-1, keepdim=True))
+    dw = (dyd * xh).sum(0)
+    return dx.to(x.dtype), dw.float()
 
 
 def layernorm_bwd_dx(x, w, dy, eps):

@@ -9,10 +9,15 @@ Each entry of "kernels", launched in order:
     block, cluster       [x, y, z]
     smem_dynamic_bytes   dynamic shared memory (the runtime raises the kernel's limit past 48 KB)
     persistent           the grid's x is capped at one wave of clusters
-    params               in order: tensor (a pointer), scalar (a C value), dim (a long long);
-                         other kinds (tensor maps) are refused by this runtime, by name
+    params               in order: tensor (a pointer), scalar (a C value), dim (a long long),
+                         workspace (a pointer to global memory the runtime allocates for the
+                         call, f32 of its "shape": expressions of the dims); other kinds
+                         (tensor maps) are refused by this runtime, by name
+    defines              optional: dims this kernel's launch fixes for the kernels after it,
+                         expressions of the dims and kfc_grid_x (its grid's x, once capped)
 
-Today's code generator writes one kernel per op.
+An op whose rows also sum across rows (a weight gradient) launches a row kernel that leaves
+partials in a workspace, then a kernel that adds them up.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ except ImportError:  # vendored into a package `kfc package` wrote, which runs w
         def __init__(self, message: str, hint: str | None = None) -> None:
             super().__init__(f"{message}; {hint}" if hint else message)
 
-PARAM_KINDS = ("tensor", "scalar", "dim")
+PARAM_KINDS = ("tensor", "scalar", "dim", "workspace")
 DEFAULT_SMEM_LIMIT = 48 * 1024  # shared memory a kernel may take without raising its limit
 
 
@@ -68,20 +73,39 @@ def evaluate(expr: str, dims: dict[str, int]) -> int:
         raise ContractError(f"the launch contract's expression {expr!r} divides by zero at {dims}") from None
 
 
-def single_kernel(report: dict, what: str) -> dict:
-    """The one kernel of an op's contract, checked for what this runtime launches."""
+def kernels_of(report: dict, what: str) -> list[dict]:
+    """The kernels of an op's contract in launch order, checked for what this runtime launches."""
     kernels = report.get("kernels")
     if not kernels:
         raise ContractError(f"{what}: its report has no launch contract (compiled by an older kfc?)",
                             hint="recompile it")
+    for kernel in kernels:
+        for p in kernel["params"]:
+            if p["kind"] not in PARAM_KINDS:
+                raise ContractError(f"{what}: its kernel takes a {p['kind']} parameter ({p['name']}), which this "
+                                    "runtime cannot pass yet")
+    return kernels
+
+
+def single_kernel(report: dict, what: str) -> dict:
+    """The one kernel of an op's contract (for a runtime that launches ops of one kernel)."""
+    kernels = kernels_of(report, what)
     if len(kernels) != 1:
-        raise ContractError(f"{what} compiles to {len(kernels)} kernels; this runtime launches ops of one kernel")
-    kernel = kernels[0]
-    for p in kernel["params"]:
-        if p["kind"] not in PARAM_KINDS:
-            raise ContractError(f"{what}: its kernel takes a {p['kind']} parameter ({p['name']}), which this "
-                                "runtime cannot pass yet")
-    return kernel
+        raise ContractError(f"{what} compiles to {len(kernels)} kernels; this runtime launches ops of one kernel",
+                            hint="call it through kfc.load, which launches them in order")
+    return kernels[0]
+
+
+def defined_dims(kernel: dict, dims: dict[str, int], grid_x: int) -> dict[str, int]:
+    """The dims with those the kernel's launch defines for the kernels after it."""
+    out = dict(dims)
+    for name, expr in kernel.get("defines", {}).items():
+        out[name] = evaluate(expr, {**dims, "kfc_grid_x": grid_x})
+    return out
+
+
+def workspace_shape(param: dict, dims: dict[str, int]) -> tuple[int, ...]:
+    return tuple(max(0, evaluate(e, dims)) for e in param["shape"])
 
 
 def grid(kernel: dict, dims: dict[str, int], clusters_per_wave: int | None = None) -> tuple[int, int, int]:

@@ -76,6 +76,17 @@ class LoadedKernel:
         self.function = check(drv.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
         self.name = name
         self._non_portable = False
+        self._siblings: dict[str, LoadedKernel] = {}
+
+    def sibling(self, name: str) -> "LoadedKernel":
+        """Another kernel of the same cubin, from the module already loaded."""
+        if name not in self._siblings:
+            other = object.__new__(LoadedKernel)
+            other.device_index, other.module, other.name = self.device_index, self.module, name
+            other.function = check(_driver().cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+            other._non_portable, other._siblings = False, {}
+            self._siblings[name] = other
+        return self._siblings[name]
 
     def allow_large_clusters(self) -> None:
         """Clusters of more than 8 CTAs are 'non-portable' and must be allowed per kernel."""

@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ..diagnostics import KfcError
 from ..frontend.spec import OpSpec, load_kfc
 from ..ir.dtypes import dtype_of_torch
@@ -118,7 +120,7 @@ class KfcKernel:
         with self._lock:
             if memo not in self._loaded:
                 cubin, report = cached_compile(self.spec, self.target, self.pipeline, dims)
-                name = contract.single_kernel(report, self.name)["name"]
+                name = contract.kernels_of(report, self.name)[0]["name"]
                 self._loaded[memo] = (LoadedKernel(cubin, name, device_index), report)
             return self._loaded[memo]
 
@@ -154,7 +156,9 @@ class KfcKernel:
     def __call__(self, *args, out=None, **kwargs):
         if not kwargs:
             native = self._native
-            fast = native.dispatch(self._launchers, args, out, _MISS) if native else self._fast_call(args, out)
+            fast = native.dispatch(self._launchers, args, out, _MISS) if native else _MISS
+            if fast is _MISS:  # a signature the compiled launcher does not serve (several kernels)
+                fast = self._fast_call(args, out)
             if fast is not _MISS:
                 return fast
         bound = self.bind(args, kwargs)
@@ -209,10 +213,10 @@ class KfcKernel:
         call = self.prepare(loaded, report, bound, dims, index, out is not None)
         call.run_bound(bound, outs)
         if positional is not None:  # the same signature skips all of this next time
-            if not self._native:
-                self._fast[(_signature(positional), _out_signature(out))] = call
-            elif call.can_be_native(positional, out):
+            if self._native and call.can_be_native(positional, out):
                 _remember(self._launchers, call.native(self._native, positional, out))
+            else:
+                self._fast[(_signature(positional), _out_signature(out))] = call
         result = tuple(outs[v.name] for v in func.outputs)
         return result[0] if len(result) == 1 else result
 
@@ -241,17 +245,48 @@ class KfcKernel:
         dims' and defaulted scalars' values, the outputs' shapes."""
         import torch
 
+        kernels = contract.kernels_of(report, self.name)
+        call = None
+        for n, launch in enumerate(kernels):
+            function = loaded if n == 0 else loaded.sibling(launch["name"])
+            stage, grid = self.prepare_stage(function, launch, bound, dims, device_index, first=n == 0)
+            if call is None:
+                allocations = [Allocation(v.ttype.dtype.torch, output_shape(v.ttype, dims), device_index, bound,
+                                          self.func.input_names) for v in self.func.outputs]
+                call = PreparedCall(stage, allocations, outputs_given)
+                call.scalar_args = {self.func.input_names.index(p["name"]) for p in launch["params"]
+                                    if p["kind"] == "scalar"}
+            else:
+                call.followers.append(stage)
+            dims = contract.defined_dims(launch, dims, grid[0])
+            for p in launch["params"]:
+                if p["kind"] == "workspace" and p["name"] not in call.workspaces:
+                    call.workspaces[p["name"]] = contract.workspace_shape(p, dims)
+        call.device = torch.device("cuda", device_index)
+        return call
+
+    def prepare_stage(self, loaded: LoadedKernel, launch: dict, bound: dict, dims: dict, device_index: int,
+                      first: bool) -> tuple["Stage", tuple]:
+        """One kernel's launch: its grid and its argument slots (the kernels after the first
+        take the op's outputs, workspaces and dims only)."""
+        import torch
+
         from ..ir import constexpr
         from .driver import ensure_context
         from .launcher import PreparedLaunch
 
-        launch = contract.single_kernel(report, self.name)
-        slot_types, kinds, fixed, tensors, scalars, outputs = [], [], {}, [], [], []
+        slot_types, kinds, fixed, tensors, scalars, outputs, workspaces = [], [], {}, [], [], [], []
         names = self.func.input_names
         for k, p in enumerate(launch["params"]):
-            kinds.append(fastcall.KINDS[p["ctype"] if p["kind"] == "scalar" else "ptr" if p["kind"] == "tensor"
-                                        else "long long"])
-            if p["kind"] == "tensor":
+            kinds.append(fastcall.KINDS[p["ctype"] if p["kind"] == "scalar" else "long long" if p["kind"] == "dim"
+                                        else "ptr"])
+            if not first and (p["kind"] == "scalar" or p["kind"] == "tensor" and not p["is_output"]):
+                raise KfcError(f"{self.name}: its kernel {launch['name']} takes the input {p['name']!r}; this "
+                               "runtime passes only outputs, workspaces and dims to the kernels after the first")
+            if p["kind"] == "workspace":
+                slot_types.append(ctypes.c_void_p)
+                workspaces.append((p["name"], k))
+            elif p["kind"] == "tensor":
                 slot_types.append(ctypes.c_void_p)
                 if p["is_output"]:
                     outputs.append((p["name"], k))
@@ -284,15 +319,11 @@ class KfcKernel:
         grid = contract.grid(launch, dims, wave)
         if cluster > 8:
             loaded.allow_large_clusters()
-        allocations = [Allocation(v.ttype.dtype.torch, output_shape(v.ttype, dims), device_index, bound,
-                                  self.func.input_names) for v in self.func.outputs]
         prepared = PreparedLaunch(int(loaded.function), int(ensure_context(device_index)), grid, block, cluster, smem,
                                   slot_types, device_index, loaded.name)
         for k, value in fixed.items():
             prepared.slots.values[k].value = value
-        call = PreparedCall(prepared, kinds, fixed, tensors, scalars, outputs, allocations, outputs_given, all(grid))
-        call.scalar_args = {names.index(p["name"]) for p in launch["params"] if p["kind"] == "scalar"}
-        return call
+        return Stage(prepared, kinds, fixed, tensors, scalars, outputs, workspaces, all(grid)), grid
 
     # --- torch integration --------------------------------------------------------------------
     def as_torch_op(self, name: str | None = None):
@@ -370,24 +401,42 @@ class Allocation:
         return _torch().empty(self.shape, dtype=self.dtype, device=self.device)
 
 
+@attrs.frozen
+class Stage:
+    """One kernel of a call: its prepared launch and which values fill its argument slots."""
+
+    launch: Any
+    kinds: list           # per slot, fastcall.KINDS
+    fixed: dict           # slot -> the value the signature fixes (dims, defaulted scalars)
+    tensors: list         # (argument index, name, slot)
+    scalars: list         # (argument index, name, slot, float | int)
+    outputs: list         # (name, slot)
+    workspaces: list      # (name, slot)
+    runs: bool            # False when its grid is empty: nothing to launch
+
+
 class PreparedCall:
     """A signature's call: which positional arguments fill which slots, the outputs to
-    allocate (or the given ones to check), and the prepared launch."""
+    allocate (or the given ones to check), and the prepared launches: the op's first kernel,
+    then any that follow it (which read the workspaces the call allocates)."""
 
-    def __init__(self, launch, kinds, fixed, tensors, scalars, outputs, allocators, outputs_given: bool,
-                 runs: bool) -> None:
-        self.launch = launch
-        self.kinds = kinds          # per slot, fastcall.KINDS
-        self.fixed = fixed          # slot -> the value the signature fixes (dims, defaulted scalars)
-        self.tensors = tensors      # (argument index, name, slot)
-        self.scalars = scalars      # (argument index, name, slot, float | int)
-        self.outputs = outputs      # (name, slot)
+    def __init__(self, first: Stage, allocators, outputs_given: bool) -> None:
+        self.launch = first.launch
+        self.kinds = first.kinds
+        self.fixed = first.fixed
+        self.tensors = first.tensors
+        self.scalars = first.scalars
+        self.outputs = first.outputs
+        self.first = first
+        self.followers: list[Stage] = []
+        self.workspaces: dict[str, tuple[int, ...]] = {}  # name -> shape (f32), allocated per call
+        self.device = None
         self.allocators = allocators  # per output: an Allocation (its dtype, shape; how ctypes makes it)
         self.outputs_given = outputs_given
         self.scalar_args: set[int] = set()  # positional indices of the scalar parameters
-        self.runs = runs            # False when there are no rows: nothing to launch
+        self.runs = first.runs      # False when there are no rows: nothing to launch
         self.lock = threading.Lock()
-        self.values = launch.slots.values
+        self.values = first.launch.slots.values
 
     def run_bound(self, bound: dict, outs: dict) -> None:
         """The full path's launch: arguments by name (positional or keyword), outputs allocated."""
@@ -405,13 +454,34 @@ class PreparedCall:
                 values[k].value = kind(v)
             for (_, k), o in zip(self.outputs, outs):
                 values[k].value = 0 if o is None else o.data_ptr()
-            if self.runs:
-                self.launch.launch()
+            if not self.followers and not self.workspaces:
+                if self.runs:
+                    self.launch.launch()
+                return
+            torch = _torch()
+            # allocated on the current stream per call, like the outputs: calls on other
+            # streams never share one
+            spaces = {name: torch.empty(shape, dtype=torch.float32, device=self.device)
+                      for name, shape in self.workspaces.items()}
+            by_name = {name: o for (name, _), o in zip(self.outputs, outs)}
+            for stage in (self.first, *self.followers):
+                slots = stage.launch.slots.values
+                for name, k in stage.workspaces:
+                    slots[k].value = spaces[name].data_ptr()
+                if stage is not self.first:
+                    for name, k in stage.outputs:
+                        o = by_name.get(name)
+                        slots[k].value = 0 if o is None else o.data_ptr()
+                if stage.runs:
+                    stage.launch.launch()
 
     def can_be_native(self, args: tuple, out) -> bool:
-        """Whether a compiled launcher can serve this signature: it checks scalars by value, so
-        a scalar passed as None (its default) is not one it can tell apart; and it takes out=
-        only as every output, each a tensor."""
+        """Whether a compiled launcher can serve this signature: it launches one kernel and
+        allocates no workspace; it checks scalars by value, so a scalar passed as None (its
+        default) is not one it can tell apart; and it takes out= only as every output, each a
+        tensor."""
+        if self.followers or self.workspaces:
+            return False
         if any(i < len(args) and args[i] is None for i in self.scalar_args):
             return False
         if out is None:

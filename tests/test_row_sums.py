@@ -1,0 +1,210 @@
+"""Sums across a parallel loop (`dw[:] += ...`, rmsnorm_bwd's weight gradient): the front end's
+rules, the IR's (results of tile.parallel and gpu.launch), the interpreter's semantics, the row
+passes under --verify-each, a planted broken pass, the two-kernel launch contract with its
+workspace, and the generated code of both kernels."""
+
+import re
+import uuid
+from typing import ClassVar
+
+import attrs
+import numpy as np
+import pytest
+
+from kfc.compile import compile_op
+from kfc.diagnostics import KfcError, VerifyError
+from kfc.frontend import parse_kfc
+from kfc.ir import verify
+from kfc.ir.gpu_ops import LaunchOp
+from kfc.ir.interpreter import run
+from kfc.ir.tile_ops import ParallelOp, StoreOp, YieldOp
+
+from kfc.passes import PASSES, ROW_PIPELINE, PassError, VerifyEach
+from kfc.passes.base import Pass, register_pass
+from kfc.runtime import contract
+from kfc.target import parse_target
+from tests.pipelines import kernel, ops_of, run_pipeline
+
+COLSUM = """
+op colsum(x: f32[M, N]) -> (s: f32[N], y: f32[M, N]) {
+  parallel m in 0..M {
+    xr = x[m, :]
+    y[m, :] = xr * 2.0
+    s[:] += xr
+    s += xr * xr
+  }
+}
+"""
+
+
+def lower(text, dtypes=None):
+    return parse_kfc(text, "t.kfc", dtypes).func
+
+
+def test_plus_equals_makes_a_loop_result_stored_after_the_loop():
+    f = lower(COLSUM)
+    (loop,) = [op for op in f.body.ops if isinstance(op, ParallelOp)]
+    assert loop.reduce == ("sum",) and len(loop.results) == 1  # two += into s add up in the body
+    assert isinstance(loop.body.ops[-1], YieldOp)
+    store = f.body.ops[-1]
+    assert isinstance(store, StoreOp) and store.operands[0] is loop.results[0]
+    x = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
+    out = run(f, {"x": x}, {"M": 5, "N": 7})
+    np.testing.assert_allclose(out["s"], (x + x * x).sum(0), rtol=1e-5)
+    np.testing.assert_allclose(out["y"], 2 * x)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("s[:] += x[0, :]", "outside a parallel loop"),
+    ("parallel m in 0..M { for i in 0..2 { s[:] += x[m, :] } }", "inside a for loop"),
+    ("parallel m in 0..M { x[:, :] += x }", "'x' is not an output"),
+    ("parallel m in 0..M { s[0:4] += x[m, 0:4] }", "index it with ':' in every dim"),
+    ("parallel m in 0..M { s[:] += 1.0 }", "sums f32 values, not a number"),
+    ("parallel m in 0..M { s[:] += i32(x[m, :]) }", "sums f32 values, not i32"),
+])
+def test_plus_equals_errors_say_what_and_where(body, message):
+    text = f"op bad(x: f32[M, N]) -> (s: f32[N]) {{\n  {body}\n}}\n"
+    with pytest.raises(KfcError, match=re.escape(message)) as info:
+        lower(text)
+    assert info.value.span is not None and info.value.span.line == 2
+
+
+def test_a_lower_precision_output_takes_the_f32_sum_cast_once():
+    text = "op cs<T: bf16 | f32>(x: T[M, N]) -> (s: T[N]) {\n parallel m in 0..M { s[:] += f32(x[m, :]) }\n}\n"
+    f = lower(text, {"T": "bf16"})
+    assert [op.NAME for op in f.body.ops[-2:]] == ["tile.cast", "tile.store"]
+
+
+def _loop(f):
+    return next(op for op in f.body.ops if isinstance(op, (ParallelOp, LaunchOp)))
+
+
+def test_the_verifier_checks_loop_results():
+    f = lower(COLSUM)
+    loop = _loop(f)
+
+    def with_loop(new):
+        return attrs.evolve(f, regions=(attrs.evolve(f.body, ops=tuple(new if o is loop else o for o in f.body.ops)),))
+
+    with pytest.raises(VerifyError, match="as many reduce kinds"):
+        verify(with_loop(attrs.evolve(loop, reduce=())))
+    with pytest.raises(VerifyError, match="is not one of sum"):
+        verify(with_loop(attrs.evolve(loop, reduce=("mean",))))
+    no_yield = attrs.evolve(loop.body, ops=loop.body.ops[:-1])
+    with pytest.raises(VerifyError, match="ends with a tile.yield"):
+        verify(with_loop(attrs.evolve(loop, regions=(no_yield,))))
+
+
+def test_a_launch_that_sums_across_rows_is_persistent():
+    spec, f = kernel("rmsnorm_bwd", 4096)
+    g, _ = run_pipeline(f, "canonicalize,tile", check=spec.check)
+    launch = _loop(g)
+    assert launch.persistent and launch.results and launch.sums_in == "registers"
+    bad = attrs.evolve(launch, persistent=False)
+    with pytest.raises(VerifyError, match="must be persistent"):
+        verify(attrs.evolve(g, regions=(attrs.evolve(g.body, ops=tuple(bad if o is launch else o
+                                                                         for o in g.body.ops)),)))
+
+
+@pytest.mark.parametrize("n", [7, 4096, 65536])
+def test_the_row_pipeline_keeps_the_sums_under_verify_each(n):
+    spec, f = kernel("rmsnorm_bwd", n, "f32")
+    ve = VerifyEach({"N": n, "M": 5}, spec.check)
+    g, _ = run_pipeline(f, ROW_PIPELINE, check=spec.check, verify_each=ve)
+    (launch,) = ops_of(g, LaunchOp)
+    assert launch.results and isinstance(launch.body.ops[-1], YieldOp)
+
+
+def test_a_pass_that_drops_a_row_from_the_sum_is_caught_by_verify_each():
+    """Well formed but wrong: the contribution of each row is halved."""
+    from kfc.ir.core import Value
+    from kfc.ir.dtypes import DType
+    from kfc.ir.tile_ops import BINARY_CLASSES, BroadcastOp, ConstOp
+    from kfc.ir.types import TensorType
+
+    name = f"test-broken-sums-{uuid.uuid4().hex[:8]}"
+
+    @attrs.frozen
+    class Broken(Pass):
+        NAME: ClassVar[str] = name
+        SUMMARY: ClassVar[str] = "halve what each row adds to the sums"
+
+        def run(self, func, ctx):
+            loop = _loop(func)
+            *ops, y = loop.body.ops
+            half = ConstOp(results=(Value(TensorType(DType.F32), "half"),), value=0.5)
+            t = y.operands[0].type
+            scaled = Value(t, "scaled")
+            b = Value(t, "b")
+            ops += [half, BroadcastOp(operands=(half.result,), results=(b,)),
+                    BINARY_CLASSES["mul"](operands=(y.operands[0], b), results=(scaled,)),
+                    attrs.evolve(y, operands=(scaled,))]
+            new = attrs.evolve(loop, regions=(attrs.evolve(loop.body, ops=tuple(ops)),))
+            return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=tuple(new if o is loop else o
+                                                                                   for o in func.body.ops)),))
+
+    register_pass(Broken)
+    try:
+        spec, f = kernel("rmsnorm_bwd", 256, "f32")
+        verify(run_pipeline(f, f"canonicalize,{name}", check=spec.check)[0])  # it verifies
+        ve = VerifyEach({"N": 256, "M": 3}, spec.check)
+        with pytest.raises(PassError, match=f"pass {name} changed the results"):
+            run_pipeline(f, f"canonicalize,{name}", check=spec.check, verify_each=ve)
+    finally:
+        PASSES.pop(name, None)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_rmsnorm_bwd_compiles_to_a_row_kernel_and_a_sums_kernel(target):
+    from kfc.frontend import load_kfc
+
+    spec = load_kfc("kernels/rmsnorm_bwd.kfc")
+    result = compile_op(spec, parse_target(target), shape={"N": 4096}, verify_each=True)
+    first, sums = result.report["kernels"]
+    ws = [p for p in first["params"] if p["kind"] == "workspace"]
+    assert ws == [p for p in sums["params"] if p["kind"] == "workspace"]
+    assert ws[0]["shape"] == ["kfc_groups", "4096"] and first["persistent"]
+    assert [p["name"] for p in sums["params"]] == ["kfc_ws0", "dw", "kfc_groups"]
+    dims = contract.defined_dims(first, {"M": 100}, grid_x=264)
+    assert dims["kfc_groups"] == 264 and contract.workspace_shape(ws[0], dims) == (264, 4096)
+    assert contract.evaluate(sums["grid"][0], dims) == 128
+    assert result.kernel.report.spills == 0
+    cu = result.kernel.cu
+    assert f"{first['name']}(" in cu and f"{sums['name']}(" in cu
+    # each row slot writes its partial; the partials are added in an order fixed by their count
+    assert "kfc_ws0[kfc_group * 4096LL +" in cu
+    assert re.search(r"for \(long long g = kfc_q; g < dim_kfc_groups; g \+= 8\)", cu)
+    assert "atomic" not in cu
+    with pytest.raises(KfcError, match="compiles to 2 kernels"):
+        contract.single_kernel(result.report, "rmsnorm_bwd")
+
+
+def test_rows_held_in_registers_keep_long_sums_in_shared_memory():
+    """262143 bf16 elements are not a 16-byte multiple: the rows stay in registers, and the
+    sums move to shared memory so that nothing spills."""
+    from kfc.frontend import load_kfc
+
+    result = compile_op(load_kfc("kernels/rmsnorm_bwd.kfc"), parse_target("sm_90a"), shape={"N": 262143})
+    assert "cp.async.bulk" not in result.kernel.cu and "kfc_sums[" in result.kernel.cu
+    assert result.kernel.report.spills == 0 and result.plan.smem_dynamic > 0
+
+
+def test_ptxas_reports_of_several_kernels_add_their_spills():
+    from kfc.codegen.toolchain import parse_ptxas_report
+
+    log = ("ptxas info    : Function properties for a\n    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 24 registers, used 1 barriers, 1024 bytes smem\n"
+           "ptxas info    : Function properties for b\n    8 bytes stack frame, 12 bytes spill stores, 8 bytes spill loads\n"
+           "ptxas info    : Used 80 registers, used 1 barriers, 128 bytes smem\n")
+    rep = parse_ptxas_report(log)
+    assert (rep.registers, rep.spill_stores, rep.spill_loads, rep.smem_bytes, rep.stack_bytes) == (80, 12, 8, 1024, 8)
+
+
+def test_kfc_package_refuses_an_op_of_two_kernels_before_writing(tmp_path, capsys):
+    from kfc.cli import main
+
+    out = tmp_path / "pkg"
+    assert main(["package", "kernels/rmsnorm_bwd.kfc", "--shape", "N=256", "--target", "sm_90a", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "compiles to 2 kernels" in err and "kfc.load" in err and "Traceback" not in err
+    assert not out.exists() or not any(out.rglob("*.cubin"))
