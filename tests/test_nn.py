@@ -30,8 +30,9 @@ def test_fakes_on_meta_tensors():
     assert ops.rms_norm(x, w, 1e-6).dtype == torch.bfloat16
     y, res = ops.rms_norm_residual(x, x, w, 1e-6)
     assert y.shape == res.shape == (6, 300)
-    dx, rstd = ops.rms_norm_backward(x, w, x, None, 1e-6)
+    dx, rstd, dw = ops.rms_norm_backward(x, w, x, None, 1e-6)
     assert dx.dtype == torch.bfloat16 and rstd.shape == (6,) and rstd.dtype == torch.float32
+    assert dw.shape == (300,) and dw.dtype == torch.float32
     dx, mean, rstd = ops.layer_norm_backward(x, w, x, 1e-5)
     assert mean.shape == rstd.shape == (6,)
     assert ops.softmax_lastdim(x).shape == (6, 300)
@@ -41,7 +42,7 @@ def test_fakes_on_meta_tensors():
 def test_the_schema_of_a_kfc_op():
     assert schema(kfc.load("kernels/rmsnorm.kfc")) == "(Tensor x, Tensor w, float eps=1e-06) -> Tensor"
     assert schema(kfc.load("kernels/rmsnorm_bwd_dx.kfc")) == \
-        "(Tensor x, Tensor w, Tensor dy, Tensor? dres, float eps=1e-06) -> (Tensor, Tensor)"
+        "(Tensor x, Tensor w, Tensor dy, Tensor? dres, float eps=1e-06) -> (Tensor, Tensor, Tensor)"
 
 
 def test_a_generic_op_registers_once_and_its_fake_follows_the_instance():

@@ -47,7 +47,8 @@ def test_package_bad_arguments(argv, message, capsys):
 
 
 def test_a_packaged_op_with_an_optional_input_and_two_outputs(tmp_path):
-    """rmsnorm_bwd_dx: dres is optional, dx and rstd are two outputs of two dtypes."""
+    """rmsnorm_bwd_dx: dres is optional, dx, rstd and dw are outputs of two dtypes and shapes, and
+    dw, a sum across rows, makes it two kernels with a workspace."""
     pkg, python = build_and_install(tmp_path, "kernels/rmsnorm_bwd_dx.kfc", [{"N": 64}], targets=("sm_90a",))
     r = subprocess.run([str(python), "-m", "pytest", "-q", "-m", "not gpu", "-p", "no:cacheprovider", "tests"],
                        capture_output=True, text=True, cwd=pkg, timeout=600)
@@ -55,9 +56,10 @@ def test_a_packaged_op_with_an_optional_input_and_two_outputs(tmp_path):
     code = ("import torch, kfc_rmsnorm_bwd_dx as p\n"
             "x = torch.empty(5, 64, device='meta', dtype=torch.float16)\n"
             "w = torch.empty(64, device='meta')\n"
-            "dx, rstd = p.torch_op(x, w, x, None)\n"
+            "dx, rstd, dw = p.torch_op(x, w, x, None)\n"
             "assert dx.dtype == torch.float16 and rstd.shape == (5,) and rstd.dtype == torch.float32\n"
-            "dx, rstd = p.torch_op(x, w, x, x, 1e-5)\n"
+            "assert dw.shape == (64,) and dw.dtype == torch.float32\n"
+            "dx, rstd, dw = p.torch_op(x, w, x, x, 1e-5)\n"
             "assert dx.shape == (5, 64)\n"
             "print(p.rmsnorm_bwd_dx)\n")
     r = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tmp_path)
@@ -66,3 +68,6 @@ def test_a_packaged_op_with_an_optional_input_and_two_outputs(tmp_path):
     checks = json.loads((pkg / "src" / "kfc_rmsnorm_bwd_dx" / "checks.json").read_text())
     assert checks["reference"] == "kfc_rmsnorm_bwd_dx.reference_norms:rmsnorm_bwd_dx"
     assert (pkg / "src" / "kfc_rmsnorm_bwd_dx" / "reference_norms.py").is_file()
+    meta = json.loads((pkg / "src" / "kfc_rmsnorm_bwd_dx" / "op.json").read_text())
+    launches = meta["instances"][0]["kernels"][0]["kernels"]
+    assert len(launches) == 2 and launches[1]["name"].endswith("_sums")

@@ -199,12 +199,3 @@ def test_ptxas_reports_of_several_kernels_add_their_spills():
     rep = parse_ptxas_report(log)
     assert (rep.registers, rep.spill_stores, rep.spill_loads, rep.smem_bytes, rep.stack_bytes) == (80, 12, 8, 1024, 8)
 
-
-def test_kfc_package_refuses_an_op_of_two_kernels_before_writing(tmp_path, capsys):
-    from kfc.cli import main
-
-    out = tmp_path / "pkg"
-    assert main(["package", "kernels/rmsnorm_bwd.kfc", "--shape", "N=256", "--target", "sm_90a", "-o", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "compiles to 2 kernels" in err and "kfc.load" in err and "Traceback" not in err
-    assert not out.exists() or not any(out.rglob("*.cubin"))

@@ -66,8 +66,9 @@ def _(x, weight, eps):
 
 @torch.library.custom_op("kfc::rms_norm_backward", mutates_args=(), device_types="cuda")
 def rms_norm_backward(x: Tensor, weight: Optional[Tensor], dy: Tensor, dres: Optional[Tensor],
-                      eps: float) -> tuple[Tensor, Tensor]:
-    """(dx, rstd): the row part of the backward pass (plus dres, a fused residual's gradient)."""
+                      eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, rstd, dw): the backward pass (plus dres, a fused residual's gradient); dw in f32,
+    summed across the rows by the kernel (kernels/rmsnorm_bwd_dx.kfc)."""
     w = _f32(weight, x.shape[-1], x.device, 1.0)
     dres = None if dres is None else _ready(dres.to(x.dtype))
     return kernel("rmsnorm_bwd_dx")(_ready(x), w, _ready(dy.to(x.dtype)), dres, eps)
@@ -75,13 +76,12 @@ def rms_norm_backward(x: Tensor, weight: Optional[Tensor], dy: Tensor, dres: Opt
 
 @rms_norm_backward.register_fake
 def _(x, weight, dy, dres, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[0], dtype=torch.float32)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[0], dtype=torch.float32),
+            x.new_empty(x.shape[-1], dtype=torch.float32))
 
 
-def _rms_weight_grad(x: Tensor, dy: Tensor, rstd: Tensor, weight: Optional[Tensor]) -> Optional[Tensor]:
-    if weight is None:
-        return None
-    return _sum_rows(dy.float() * x.float() * rstd[:, None], weight)
+def _rms_weight_grad(dw: Tensor, weight: Optional[Tensor], wanted: bool) -> Optional[Tensor]:
+    return dw.to(weight.dtype) if weight is not None and wanted else None
 
 
 def _rms_setup(ctx, inputs, output):
@@ -92,8 +92,8 @@ def _rms_setup(ctx, inputs, output):
 
 def _rms_backward(ctx, dy):
     x, weight = ctx.saved_tensors
-    dx, rstd = rms_norm_backward(x, weight, dy, None, ctx.eps)
-    return dx, _rms_weight_grad(x, dy, rstd, weight if ctx.needs_input_grad[1] else None), None
+    dx, _, dw = rms_norm_backward(x, weight, dy, None, ctx.eps)
+    return dx, _rms_weight_grad(dw, weight, ctx.needs_input_grad[1]), None
 
 
 rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
@@ -127,9 +127,8 @@ def _rms_residual_setup(ctx, inputs, output):
 
 def _rms_residual_backward(ctx, dy, dres_out):
     h, weight = ctx.saved_tensors
-    dh, rstd = rms_norm_backward(h, weight, dy, dres_out, ctx.eps)
-    dw = _rms_weight_grad(h, dy, rstd, weight if ctx.needs_input_grad[2] else None)
-    return dh, dh.to(ctx.residual_dtype), dw, None
+    dh, _, dw = rms_norm_backward(h, weight, dy, dres_out, ctx.eps)
+    return dh, dh.to(ctx.residual_dtype), _rms_weight_grad(dw, weight, ctx.needs_input_grad[2]), None
 
 
 rms_norm_residual.register_autograd(_rms_residual_backward, setup_context=_rms_residual_setup)

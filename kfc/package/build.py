@@ -128,11 +128,6 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
     report_kernels = []
     kb_best = _knowledge(kb_path, instances, targets, op_fingerprint)
     for inst, target, dims, result in results:
-        if len(result.report["kernels"]) > 1:  # before anything is written into the package
-            raise KfcError(f"{spec.name} compiles to {len(result.report['kernels'])} kernels (a sum across rows: a "
-                           "row kernel, then the kernel that adds its partials); kfc package ships ops of one kernel",
-                           hint=f"call it through kfc.load(\"{spec.path}\"), which launches them in order")
-    for inst, target, dims, result in results:
         rel = Path("kernels") / inst.instance_name / target.name / dims_key(dims)
         for suffix, data in ((".cubin", result.kernel.cubin), (".ptx", result.kernel.ptx.encode()),
                              (".cu", result.kernel.cu.encode())):

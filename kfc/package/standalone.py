@@ -210,23 +210,32 @@ class Op:
                 return self._prepared[key]
             if self._native is None:
                 self._native = fastcall.module() or False
-            launch = contract.single_kernel({"kernels": kernel["kernels"]}, self.name)
+            launches = contract.kernels_of({"kernels": kernel["kernels"]}, self.name)
             module_key = (kernel["cubin"], index)
             if module_key not in self._modules:
                 context = launcher.primary_context(index)
                 self._modules[module_key] = launcher.Module((self.root / kernel["cubin"]).read_bytes(),
-                                                            launch["name"], context)
-            module = self._modules[module_key]
-            cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
-            if contract.needs_smem_opt_in(launch):  # before the occupancy query, which counts it
-                module.allow_dynamic_smem(smem)
-            wave = None
-            if launch["persistent"]:
-                sms = torch.cuda.get_device_properties(index).multi_processor_count
-                wave = (sms * max(1, module.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
-            if cluster > 8:
-                module.allow_large_clusters()
-            prepared = Prepared(self, module, launch, contract.grid(launch, dims, wave), bound, dims, index)
+                                                            launches[0]["name"], context)
+            first = self._modules[module_key]
+            stages, workspaces = [], {}
+            for n, launch in enumerate(launches):
+                module = first if n == 0 else first.sibling(launch["name"])
+                cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
+                if contract.needs_smem_opt_in(launch):  # before the occupancy query, which counts it
+                    module.allow_dynamic_smem(smem)
+                wave = None
+                if launch["persistent"]:
+                    sms = torch.cuda.get_device_properties(index).multi_processor_count
+                    wave = (sms * max(1, module.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
+                if cluster > 8:
+                    module.allow_large_clusters()
+                grid = contract.grid(launch, dims, wave)
+                stages.append(Prepared(self, module, launch, grid, bound, dims, index))
+                dims = contract.defined_dims(launch, dims, grid[0])
+                for p in launch["params"]:
+                    if p["kind"] == "workspace":
+                        workspaces.setdefault(p["name"], contract.workspace_shape(p, dims))
+            prepared = stages[0] if len(stages) == 1 else PreparedSequence(stages, workspaces, index)
             self._prepared[key] = prepared
             return prepared
 
@@ -238,7 +247,7 @@ class Prepared:
         self.params = launch["params"]
         types, self.kinds, self.fixed = [], [], {}
         for k, p in enumerate(self.params):
-            if p["kind"] == "tensor":
+            if p["kind"] in ("tensor", "workspace"):
                 types.append(ctypes.c_void_p)
                 self.kinds.append(fastcall.KINDS["ptr"])
             elif p["kind"] == "scalar":
@@ -258,13 +267,15 @@ class Prepared:
             self.launch.slots.values[k].value = v
         self.lock = threading.Lock()
 
-    def run(self, bound: dict, outs: dict) -> None:
+    def run(self, bound: dict, outs: dict, spaces: dict | None = None) -> None:
         values = self.launch.slots.values
         with self.lock:
             for k, p in enumerate(self.params):
                 if p["kind"] == "tensor":
                     t = outs.get(p["name"]) if p["is_output"] else bound.get(p["name"])
                     values[k].value = 0 if t is None else t.data_ptr()
+                elif p["kind"] == "workspace":
+                    values[k].value = spaces[p["name"]].data_ptr()
                 elif p["kind"] == "scalar" and bound.get(p["name"]) is not None:
                     v = bound[p["name"]]
                     values[k].value = float(v) if "float" in p["ctype"] or "double" in p["ctype"] else int(v)
@@ -311,6 +322,25 @@ class Prepared:
             tensors=tensors, scalars=scalars, outputs=outputs, outputs_given=out is not None,
             stream_of=self.launch.stream_of, device=self.launch.device_index, on_error=self.launch.raise_error,
             miss=_MISS, name=self.launch.name)
+
+
+class PreparedSequence:
+    """An op of several kernels (a row kernel, then the kernel that adds its partial sums):
+    the workspaces they share, allocated per call, and their launches in order."""
+
+    def __init__(self, stages: list, workspaces: dict, index: int) -> None:
+        self.stages, self.workspaces, self.index = stages, workspaces, index
+
+    def run(self, bound: dict, outs: dict) -> None:
+        import torch
+
+        spaces = {name: torch.empty(shape, dtype=torch.float32, device=torch.device("cuda", self.index))
+                  for name, shape in self.workspaces.items()}
+        for stage in self.stages:
+            stage.run(bound, outs, spaces)
+
+    def can_be_native(self, args: tuple, out, n_outputs: int) -> bool:
+        return False  # the compiled launcher launches one kernel
 
 
 def _default(op: Op, name: str, dims: dict):

@@ -8,22 +8,21 @@ import torch
 __all__ = ["rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx", "softmax_bwd"]
 
 
-def _grad(forward, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    with torch.enable_grad():  # references run under no_grad
-        xd = x.detach().double().requires_grad_(True)
-        (dx,) = torch.autograd.grad(forward(xd), xd, dy.double())
-    return dx
+def _grads(forward, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, *more: torch.Tensor):
+    """The gradients of forward(x, w, *more) at dy with respect to x, w and each of `more`."""
+    with torch.enable_grad():
+        leaves = [t.detach().double().requires_grad_(True) for t in (x, w, *more)]
+        return torch.autograd.grad(forward(*leaves), leaves, dy.double())
 
 
 def rmsnorm_bwd_dx(x, w, dy, dres, eps):
-    """dx of y = rmsnorm(x) * w (plus dres, the gradient arriving at a fused residual's output)
-    and the rows' 1/rms."""
-    wd = w.double()
-    dx = _grad(lambda t: torch.nn.functional.rms_norm(t, (t.shape[-1],), wd, eps), x, dy)
+    """dx and dw of y = rmsnorm(x) * w (plus dres, the gradient arriving at a fused residual's
+    output) and the rows' 1/rms."""
+    dx, dw = _grads(lambda t, wd: torch.nn.functional.rms_norm(t, (t.shape[-1],), wd, eps), x, w, dy)
     if dres is not None:
         dx = dx + dres.double()
     rstd = torch.rsqrt(x.double().pow(2).mean(-1) + eps)
-    return dx.to(x.dtype), rstd.float()
+    return dx.to(x.dtype), rstd.float(), dw.float()
 
 
 def rmsnorm_bwd(x, w, dout, rstd):
@@ -42,8 +41,7 @@ def rmsnorm_bwd(x, w, dout, rstd):
 
 def layernorm_bwd_dx(x, w, dy, eps):
     """dx of y = layer_norm(x) * w + b, and the rows' mean and 1/std."""
-    wd = w.double()
-    dx = _grad(lambda t: torch.nn.functional.layer_norm(t, (t.shape[-1],), wd, None, eps), x, dy)
+    (dx, _) = _grads(lambda t, wd: torch.nn.functional.layer_norm(t, (t.shape[-1],), wd, None, eps), x, w, dy)
     xd = x.double()
     mean = xd.mean(-1)
     rstd = torch.rsqrt(xd.var(-1, unbiased=False) + eps)

@@ -156,6 +156,16 @@ class Module:
         self.function = fn.value
         self.name = kernel
 
+    def sibling(self, kernel: str) -> "Module":
+        """Another kernel of the same cubin, from the module already loaded."""
+        other = object.__new__(Module)
+        other._image, other.handle, other.name = self._image, self.handle, kernel
+        fn = ctypes.c_void_p()
+        check(libcuda().cuModuleGetFunction(ctypes.byref(fn), self.handle, kernel.encode()),
+              f"cuModuleGetFunction({kernel})")
+        other.function = fn.value
+        return other
+
     def allow_large_clusters(self) -> None:
         # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 16
         check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 16, 1), "allowing a cluster above 8")
