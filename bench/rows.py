@@ -189,7 +189,10 @@ def prebuild(op: str, shapes, target: str, sweep: bool) -> int:
 
 # --- the run --------------------------------------------------------------------------------------
 
-def run(op: str, shapes, sweep: bool, with_peers: bool, seed: int = 0) -> dict:
+TILE_PIPELINE = "canonicalize,cse,dce,stage-rows,tile{%s},lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
+
+
+def run(op: str, shapes, sweep: bool, with_peers: bool, seed: int = 0, tiles=()) -> dict:
     import torch
 
     gen = torch.Generator(device="cuda")
@@ -198,6 +201,7 @@ def run(op: str, shapes, sweep: bool, with_peers: bool, seed: int = 0) -> dict:
     contenders = [harness.Contender("kfc", kfc_contender(op))]
     if with_peers:
         contenders += peers(op)
+    contenders += [harness.Contender(f"kfc[{t}]", kfc_contender(op, TILE_PIPELINE % t)) for t in tiles]
     fns = {c.name: harness.safe(c.make) for c in contenders}
     rows: dict = {}
     sweep_rows: dict = {}
@@ -277,17 +281,22 @@ def main(op: str, argv=None) -> int:
     ap.add_argument("--quack-tuned", action="store_true",
                     help="also time QuACK's autotuned rmsnorm (it compiles hundreds of configs per shape)")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
+    ap.add_argument("--tile", action="append", default=[], metavar="OPTS",
+                    help="also time kfc with tile{OPTS} in its default pipeline, e.g. stages=2 (repeatable; "
+                         "reported beside the default, not in the ratios)")
     args = ap.parse_args(argv)
     global QUACK_TUNED
     QUACK_TUNED = args.quack_tuned
     shapes = parse_shapes(args.shapes) if args.shapes else QUACK_SHAPES
     if args.prebuild:
         return prebuild(op, shapes, args.prebuild, args.sweep)
-    result = run(op, shapes, args.sweep, not args.no_peers)
+    result = run(op, shapes, args.sweep, not args.no_peers, tiles=args.tile)
     rows = result["rows"]
     names = ["kfc"] + (["kfc_best_swept"] if args.sweep else []) + \
         ([] if args.no_peers else [c.name for c in peers(op)])
+    tiled = [f"kfc[{t}]" for t in args.tile]
     summary = summarise(op, shapes, rows, names)
+    names += tiled
     prov = harness.provenance(["quack-kernels", "liger-kernel", "fla-core", "nvidia-cutlass-dsl"])
     payload = {"op": op, "dtype": "bf16 x, fp32 weights", "metric": "TB/s = (bytes read + bytes written) / time",
                "timing": "eager: triton.testing.do_bench median, L2 flushed before each call (the headline); "

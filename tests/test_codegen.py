@@ -229,7 +229,7 @@ def test_every_scalar_access_stays_inside_its_tensor(tmp_path):
     assert "< (unsigned long long)(1000LL)" in x_load, "the label-indexed load is bounded by N"
 
 
-NEW_ROW_KERNELS = ["rmsnorm_residual", "rmsnorm_bwd_dx", "layernorm_bwd_dx", "softmax_bwd"]
+NEW_ROW_KERNELS = ["rmsnorm_residual", "rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx", "softmax_bwd"]
 NEW_JOBS = ([(k, "bf16", n, "sm_90a") for k in NEW_ROW_KERNELS for n in (7, 4096, 65537, 262144)]
             + [(k, "f32", 262144, "sm_90a") for k in NEW_ROW_KERNELS]
             + [(k, "bf16", 4096, "sm_100a") for k in NEW_ROW_KERNELS])

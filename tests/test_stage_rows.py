@@ -287,3 +287,59 @@ def test_staged_kernels_use_the_bulk_copy_engine(name, target):
     text = disassemble(k.cubin)
     assert "UBLKCP" in text, "no bulk copy in the SASS"
     assert "SYNCS" in text, "no mbarrier operations in the SASS"
+
+
+# --- two stages: the next row's copy in flight --------------------------------------------------
+
+TWO_STAGES = "canonicalize,cse,dce,stage-rows{min_bytes=0},tile{%s},lower-reductions,fuse-reductions,lower-ptx," \
+             "canonicalize,cse,dce"
+
+
+@pytest.mark.parametrize("name, n, opts", [("rmsnorm", 4104, "stages=2"), ("softmax", 65536, "stages=2,rows=1"),
+                                           ("rmsnorm_bwd", 1024, "stages=2,rows=4")])
+def test_two_stages_keep_the_results_and_issue_the_next_row_ahead(name, n, opts):
+    from kfc.ir.gpu_ops import LaunchOp
+    from kfc.ir.smem_ops import MbarrierAllocOp
+
+    spec, f = kernel(name, n, "f32")
+    ve = VerifyEach({"N": n, "M": 5}, spec.check)
+    g, _ = run_pipeline(f, TWO_STAGES % opts, check=spec.check, verify_each=ve)
+    (launch,) = ops_of(g, LaunchOp)
+    assert launch.persistent and all(op.stages == 2 for op in ops_of(g, MbarrierAllocOp))
+    code, plan = generate_cuda(g)
+    # the first rows' copies before the loop, the next rows' into the other stage inside it,
+    # waits on each stage's barrier every other iteration
+    assert "kfc_valid0" in code and "kfc_sn = (kfc_s + 1) % 2" in code and "((kfc_it / 2) & 1u)" in code
+    assert code.count("cp.async.bulk.shared::cluster") == 2 * len(ops_of(g, CopyAsyncOp))
+    one, one_plan = generate_cuda(run_pipeline(f, TWO_STAGES % opts.replace("stages=2", "stages=1"),
+                                               check=spec.check)[0])
+    assert "kfc_it" not in one
+    assert launch.sums_in == "registers" and plan.smem_dynamic == 2 * one_plan.smem_dynamic
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_two_stages_compile_with_their_bulk_copies_in_the_sass(target):
+    from kfc.target import parse_target
+
+    spec, f = kernel("rmsnorm", 65536)
+    g, _ = run_pipeline(f, TWO_STAGES % "stages=2", target=parse_target(target), check=spec.check)
+    code, _ = generate_cuda(g)
+    k = compile_cuda(code, target)
+    assert k.report.spills == 0
+    assert "UBLKCP" in disassemble(k.cubin)
+
+
+def test_the_default_tile_takes_two_stages_only_where_one_cta_fills_an_sm():
+    from kfc.ir.smem_ops import MbarrierAllocOp
+
+    for name, n, stages in (("rmsnorm_bwd", 262144, 2), ("rmsnorm_bwd", 65536, 1), ("rmsnorm", 262144, 1)):
+        spec, f = kernel(name, n)
+        g, _ = run_pipeline(f, ROW_PIPELINE, check=spec.check)
+        assert {op.stages for op in ops_of(g, MbarrierAllocOp)} == {stages}, (name, n)
+
+
+def test_a_barrier_takes_one_or_two_stages():
+    from kfc.ir.smem_ops import BARRIER_TYPE, MbarrierAllocOp
+
+    with pytest.raises(VerifyError, match="stages must be 1 or 2"):
+        MbarrierAllocOp(results=(Value(BARRIER_TYPE, "b"),), stages=3).verify_()

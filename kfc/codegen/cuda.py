@@ -176,7 +176,18 @@ class RowKernelEmitter:
         # not the thread's whole share of the row
         self.chunk_local: set[Value] | None = None
         self.smem_dynamic = 0
+        self.stage_bytes: dict[Value, int] = {}  # a staged buffer's bytes per stage (all row slots)
         self.staged = [op for op in self.launch.body.ops if isinstance(op, SmemAllocOp)]
+        self.bars = [op for op in self.launch.body.ops if isinstance(op, MbarrierAllocOp)]
+        # copies of each staged buffer: with 2 the next row's copies are issued while this row
+        # computes (kfc_s: this iteration's stage)
+        self.S = max((op.stages for op in self.bars), default=1)
+        if self.S > 1:
+            row = self.launch.body.args[0]
+            for op in self.launch.body.ops:
+                if isinstance(op, CopyAsyncOp) and tuple(op.operands[3:]) != (row,):
+                    raise CodegenError("a copy issued a row ahead (stages=2) is indexed by the row itself", op.loc,
+                                       "use tile{stages=1} for this op")
         self.uses: dict[Value, list[Op]] = {}
         for op in self.launch.body.ops:
             for v in op.operands:
@@ -392,11 +403,16 @@ class RowKernelEmitter:
         self.emit(f"const long long kfc_rows = (long long)({hi}) - (long long)({lo});")
         self.emit(f"const long long kfc_stride = (long long)(gridDim.x / {self.C}) * {self.R};")
         self.emit("unsigned kfc_phase = 0;")
+        if self.S > 1:
+            self.emit("unsigned kfc_it = 0;")
+            self.emit_first_copies(lo)
         self.emit(f"for (long long kfc_base = (long long)(blockIdx.x / {self.C}) * {self.R}; kfc_base < kfc_rows; "
                   f"kfc_base += kfc_stride) {{")
         self.indent += 1
         self.emit(f"const long long kfc_m = (long long)({lo}) + kfc_base + kfc_r;")
         self.emit("const bool kfc_rowvalid = kfc_base + kfc_r < kfc_rows;")
+        if self.S > 1:
+            self.emit(f"const unsigned kfc_s = kfc_it % {self.S};")
         first_cluster = self.cluster_ops[0] if self.cluster_ops else None
         head, tail = self.split_tail(L.body.ops)
         runs = self.fused_reductions(head)
@@ -429,6 +445,8 @@ class RowKernelEmitter:
             self.emit("  " + ptx.cluster_arrive())
             self.emit("}")
         self.emit("kfc_phase ^= 1;")
+        if self.S > 1:
+            self.emit("++kfc_it;")
         self.indent -= 1
         self.emit("}")
         if self.sums is not None:
@@ -511,8 +529,10 @@ class RowKernelEmitter:
             name = f"kfc_sbuf{k}"
             self.emit(f"const unsigned {name} = {ptx.smem_addr('kfc_dsmem[0]')} + {offset}u + "
                       f"(unsigned)kfc_r * {part}u;")
-            self.names[op.result] = name
-            offset += -(-self.R * part // 128) * 128
+            stage = -(-self.R * part // 128) * 128
+            self.stage_bytes[op.result] = stage
+            self.names[op.result] = name if self.S == 1 else f"({name} + kfc_s * {stage}u)"
+            offset += self.S * stage
         if shared_sums:
             # each thread's words: [result][row slot][register][thread], so that a warp's
             # accesses to one register fall in distinct banks
@@ -525,12 +545,13 @@ class RowKernelEmitter:
         for k, op in enumerate(bars):
             if op.arrivals != 1:
                 raise CodegenError(f"row kernels arrive once per mbarrier phase, not {op.arrivals} times", op.loc)
-            self.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_mbar{k}[{self.R}];")
-            self.smem_bytes += 8 * self.R
-            self.names[op.result] = f"kfc_mbar_addr{k}"
+            self.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_mbar{k}[{self.S * self.R}];")
+            self.smem_bytes += 8 * self.S * self.R
+            self.names[op.result] = f"kfc_mbar_addr{k}" if self.S == 1 else \
+                f"(kfc_mbar_addr{k} + kfc_s * {8 * self.R}u)"
         self.emit("if (threadIdx.x == 0) {")
         self.indent += 1
-        self.emit(f"for (int r = 0; r < {self.R}; ++r) {{")
+        self.emit(f"for (int r = 0; r < {self.S * self.R}; ++r) {{")
         for k in range(len(bars)):
             self.emit("  " + ptx.mbarrier_init(ptx.smem_addr(f"kfc_mbar{k}[r]"), 1))
         self.emit("}")
@@ -947,9 +968,50 @@ class RowKernelEmitter:
     def op_ExpectTxOp(self, op: ExpectTxOp) -> None:
         """Thread 0 of the row slot arrives and announces the bytes its CTA's copies carry
         (the IR's count is the whole row's; a cluster splits it); a slot without a row only
-        arrives, so every slot's phase completes."""
-        bar = op.operands[0]
-        copies = self.copies_on(bar)
+        arrives, so every slot's phase completes. With two stages this is where the next row's
+        announcement and copies go, into the other stage (the first row's precede the loop)."""
+        if self.S == 1:
+            self.emit_expect_tx(op, "kfc_rowvalid", self.name(op.operands[0]))
+            return
+        self.emit("if (kfc_base + kfc_stride < kfc_rows) {")
+        self.indent += 1
+        self.emit("const bool kfc_valid_next = kfc_base + kfc_stride + kfc_r < kfc_rows;")
+        self.emit(f"const unsigned kfc_sn = (kfc_s + 1) % {self.S};")
+        self.emit_stage_copies(op, "kfc_valid_next", "kfc_sn", "(kfc_m + kfc_stride)")
+        self.indent -= 1
+        self.emit("}")
+
+    def emit_first_copies(self, lo: str) -> None:
+        """The copies of the CTA's first rows, into stage 0, before the row loop."""
+        self.emit(f"if ((long long)(blockIdx.x / {self.C}) * {self.R} < kfc_rows) {{")
+        self.indent += 1
+        self.emit(f"const bool kfc_valid0 = (long long)(blockIdx.x / {self.C}) * {self.R} + kfc_r < kfc_rows;")
+        first = f"((long long)({lo}) + (long long)(blockIdx.x / {self.C}) * {self.R} + kfc_r)"
+        for op in self.launch.body.ops:
+            if isinstance(op, ExpectTxOp):
+                self.emit_stage_copies(op, "kfc_valid0", "0u", first)
+        self.indent -= 1
+        self.emit("}")
+
+    def emit_stage_copies(self, expect: ExpectTxOp, valid: str, stage: str, row: str) -> None:
+        """Announce and issue the copies on `expect`'s barrier for the row `row`, into `stage`."""
+        bar = expect.operands[0]
+        k = self.bars.index(next(op for op in self.bars if op.result is bar))
+        self.emit_expect_tx(expect, valid, f"(kfc_mbar_addr{k} + ({stage}) * {8 * self.R}u)")
+        row_value = self.launch.body.args[0]
+        saved = self.names[row_value]
+        self.names[row_value] = row
+        try:
+            for c in self.copies_on(bar):
+                buf = c.operands[1]
+                base = f"kfc_sbuf{self.staged.index(next(op for op in self.staged if op.result is buf))}"
+                self.emit_copy(c, valid, f"({base} + ({stage}) * {self.stage_bytes[buf]}u)",
+                               f"(kfc_mbar_addr{k} + ({stage}) * {8 * self.R}u)")
+        finally:
+            self.names[row_value] = saved
+
+    def emit_expect_tx(self, op: ExpectTxOp, valid: str, bar: str) -> None:
+        copies = self.copies_on(op.operands[0])
         if op.bytes != sum(copy_bytes(c.operands[1].ttype) for c in copies):
             raise CodegenError(f"gpu.expect_tx announces {op.bytes} bytes; the copies on its barrier carry "
                                f"{sum(copy_bytes(c.operands[1].ttype) for c in copies)}", op.loc)
@@ -964,16 +1026,20 @@ class RowKernelEmitter:
             isz = c.operands[1].ttype.dtype.itemsize
             self.emit(f"for (int e = 0; e < {self.E}; ++e) {{ const long long j0 = {self.row.cta_span_start_c('e', 'kfc_crank')}; "
                       f"if (j0 < {self.N}) kfc_tx += (unsigned)({self.row.span_length_c('j0', self.N)} * {isz}); }}")
-        self.emit(f"if (kfc_rowvalid) {ptx.mbarrier_arrive_expect_tx_var(self.name(bar), 'kfc_tx')}")
-        self.emit(f"else {ptx.mbarrier_arrive(self.name(bar))}")
+        self.emit(f"if ({valid}) {ptx.mbarrier_arrive_expect_tx_var(bar, 'kfc_tx')}")
+        self.emit(f"else {ptx.mbarrier_arrive(bar)}")
         self.indent -= 1
         self.emit("}")
 
     def op_CopyAsyncOp(self, op: CopyAsyncOp) -> None:
+        if self.S == 1:  # with two stages the copies go with their announcement (op_ExpectTxOp)
+            self.emit_copy(op, "kfc_rowvalid", self.name(op.operands[1]), self.name(op.operands[2]))
+
+    def emit_copy(self, op: CopyAsyncOp, valid: str, buf: str, bar: str) -> None:
         """Thread 0 of the row slot copies each of its CTA's spans of the row in one bulk copy
         (the last span stops at the row's end: both ends stay 16-byte aligned because the
         row's byte length is a multiple of 16)."""
-        src, buf, bar = op.operands[0], op.operands[1], op.operands[2]
+        src = op.operands[0]
         t = src.ttype
         isz = t.dtype.itemsize
         if [ix.kind for ix in op.index] != ["point"] * (t.rank - 1) + ["all"]:
@@ -982,7 +1048,7 @@ class RowKernelEmitter:
             raise CodegenError(f"a bulk copy moves multiples of 16 bytes; rows of {self.N} x {isz} bytes in spans of "
                                f"{self.row.span} elements do not split so", op.loc,
                                "leave this row in registers (stage-rows skips such rows)")
-        self.emit("if (kfc_t == 0 && kfc_rowvalid) {")
+        self.emit(f"if (kfc_t == 0 && {valid}) {{")
         self.indent += 1
         self.emit(ptx.fence_proxy_async_shared())
         self.emit("#pragma unroll")
@@ -993,8 +1059,8 @@ class RowKernelEmitter:
         self.indent += 1
         self.emit(f"const unsigned kfc_nb = (unsigned)({self.row.span_length_c('j0', self.N)} * {isz});")
         addr = f"{self.name(src)} + {self._address(op, src, op.index, op.operands[3:], 'j0')}"
-        dst = f"{self.name(buf)} + (unsigned)({self.row.cta_offset_c('e', '0')}) * {isz}u"
-        self.emit(ptx.cp_async_bulk_to_shared(dst, addr, "kfc_nb", self.name(bar)))
+        dst = f"{buf} + (unsigned)({self.row.cta_offset_c('e', '0')}) * {isz}u"
+        self.emit(ptx.cp_async_bulk_to_shared(dst, addr, "kfc_nb", bar))
         self.indent -= 1
         self.emit("}")
         self.indent -= 1
@@ -1003,7 +1069,9 @@ class RowKernelEmitter:
         self.emit("}")
 
     def op_MbarrierWaitOp(self, op: MbarrierWaitOp) -> None:
-        self.emit(ptx.mbarrier_wait_parity(self.name(op.operands[0]), "kfc_phase"))
+        # one phase per iteration; with two stages each barrier completes every other iteration
+        parity = "kfc_phase" if self.S == 1 else f"((kfc_it / {self.S}) & 1u)"
+        self.emit(ptx.mbarrier_wait_parity(self.name(op.operands[0]), parity))
 
     # --- reductions ---------------------------------------------------------------------------
     def combine(self, kind: ReduceKind, a: str, b: str) -> str:

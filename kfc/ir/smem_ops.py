@@ -148,8 +148,14 @@ class SmemAllocOp(Op):
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
 class MbarrierAllocOp(Op):
+    """An mbarrier for one iteration's copies. With `stages` = 2 the code generator issues the
+    copies announced on it one row ahead, into a second set of their buffers, so that the next
+    row's copy overlaps this row's work; each iteration's protocol (announce, copy, wait, read)
+    is unchanged, and so are its semantics."""
+
     NAME: ClassVar[str] = "gpu.mbarrier_alloc"
     arrivals: int = 1
+    stages: int = 1
 
     def verify_(self) -> None:
         _check_operands(self, 0)
@@ -158,6 +164,8 @@ class MbarrierAllocOp(Op):
             raise self.error(f"its result is an mbarrier, {BARRIER_TYPE}, not {self.result.type}")
         if not 1 <= self.arrivals < 1 << 20:
             raise self.error(f"arrivals must be 1..2^20-1, not {self.arrivals}")
+        if self.stages not in (1, 2):
+            raise self.error(f"stages must be 1 or 2, not {self.stages}")
 
     def interpret(self, interp, ins, env):
         bar = MBarrier(value_name(self.result), self.arrivals)

@@ -10,6 +10,9 @@ Options (0 means: choose from the row length and dtypes):
               in registers
   persistent  a grid of about one wave of CTAs striding over the rows, instead of one CTA per
               row batch (always, for a loop whose results sum across rows)
+  stages      rows staged through shared memory: 1, each row's copy waited for in its own
+              iteration; 2, the next row's copy issued while this row computes (twice the shared
+              memory, a persistent grid); 0 chooses (TWO_STAGES_FROM)
   sums        where a thread keeps its part of sums across rows between rows: registers,
               shared memory, or auto: shared memory when the rows stay in registers and each
               thread holds SHARED_SUMS_FROM elements or more of them
@@ -29,7 +32,7 @@ from ..ir.core import Block, Value
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp, row_layout
 from ..ir.rewrite import ValueMap
-from ..ir.smem_ops import SmemAllocOp
+from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp
 from ..ir.tile_ops import LoadOp, StoreOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, option, register_pass
@@ -75,6 +78,14 @@ SHARED_SUMS_FROM = 32
 # (65536) and 41% (131072); rows of 262144 need 64 KB per CTA even in a cluster of 16, and there
 # the sums did better in registers (1.30 against 1.21 TB/s).
 STAGED_BYTES_PER_CTA_WITH_SUMS = 32 * 1024
+# A second stage (the next row's copy issued while this row computes) doubles a CTA's shared
+# memory, so it pays only where one CTA per SM is all that fits anyway. Measured on the H200
+# (eager do_bench, tile{stages=2} against one stage; bench/results/stages_sweep-20261201T1705Z.json):
+# rmsnorm_bwd at rows of 262144 (64 KB per CTA and sums in registers: one CTA per SM) gained 25%;
+# every other shape lost, the forward kernels 8-60% at rows of 16384 to 262144, where three CTAs
+# of one stage shared an SM.
+TWO_STAGES_FROM = 64 * 1024
+STATIC_SMEM_MARGIN = 4 * 1024  # a row kernel's static shared memory: reduction slots and barriers
 
 
 def _pow2_ceil(x: int) -> int:
@@ -130,6 +141,12 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
     return rows, threads, vec, cluster
 
 
+def auto_stages(cta_bytes: int, sums: bool, room: int) -> int:
+    """Copies of each staged buffer (see TWO_STAGES_FROM), where two of a CTA's `cta_bytes`
+    fit in the `room` of shared memory it has (a CTA's static shared memory aside)."""
+    return 2 if sums and cta_bytes >= TWO_STAGES_FROM and 2 * cta_bytes + STATIC_SMEM_MARGIN <= room else 1
+
+
 def per_row_inputs(loop) -> int:
     """How many distinct tensors the loop loads a whole row of, indexed by the row (x, dy; not
     a weight shared by every row)."""
@@ -152,6 +169,7 @@ class Tile(Pass):
     cluster: int = option(0, lo=0, hi=MAX_CLUSTER, pow2=True)
     persistent: bool = option(False, choices=(False, True))
     sums: str = option("auto", choices=("auto", "registers", "shared"))
+    stages: int = option(0, lo=0, hi=2)
 
     def required_features(self) -> frozenset[str]:
         return frozenset({"cluster", "dsmem", "mbarrier"}) if self.cluster > 1 else frozenset()
@@ -192,16 +210,25 @@ class Tile(Pass):
 
         row = Value(loop.body.args[0].type, loop.body.args[0].name)
         vmap.map(loop.body.args[0], row)
-        body = []
-        for op in loop.body.ops:
-            body.append(attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
-                                     results=tuple(retype(r) for r in op.results)))
-        # sums across rows are kept per row slot of a CTA: a persistent grid keeps their number
-        # to about a wave of CTAs, whatever the row count
-        persistent = self.persistent or bool(loop.results)
         sums_in = self.sums if self.sums != "auto" else \
             "shared" if loop.results and per_thread >= SHARED_SUMS_FROM and \
             (not staged or staged / cluster <= STAGED_BYTES_PER_CTA_WITH_SUMS) else "registers"
+        sums_bytes = 4 * len(loop.results) * rows * threads * per_thread if sums_in == "shared" else 0
+        stages = 1
+        if staged:
+            cta = rows * staged // cluster
+            stages = self.stages or auto_stages(cta, bool(loop.results), ctx.target.smem_per_block - sums_bytes)
+        body = []
+        for op in loop.body.ops:
+            new = attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
+                               results=tuple(retype(r) for r in op.results))
+            if isinstance(new, MbarrierAllocOp):
+                new = attrs.evolve(new, stages=stages)
+            body.append(new)
+        # sums across rows are kept per row slot of a CTA: a persistent grid keeps their number
+        # to about a wave of CTAs, whatever the row count; and the row a copy runs ahead to is
+        # the CTA's next row, so a grid of two stages strides too
+        persistent = self.persistent or bool(loop.results) or stages > 1
         try:
             launch = LaunchOp(operands=loop.operands, results=loop.results, regions=(Block((row,), tuple(body)),),
                               loc=loop.loc, rows_per_cta=rows, threads=threads, vec=vec, cluster=cluster,
@@ -211,6 +238,6 @@ class Tile(Pass):
             raise PassError(f"tile: {getattr(e, 'message', e)}", loop.loc) from None
         ops = tuple(launch if op is loop else op for op in func.body.ops)
         ctx.note(self, f"row {n}: {rows} row(s)/CTA x {threads} threads, vec {vec}, cluster {cluster}"
-                       f"{', persistent' if persistent else ''}"
+                       f"{', persistent' if persistent else ''}{f', {stages} stages' if stages > 1 else ''}"
                        f"{f', sums across rows in {sums_in}' if loop.results else ''}")
         return attrs.evolve(func, regions=(Block(func.body.args, ops),))

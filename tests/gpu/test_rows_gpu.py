@@ -2,8 +2,8 @@
 and f32, against torch on fresh random inputs with NaN-poisoned outputs, for M in {1, 7, 32768}
 and N in {1, 7, 256, 4095, 4096, 65536, 262144} where memory allows; and rows staged through
 shared memory at every length (stage-rows{min_bytes=0}), one row or several per CTA, in a
-persistent grid, for M in {1, 7, 257, 32768} and rows whose last span is partial. Run with
-`pytest -m gpu`."""
+persistent grid, in one stage or two (the next row's copy in flight), for M in {1, 7, 257,
+32768} and rows whose last span is partial. Run with `pytest -m gpu`."""
 
 import pytest
 
@@ -26,6 +26,9 @@ STAGED = "canonicalize,cse,dce,stage-rows{min_bytes=0},tile{%s},lower-reductions
 PIPELINES["staged"] = STAGED % ""
 # several rows per CTA (one barrier and buffer per row slot), the grid striding over the rows
 PIPELINES["staged-persistent"] = STAGED % "rows=4,persistent=true"
+# two stages: each CTA's next row copied while this one computes; with several row slots
+PIPELINES["staged-2"] = STAGED % "stages=2"
+PIPELINES["staged-2-slots"] = STAGED % "rows=4,stages=2"
 STAGED_NS = [8, 256, 4104, 65544, 262144]   # 4104 and 65544: the last span of the row is partial
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 TOL = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-5}
@@ -80,7 +83,7 @@ def test_row_kernel_matches_torch(op, pipeline, dtype, n):
 
 @pytest.mark.parametrize("n", STAGED_NS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("pipeline", ["staged", "staged-persistent"])
+@pytest.mark.parametrize("pipeline", ["staged", "staged-persistent", "staged-2", "staged-2-slots"])
 @pytest.mark.parametrize("op", OPS)
 def test_staged_row_kernel_matches_torch(op, pipeline, dtype, n):
     check_against_torch(op, pipeline, dtype, n, [1, 7, 257, 32768])
