@@ -199,3 +199,54 @@ def test_ptxas_reports_of_several_kernels_add_their_spills():
     rep = parse_ptxas_report(log)
     assert (rep.registers, rep.spill_stores, rep.spill_loads, rep.smem_bytes, rep.stack_bytes) == (80, 12, 8, 1024, 8)
 
+
+
+def test_kfc_compile_says_the_op_launches_a_second_kernel(tmp_path, capsys):
+    from kfc.cli import main
+
+    assert main(["compile", "kernels/rmsnorm_bwd.kfc", "--target", "sm_90a", "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "persistent" in out and "then      kfc_kernel_rmsnorm_bwd_sums: " in out
+
+
+@pytest.mark.parametrize("body, message", [
+    ("parallel m in 0..M { s[:] += x[m, :]\n s[:] = x[m, :] }", "is summed across a parallel loop by +="),
+    ("parallel m in 0..M { s[:] = x[m, :]\n s[:] += x[m, :] }", "is read or stored at"),
+    ("parallel m in 0..M { s[:] += x[m, :]\n t = s[0] }", "is summed across a parallel loop by +="),
+    ("parallel m in 0..M { s[:] += x[m, :] }\n parallel m in 0..M { s[:] += x[m, :] }",
+     "already summed by += in another parallel loop"),
+])
+def test_an_output_summed_by_plus_equals_is_used_nowhere_else(body, message):
+    with pytest.raises(KfcError, match=re.escape(message)):
+        lower(f"op bad(x: f32[M, N]) -> (s: f32[N]) {{\n  {body}\n}}\n")
+
+
+def test_plus_equals_into_an_integer_output_is_refused():
+    with pytest.raises(KfcError, match="sums into a floating-point output; 's' is i32"):
+        lower("op bad(x: f32[M, N]) -> (s: i32[N]) {\n parallel m in 0..M { s[:] += x[m, :] }\n}\n")
+
+
+def test_sums_survive_linearize_over_several_indices():
+    text = ("op hs(x: f32[T, H, D]) -> (y: f32[T, H, D], s: f32[D]) {\n"
+            "  parallel t in 0..T, h in 0..H {\n    y[t, h, :] = x[t, h, :] * 2.0\n    s[:] += x[t, h, :]\n  }\n}\n")
+    f = lower(text)
+    from kfc.passes.linearize import Linearize
+
+    g, _ = run_pipeline(f, Linearize.NAME)
+    (loop,) = [op for op in g.body.ops if isinstance(op, ParallelOp)]
+    assert loop.rank == 1 and loop.reduce == ("sum",)
+    x = np.random.default_rng(1).standard_normal((3, 2, 5)).astype(np.float32)
+    out = run(g, {"x": x}, {"T": 3, "H": 2, "D": 5})
+    np.testing.assert_allclose(out["s"], x.sum((0, 1)), rtol=1e-5)
+
+
+def test_ops_after_a_launch_without_sums_still_reach_the_code_generator():
+    """A whole-tensor store after the row loop is not silently dropped."""
+    from kfc.codegen.cuda import CodegenError
+
+    text = ("op n(x: f32[M, N], w: f32[N]) -> (y: f32[M, N], z: f32[N]) {\n"
+            "  parallel m in 0..M { y[m, :] = x[m, :] * 2.0 }\n  z[:] = w * 2.0\n}\n")
+    spec = parse_kfc(text, str("n.kfc"))
+    with pytest.raises(KfcError):
+        compile_op(spec, parse_target("sm_90a"), shape={"N": 64})
+    assert issubclass(CodegenError, KfcError)

@@ -275,7 +275,9 @@ class RowKernelEmitter:
         for op in self.func.body.ops:
             if op is self.launch:
                 self.emit_launch()
-                break  # what follows uses the launch's sums: the second kernel's (row_sums)
+                if self.sums is not None:
+                    break  # what follows uses the launch's sums: the second kernel's (row_sums)
+                continue
             self.emit_op(op, top=True)
         body = "\n".join(self.lines)
         smem = "\n".join("  " + d for d in self.smem_decls)

@@ -73,6 +73,10 @@ class Lowerer:
         self.param_spans: dict[str, Span] = {}
         self.type_spans: dict[str, Span] = {}   # parameter -> where its type is written
         self.outputs: set[str] = set()
+        # an output summed by += is written once, after its loop: where each was summed, and
+        # where every other output was first read or stored
+        self.summed: dict[str, Span] = {}
+        self.touched: dict[str, Span] = {}
 
     # --- errors -------------------------------------------------------------------------------
     def span(self, node) -> Span:
@@ -247,6 +251,8 @@ class Lowerer:
                 return frame.names[name]
         if name in self.params:
             v = self.params[name]
+            if name in self.outputs:
+                self.touch(name, node)
             return Tensor(v) if v.ttype.space is not MemSpace.REG else v
         if name in self.symbols:
             with self.b.at(self.span(node)):
@@ -297,9 +303,18 @@ class Lowerer:
             with self.b.at(self.span(stmt)):
                 getattr(self, "stmt_" + stmt.data)(stmt)
 
+    def touch(self, name: str, node) -> None:
+        """A read or store of the output `name` other than by +=."""
+        if name in self.summed:
+            raise self.err(node, f"'{name}' is summed across a parallel loop by += at {self.summed[name].line}:"
+                                 f"{self.summed[name].col}; it is written once, after the loop, and not read or "
+                                 "stored anywhere else", "sum into it only, or use another output for the rest")
+        self.touched.setdefault(name, self.span(node))
+
     def stmt_assign(self, node) -> None:
         name, expr = node.children
         if str(name) in self.outputs:
+            self.touch(str(name), name)
             target = self.params[str(name)]
             value = self.value(expr)
             with self.b.at(self.span(node)):
@@ -369,10 +384,23 @@ class Lowerer:
                                  "whose body it is in", "carry the sum through a for loop (carry (...)) and add it "
                                  "to the output once, in the parallel loop's body" if frame.kind == "for" else
                                  f"write {name}[...] = ... to store a value")
-        target = self.lookup(str(name), name)
-        if not isinstance(target, Tensor) or str(name) not in self.outputs:
+        if str(name) not in self.outputs:
+            self.lookup(str(name), name)  # an unknown name says so
             raise self.err(name, f"'{name}' is not an output; += sums into an output tensor",
                            "declare the tensor among the outputs after '->'")
+        if str(name) in self.touched:
+            at = self.touched[str(name)]
+            raise self.err(name, f"'{name}' is read or stored at {at.line}:{at.col}; an output summed by += is "
+                                 "written once, after its loop, and not used anywhere else",
+                           "sum into it only, or use another output for the rest")
+        if str(name) in self.summed and str(name) not in frame.accumulated:
+            raise self.err(name, f"'{name}' is already summed by += in another parallel loop",
+                           "sum into it in one loop")
+        target = Tensor(self.params[str(name)])
+        if not target.value.ttype.dtype.is_float:
+            raise self.err(name, f"+= sums into a floating-point output; '{name}' is {target.value.ttype.dtype}",
+                           f"declare {name} as f32")
+        self.summed.setdefault(str(name), self.span(node))
         if index is not None:
             items = self.index_items(index, target.value)
             if any(item is not ALL for item in items):

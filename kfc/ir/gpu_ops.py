@@ -85,6 +85,8 @@ class LaunchOp(Op):
 
     def verify_(self) -> None:
         _check_operands(self, 2)
+        if len(self.regions) != 1 or len(self.body.args) != 1:
+            raise self.error("needs one region with one argument, the row index")
         verify_loop_reductions(self, self.body)
         if self.sums_in not in ("registers", "shared"):
             raise self.error(f"sums_in must be \"registers\" or \"shared\", not {self.sums_in!r}")

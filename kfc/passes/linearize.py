@@ -67,7 +67,8 @@ class Linearize(Pass):
                 rest = _binary("div", rest, hi, loc, body)
             vmap.map(op.body.args[0], rest)
             body.extend(rebuild_block(op.body, vmap).ops)
-            ops.append(ParallelOp(operands=(zero.result, total), regions=(Block((m,), tuple(body)),), loc=loc))
+            ops.append(ParallelOp(operands=(zero.result, total), results=op.results, reduce=op.reduce,
+                                  regions=(Block((m,), tuple(body)),), loc=loc))
             changed += 1
         if not changed:
             return func
