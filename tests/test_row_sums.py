@@ -246,7 +246,7 @@ def test_ops_after_a_launch_without_sums_still_reach_the_code_generator():
 
     text = ("op n(x: f32[M, N], w: f32[N]) -> (y: f32[M, N], z: f32[N]) {\n"
             "  parallel m in 0..M { y[m, :] = x[m, :] * 2.0 }\n  z[:] = w * 2.0\n}\n")
-    spec = parse_kfc(text, str("n.kfc"))
-    with pytest.raises(KfcError):
+    spec = parse_kfc(text, "n.kfc")
+    with pytest.raises(CodegenError, match="tile.load after the row loop") as info:
         compile_op(spec, parse_target("sm_90a"), shape={"N": 64})
-    assert issubclass(CodegenError, KfcError)
+    assert info.value.span is not None and info.value.span.line == 3

@@ -278,6 +278,10 @@ class RowKernelEmitter:
                 if self.sums is not None:
                     break  # what follows uses the launch's sums: the second kernel's (row_sums)
                 continue
+            if self.launch_seen(op) and (op.has_trait("writes_memory") or op.has_trait("reads_memory")):
+                raise CodegenError(f"{op.NAME} after the row loop: a row kernel reads and writes memory inside its "
+                                   "loop only", op.loc, "move it into the parallel loop (a sum across rows is "
+                                   "written out[:] += ... inside it)")
             self.emit_op(op, top=True)
         body = "\n".join(self.lines)
         smem = "\n".join("  " + d for d in self.smem_decls)
@@ -293,6 +297,10 @@ class RowKernelEmitter:
         plan = LaunchPlan(self.kernel_name, tuple(params), block, self.C, self.R, self.launch.persistent,
                           self.rows_expr(), self.smem_bytes, self.smem_dynamic, defines, followers)
         return code, plan
+
+    def launch_seen(self, op: Op) -> bool:
+        ops = self.func.body.ops
+        return ops.index(op) > ops.index(self.launch)
 
     # --- sums across rows -----------------------------------------------------------------------
     @property
