@@ -18,6 +18,7 @@ import attrs
 
 from . import harness
 from .provenance import save
+from .rows import TILE_PIPELINE
 from .shapes import parse_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +85,6 @@ def torch_compile_contender():
 
 CONTENDERS = [harness.Contender("kfc", kfc_contender()), harness.Contender("quack", quack_contender),
               harness.Contender("torch.compile", torch_compile_contender)]
-TILE_PIPELINE = "canonicalize,cse,dce,stage-rows,tile{%s},lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
 
 
 def main(argv=None) -> int:

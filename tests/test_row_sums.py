@@ -250,3 +250,59 @@ def test_ops_after_a_launch_without_sums_still_reach_the_code_generator():
     with pytest.raises(CodegenError, match="tile.load after the row loop") as info:
         compile_op(spec, parse_target("sm_90a"), shape={"N": 64})
     assert info.value.span is not None and info.value.span.line == 3
+
+
+def test_the_runtime_prepares_both_kernels_and_their_workspace(monkeypatch):
+    """KfcKernel.prepare on the CPU, the driver stood in for: the row kernel's persistent grid
+    (a wave of 132 SMs x 3 CTAs) fixes the number of partials, the workspace and the second
+    kernel's dim; both launches get their slots."""
+    import types
+
+    import torch
+
+    from kfc.frontend import load_kfc
+    from kfc.runtime import kernel as runtime_kernel
+    from kfc.runtime import launcher
+
+    spec = load_kfc("kernels/rmsnorm_bwd.kfc", {"T": "bf16"})
+    report = compile_op(spec, parse_target("sm_90a"), shape={"N": 4096}).report
+    calls = []
+
+    class Function:
+        function = 1
+
+        def __init__(self, name):
+            self.name = name
+
+        def allow_dynamic_smem(self, nbytes):
+            calls.append((self.name, "smem", nbytes))
+
+        def max_active_blocks(self, block, smem):
+            calls.append((self.name, "occupancy", block, smem))
+            return 3
+
+        def allow_large_clusters(self):
+            calls.append((self.name, "clusters"))
+
+        def sibling(self, name):
+            return Function(name)
+
+    class Launch:
+        def __init__(self, function, context, grid, block, cluster, smem, slot_types, device_index, name):
+            self.grid, self.name, self.slots = grid, name, launcher.ArgSlots(slot_types)
+
+    monkeypatch.setattr(launcher, "PreparedLaunch", Launch)
+    monkeypatch.setattr("kfc.runtime.driver.ensure_context", lambda index: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(multi_processor_count=132))
+    k = runtime_kernel.KfcKernel(spec)
+    x = torch.zeros(1000, 4096, dtype=torch.bfloat16)
+    bound = {"x": x, "w": torch.zeros(4096), "dout": x, "rstd": torch.zeros(1000)}
+    first, second = report["kernels"]
+    call = k.prepare(Function(first["name"]), report, bound, {"M": 1000, "N": 4096}, 0, False)
+    assert call.launch.grid == (396, 1, 1) and [s.launch.grid for s in call.followers] == [(128, 1, 1)]
+    assert call.workspaces == {"kfc_ws0": (396, 4096)}
+    (stage,) = call.followers
+    assert stage.launch.name == second["name"] and stage.workspaces == [("kfc_ws0", 0)]
+    assert stage.outputs == [("dw", 1)] and stage.fixed == {2: 396}
+    assert (first["name"], "occupancy", 256, first["smem_dynamic_bytes"]) in calls
+    assert not call.can_be_native((x, x, x, x), None)

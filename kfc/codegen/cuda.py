@@ -21,69 +21,18 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp
 from ..ir import layouts
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
-from ..ir.smem_ops import CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copy_bytes
+from ..ir.smem_ops import (
+    CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copies_not_indexed_by_row, copy_bytes,
+)
 from ..ir.tile_ops import (
     BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, IotaOp, ReduceKind, UnaryOp, WhereOp, YieldOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
-
-C_TYPES = {
-    DType.F32: "float", DType.F64: "double", DType.BF16: "__nv_bfloat16", DType.F16: "__half",
-    DType.I8: "signed char", DType.I32: "int", DType.I64: "long long", DType.INDEX: "long long",
-    DType.BOOL: "bool",
-}
-# 16-bit floats travel through registers as raw bits
-BITS_TO = {DType.BF16: "__ushort_as_bfloat16", DType.F16: "__ushort_as_half"}
-TO_BITS = {DType.BF16: "__bfloat16_as_ushort", DType.F16: "__half_as_ushort"}
-
+from .c_names import BITS_TO, C_TYPES, TO_BITS, KernelParam, as_float, c_dim, c_kernel, c_param, from_float
 
 class CodegenError(KfcError):
     pass
-
-
-# Every name in the emitted C++ lives in one of these namespaces, so none can collide with another,
-# with a C++ keyword, a CUDA built-in (threadIdx, float, new) or a macro: the user's parameters and
-# dims carry a prefix no generated name starts with; kfc's own names are `kfc_*`, short loop
-# counters (e, i, w, c) and numbered temporaries (v1, w2, s3), none of which starts with a prefix.
-PARAM_PREFIX = "p_"
-DIM_PREFIX = "dim_"
-KERNEL_PREFIX = "kfc_kernel_"
-
-
-def c_param(name: str) -> str:
-    """The C name of the op's parameter `name` (an input, scalar or output)."""
-    return PARAM_PREFIX + name
-
-
-def c_dim(sym: str) -> str:
-    """The C name of the kernel argument that carries the size of dim `sym`."""
-    return DIM_PREFIX + sym
-
-
-def c_kernel(op_name: str) -> str:
-    return KERNEL_PREFIX + op_name
-
-
-@attrs.frozen
-class KernelParam:
-    name: str        # the parameter's name in the op (a dim's symbol for kind "dim")
-    kind: str        # "tensor" | "scalar" | "dim" | "workspace" (global memory the runtime allocates)
-    ctype: str
-    dtype: str
-    optional: bool = False
-    is_output: bool = False
-    shape: tuple[str, ...] = ()  # a workspace's, as ir/constexpr expressions of the dims
-
-    @property
-    def cname(self) -> str:
-        if self.kind == "workspace":
-            return self.name  # kfc's own name (kfc_ws<k>): no parameter of the op can take it
-        return c_dim(self.name) if self.kind == "dim" else c_param(self.name)
-
-    def contract(self) -> dict:
-        return attrs.asdict(self, filter=lambda a, v: a.name != "shape" or self.kind == "workspace",
-                            value_serializer=lambda _, a, v: list(v) if a is not None and a.name == "shape" else v)
 
 
 @attrs.frozen
@@ -177,17 +126,16 @@ class RowKernelEmitter:
         self.chunk_local: set[Value] | None = None
         self.smem_dynamic = 0
         self.stage_bytes: dict[Value, int] = {}  # a staged buffer's bytes per stage (all row slots)
+        self.stage_base: dict[Value, str] = {}   # a staged buffer's or barrier's stage-0 address
         self.staged = [op for op in self.launch.body.ops if isinstance(op, SmemAllocOp)]
         self.bars = [op for op in self.launch.body.ops if isinstance(op, MbarrierAllocOp)]
         # copies of each staged buffer: with 2 the next row's copies are issued while this row
         # computes (kfc_s: this iteration's stage)
         self.S = max((op.stages for op in self.bars), default=1)
         if self.S > 1:
-            row = self.launch.body.args[0]
-            for op in self.launch.body.ops:
-                if isinstance(op, CopyAsyncOp) and tuple(op.operands[3:]) != (row,):
-                    raise CodegenError("a copy issued a row ahead (stages=2) is indexed by the row itself", op.loc,
-                                       "use tile{stages=1} for this op")
+            for op in copies_not_indexed_by_row(self.launch.body):
+                raise CodegenError("a copy issued a row ahead (stages=2) is indexed by the row itself", op.loc,
+                                   "use tile{stages=1} for this op")
         self.uses: dict[Value, list[Op]] = {}
         for op in self.launch.body.ops:
             for v in op.operands:
@@ -244,19 +192,8 @@ class RowKernelEmitter:
             return f"{self.name(v)}[{k}]"
         return f"{self.name(v)}[e * {self.V} + {k}]"
 
-    def as_float(self, expr: str, dtype: DType) -> str:
-        if dtype in (DType.BF16,):
-            return f"__bfloat162float({expr})"
-        if dtype is DType.F16:
-            return f"__half2float({expr})"
-        return expr
-
-    def from_float(self, expr: str, dtype: DType) -> str:
-        if dtype is DType.BF16:
-            return f"__float2bfloat16_rn({expr})"
-        if dtype is DType.F16:
-            return f"__float2half_rn({expr})"
-        return expr
+    as_float = staticmethod(as_float)
+    from_float = staticmethod(from_float)
 
     # --- the kernel ---------------------------------------------------------------------------
     def generate(self) -> tuple[str, LaunchPlan]:
@@ -272,13 +209,15 @@ class RowKernelEmitter:
         else:
             self.emit("const unsigned kfc_crank = 0;")
         self.emit(f"const int kfc_g = (int)kfc_crank * {self.T} + kfc_t;")
+        after_launch = False
         for op in self.func.body.ops:
             if op is self.launch:
                 self.emit_launch()
                 if self.sums is not None:
                     break  # what follows uses the launch's sums: the second kernel's (row_sums)
+                after_launch = True
                 continue
-            if self.launch_seen(op) and (op.has_trait("writes_memory") or op.has_trait("reads_memory")):
+            if after_launch and (op.has_trait("writes_memory") or op.has_trait("reads_memory")):
                 raise CodegenError(f"{op.NAME} after the row loop: a row kernel reads and writes memory inside its "
                                    "loop only", op.loc, "move it into the parallel loop (a sum across rows is "
                                    "written out[:] += ... inside it)")
@@ -290,44 +229,20 @@ class RowKernelEmitter:
                 f"{smem}\n{body}\n}}\n")
         defines, followers = (), ()
         if self.sums is not None:
-            code += "\n" + self.sums_kernel()
+            results = len(self.launch.results)
+            code += "\n" + row_sums.emit_row_sums(self.sums, self.sums_kernel_name, results)
             # one partial per row slot of each cluster of the (persistent) grid
             defines = ((row_sums.GROUPS_DIM, f"kfc_grid_x // {self.C} * {self.R}"),)
-            followers = (self.sums_contract(),)
+            followers = (row_sums.contract(self.sums, self.sums_kernel_name, results),)
         plan = LaunchPlan(self.kernel_name, tuple(params), block, self.C, self.R, self.launch.persistent,
                           self.rows_expr(), self.smem_bytes, self.smem_dynamic, defines, followers)
         return code, plan
-
-    def launch_seen(self, op: Op) -> bool:
-        ops = self.func.body.ops
-        return ops.index(op) > ops.index(self.launch)
 
     # --- sums across rows -----------------------------------------------------------------------
     @property
     def sums_kernel_name(self) -> str:
         return f"{self.kernel_name}_sums"
 
-    def workspace_params(self) -> list[KernelParam]:
-        return [KernelParam(row_sums.workspace_name(k), "workspace", "float", "f32", is_output=True,
-                            shape=(row_sums.GROUPS_DIM, str(self.N)))
-                for k in range(len(self.launch.results))]
-
-    def sums_kernel(self) -> str:
-        return row_sums.emit_row_sums(self.sums, self.sums_kernel_name, len(self.launch.results), c_param, c_dim,
-                                      C_TYPES, self.from_float)
-
-    def sums_contract(self) -> dict:
-        outputs = []
-        for store, _, _ in self.sums.stores:
-            t = store.operands[1]
-            p = KernelParam(t.name, "tensor", C_TYPES[t.ttype.dtype], str(t.ttype.dtype), False, True)
-            if p not in outputs:
-                outputs.append(p)
-        params = [*self.workspace_params(), *outputs, KernelParam(row_sums.GROUPS_DIM, "dim", "long long", "index")]
-        return {"name": self.sums_kernel_name, "grid": [row_sums.grid_x(self.N), "1", "1"],
-                "block": [row_sums.COLUMNS * row_sums.PARTS, 1, 1], "cluster": [1, 1, 1],
-                "smem_static_bytes": 4 * len(self.launch.results) * row_sums.COLUMNS * row_sums.PARTS,
-                "smem_dynamic_bytes": 0, "persistent": False, "params": [p.contract() for p in params]}
 
     def acc(self, k: int, i: str) -> str:
         """Element i of the thread's part of sum k (in registers or in its shared words)."""
@@ -370,7 +285,7 @@ class RowKernelEmitter:
             else:
                 out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
         if self.sums is not None:
-            out.extend(self.workspace_params())
+            out.extend(row_sums.workspace_params(len(self.launch.results), self.N))
         for s in self.func.symbols:
             out.append(KernelParam(s, "dim", "long long", "index"))
         return out
@@ -523,7 +438,7 @@ class RowKernelEmitter:
     def emit_smem_setup(self) -> None:
         """Shared-memory buffers (one part per row slot of the CTA, in dynamic shared memory)
         and mbarriers (one per row slot), initialised before the row loop."""
-        bars = [op for op in self.launch.body.ops if isinstance(op, MbarrierAllocOp)]
+        bars = self.bars
         shared_sums = self.sums is not None and self.launch.sums_in == "shared"
         if not self.staged and not bars and not shared_sums:
             return
@@ -541,6 +456,7 @@ class RowKernelEmitter:
                       f"(unsigned)kfc_r * {part}u;")
             stage = -(-self.R * part // 128) * 128
             self.stage_bytes[op.result] = stage
+            self.stage_base[op.result] = name
             self.names[op.result] = name if self.S == 1 else f"({name} + kfc_s * {stage}u)"
             offset += self.S * stage
         if shared_sums:
@@ -557,6 +473,7 @@ class RowKernelEmitter:
                 raise CodegenError(f"row kernels arrive once per mbarrier phase, not {op.arrivals} times", op.loc)
             self.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_mbar{k}[{self.S * self.R}];")
             self.smem_bytes += 8 * self.S * self.R
+            self.stage_base[op.result] = f"kfc_mbar_addr{k}"
             self.names[op.result] = f"kfc_mbar_addr{k}" if self.S == 1 else \
                 f"(kfc_mbar_addr{k} + kfc_s * {8 * self.R}u)"
         self.emit("if (threadIdx.x == 0) {")
@@ -1006,17 +923,15 @@ class RowKernelEmitter:
     def emit_stage_copies(self, expect: ExpectTxOp, valid: str, stage: str, row: str) -> None:
         """Announce and issue the copies on `expect`'s barrier for the row `row`, into `stage`."""
         bar = expect.operands[0]
-        k = self.bars.index(next(op for op in self.bars if op.result is bar))
-        self.emit_expect_tx(expect, valid, f"(kfc_mbar_addr{k} + ({stage}) * {8 * self.R}u)")
+        bar_at = f"({self.stage_base[bar]} + ({stage}) * {8 * self.R}u)"
+        self.emit_expect_tx(expect, valid, bar_at)
         row_value = self.launch.body.args[0]
         saved = self.names[row_value]
         self.names[row_value] = row
         try:
             for c in self.copies_on(bar):
                 buf = c.operands[1]
-                base = f"kfc_sbuf{self.staged.index(next(op for op in self.staged if op.result is buf))}"
-                self.emit_copy(c, valid, f"({base} + ({stage}) * {self.stage_bytes[buf]}u)",
-                               f"(kfc_mbar_addr{k} + ({stage}) * {8 * self.R}u)")
+                self.emit_copy(c, valid, f"({self.stage_base[buf]} + ({stage}) * {self.stage_bytes[buf]}u)", bar_at)
         finally:
             self.names[row_value] = saved
 

@@ -17,6 +17,7 @@ from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.tile_ops import CastOp, StoreOp
 from ..ir.types import MemSpace
+from .c_names import C_TYPES, KernelParam, c_dim, c_param, from_float
 
 COLUMNS = 32      # columns per CTA: a warp reads 128 contiguous bytes of a partial
 PARTS = 8         # warps per CTA, each adding every PARTS-th partial
@@ -61,16 +62,37 @@ def plan_row_sums(func: FuncOp, launch, n: int, error) -> RowSums:
     return RowSums(tuple(stores), n)
 
 
-def emit_row_sums(sums: RowSums, kernel_name: str, results: int, c_param, c_dim, c_types, from_float) -> str:
+def workspace_params(results: int, n: int) -> list[KernelParam]:
+    """The row kernel's partials, one workspace of [groups, n] f32 per sum."""
+    return [KernelParam(workspace_name(k), "workspace", "float", "f32", is_output=True, shape=(GROUPS_DIM, str(n)))
+            for k in range(results)]
+
+
+def _outputs(sums: RowSums) -> list[Value]:
+    """The tensors the sums are stored into, in the order of their first store."""
+    out: list[Value] = []
+    for store, _, _ in sums.stores:
+        if store.operands[1] not in out:
+            out.append(store.operands[1])
+    return out
+
+
+def contract(sums: RowSums, kernel_name: str, results: int) -> dict:
+    """The phase-two kernel's entry in the launch contract."""
+    outputs = [KernelParam(t.name, "tensor", C_TYPES[t.ttype.dtype], str(t.ttype.dtype), False, True)
+               for t in _outputs(sums)]
+    params = [*workspace_params(results, sums.n), *outputs, KernelParam(GROUPS_DIM, "dim", "long long", "index")]
+    return {"name": kernel_name, "grid": [grid_x(sums.n), "1", "1"], "block": [COLUMNS * PARTS, 1, 1],
+            "cluster": [1, 1, 1], "smem_static_bytes": 4 * results * COLUMNS * PARTS, "smem_dynamic_bytes": 0,
+            "persistent": False, "params": [p.contract() for p in params]}
+
+
+def emit_row_sums(sums: RowSums, kernel_name: str, results: int) -> str:
     """The CUDA C++ of the phase-two kernel."""
     n = sums.n
-    outputs = []
-    for store, _, _ in sums.stores:
-        t = store.operands[1]
-        if t not in outputs:
-            outputs.append(t)
+    outputs = _outputs(sums)
     sig = [f"const float* __restrict__ {workspace_name(k)}" for k in range(results)]
-    sig += [f"{c_types[t.ttype.dtype]}* __restrict__ {c_param(t.name)}" for t in outputs]
+    sig += [f"{C_TYPES[t.ttype.dtype]}* __restrict__ {c_param(t.name)}" for t in outputs]
     sig.append(f"long long {c_dim(GROUPS_DIM)}")
     lines = [
         f'extern "C" __global__ void __launch_bounds__({COLUMNS * PARTS}) {kernel_name}({", ".join(sig)}) {{',

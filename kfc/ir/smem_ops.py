@@ -173,6 +173,13 @@ class MbarrierAllocOp(Op):
         return [bar]
 
 
+def copies_not_indexed_by_row(body) -> list:
+    """The copies of a row loop's body whose row is not the loop's index itself: one issued a row
+    ahead (a barrier of two stages) addresses the next row, which only the index tells."""
+    row = body.args[0]
+    return [op for op in body.ops if isinstance(op, CopyAsyncOp) and tuple(op.operands[3:]) != (row,)]
+
+
 def _barrier_operand(op: Op, v) -> None:
     if not is_barrier(v.type):
         raise op.error(f"operand {value_name(v)} must be an mbarrier ({BARRIER_TYPE}), not {v.type}")

@@ -220,16 +220,8 @@ class Op:
             stages, workspaces = [], {}
             for n, launch in enumerate(launches):
                 module = first if n == 0 else first.sibling(launch["name"])
-                cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
-                if contract.needs_smem_opt_in(launch):  # before the occupancy query, which counts it
-                    module.allow_dynamic_smem(smem)
-                wave = None
-                if launch["persistent"]:
-                    sms = torch.cuda.get_device_properties(index).multi_processor_count
-                    wave = (sms * max(1, module.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
-                if cluster > 8:
-                    module.allow_large_clusters()
-                grid = contract.grid(launch, dims, wave)
+                grid = contract.prepare_function(launch, dims, module,
+                                                 torch.cuda.get_device_properties(index).multi_processor_count)
                 stages.append(Prepared(self, module, launch, grid, bound, dims, index))
                 dims = contract.defined_dims(launch, dims, grid[0])
                 for p in launch["params"]:

@@ -32,7 +32,7 @@ from ..ir.core import Block, Value
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp, row_layout
 from ..ir.rewrite import ValueMap
-from ..ir.smem_ops import CopyAsyncOp, MbarrierAllocOp, SmemAllocOp
+from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
 from ..ir.tile_ops import LoadOp, StoreOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, option, register_pass
@@ -215,12 +215,9 @@ class Tile(Pass):
             (not staged or staged / cluster <= STAGED_BYTES_PER_CTA_WITH_SUMS) else "registers"
         sums_bytes = 4 * len(loop.results) * rows * threads * per_thread if sums_in == "shared" else 0
         stages = 1
-        # a copy issued a row ahead addresses the next row: its index must be the row itself
-        row_indexed = all(tuple(op.operands[3:]) == (loop.body.args[0],)
-                          for op in loop.body.ops if isinstance(op, CopyAsyncOp))
         if staged and self.stages:
             stages = self.stages
-        elif staged and row_indexed:
+        elif staged and not copies_not_indexed_by_row(loop.body):
             stages = auto_stages(rows * staged // cluster, bool(loop.results), ctx.target.smem_per_block - sums_bytes)
         body = []
         for op in loop.body.ops:

@@ -310,15 +310,8 @@ class KfcKernel:
                 slot_types.append(CTYPES["long long"])
                 fixed[k] = int(dims[p["name"]])
         cluster, block, smem = launch["cluster"][0], launch["block"], launch["smem_dynamic_bytes"]
-        if contract.needs_smem_opt_in(launch):  # before the occupancy query, which counts it
-            loaded.allow_dynamic_smem(smem)
-        wave = None
-        if launch["persistent"]:
-            sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-            wave = (sms * max(1, loaded.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
-        grid = contract.grid(launch, dims, wave)
-        if cluster > 8:
-            loaded.allow_large_clusters()
+        grid = contract.prepare_function(launch, dims, loaded,
+                                         torch.cuda.get_device_properties(device_index).multi_processor_count)
         prepared = PreparedLaunch(int(loaded.function), int(ensure_context(device_index)), grid, block, cluster, smem,
                                   slot_types, device_index, loaded.name)
         for k, value in fixed.items():

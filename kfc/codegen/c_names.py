@@ -1,0 +1,81 @@
+"""The C names and types of generated code, shared by the kernels a row program compiles to
+(kfc.codegen.cuda, kfc.codegen.row_sums): the C type of each dtype, how a float travels in and
+out of f32, the names of the op's parameters and dims, and a kernel parameter as the launch
+contract lists it."""
+
+from __future__ import annotations
+
+import attrs
+
+from ..ir.dtypes import DType
+
+C_TYPES = {
+    DType.F32: "float", DType.F64: "double", DType.BF16: "__nv_bfloat16", DType.F16: "__half",
+    DType.I8: "signed char", DType.I32: "int", DType.I64: "long long", DType.INDEX: "long long",
+    DType.BOOL: "bool",
+}
+# 16-bit floats travel through registers as raw bits
+BITS_TO = {DType.BF16: "__ushort_as_bfloat16", DType.F16: "__ushort_as_half"}
+TO_BITS = {DType.BF16: "__bfloat16_as_ushort", DType.F16: "__half_as_ushort"}
+
+
+# Every name in the emitted C++ lives in one of these namespaces, so none can collide with another,
+# with a C++ keyword, a CUDA built-in (threadIdx, float, new) or a macro: the user's parameters and
+# dims carry a prefix no generated name starts with; kfc's own names are `kfc_*`, short loop
+# counters (e, i, w, c) and numbered temporaries (v1, w2, s3), none of which starts with a prefix.
+PARAM_PREFIX = "p_"
+DIM_PREFIX = "dim_"
+KERNEL_PREFIX = "kfc_kernel_"
+
+
+def c_param(name: str) -> str:
+    """The C name of the op's parameter `name` (an input, scalar or output)."""
+    return PARAM_PREFIX + name
+
+
+def c_dim(sym: str) -> str:
+    """The C name of the kernel argument that carries the size of dim `sym`."""
+    return DIM_PREFIX + sym
+
+
+def c_kernel(op_name: str) -> str:
+    return KERNEL_PREFIX + op_name
+
+
+@attrs.frozen
+class KernelParam:
+    name: str        # the parameter's name in the op (a dim's symbol for kind "dim")
+    kind: str        # "tensor" | "scalar" | "dim" | "workspace" (global memory the runtime allocates)
+    ctype: str
+    dtype: str
+    optional: bool = False
+    is_output: bool = False
+    shape: tuple[str, ...] = ()  # a workspace's, as ir/constexpr expressions of the dims
+
+    @property
+    def cname(self) -> str:
+        if self.kind == "workspace":
+            return self.name  # kfc's own name (kfc_ws<k>): no parameter of the op can take it
+        return c_dim(self.name) if self.kind == "dim" else c_param(self.name)
+
+    def contract(self) -> dict:
+        return attrs.asdict(self, filter=lambda a, v: a.name != "shape" or self.kind == "workspace",
+                            value_serializer=lambda _, a, v: list(v) if a is not None and a.name == "shape" else v)
+
+
+def as_float(expr: str, dtype: DType) -> str:
+    """A 16-bit float as f32 (other dtypes as they are)."""
+    if dtype is DType.BF16:
+        return f"__bfloat162float({expr})"
+    if dtype is DType.F16:
+        return f"__half2float({expr})"
+    return expr
+
+
+def from_float(expr: str, dtype: DType) -> str:
+    """An f32 rounded to a 16-bit float (other dtypes as they are)."""
+    if dtype is DType.BF16:
+        return f"__float2bfloat16_rn({expr})"
+    if dtype is DType.F16:
+        return f"__float2half_rn({expr})"
+    return expr
