@@ -151,7 +151,8 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
                        hint=f"pass --shape {','.join(f'{m}=...' for m in missing)}")
     special = specialize(func, fixed, partial=True,
                          where="--shape" if shape else "the check block's first shape")
-    sample = {k: min(v, 5) for k, v in dims.items() if k in dynamic}
+    # --verify-each runs the interpreter on a few rows (3 where nothing gives the row count)
+    sample = {k: min(dims.get(k, 3), 5) for k in dynamic}
     ctx_kwargs = dict(target=target, check=spec.check, print_ir_after_all=print_ir_after_all, print_ir_before=frozenset(print_ir_before),
                       timing=timing, verify_each=VerifyEach({**fixed, **sample}, spec.check) if verify_each else None)
     if out is not None:

@@ -25,6 +25,8 @@ _FEATURES = {
     "tcgen05": (100, True, {100}),
 }
 KNOWN = ("sm_90", "sm_90a", "sm_100", "sm_100a")
+# CTAs in a cluster launched with the non-portable cluster size attribute (Hopper, Blackwell)
+LARGEST_CLUSTER = 16
 
 
 @attrs.frozen

@@ -229,7 +229,7 @@ def test_every_scalar_access_stays_inside_its_tensor(tmp_path):
     assert "< (unsigned long long)(1000LL)" in x_load, "the label-indexed load is bounded by N"
 
 
-NEW_ROW_KERNELS = ["rmsnorm_residual", "rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx", "softmax_bwd"]
+NEW_ROW_KERNELS = ["rmsnorm_residual", "rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx", "layernorm_bwd", "softmax_bwd"]
 NEW_JOBS = ([(k, "bf16", n, "sm_90a") for k in NEW_ROW_KERNELS for n in (7, 4096, 65537, 262144)]
             + [(k, "f32", 262144, "sm_90a") for k in NEW_ROW_KERNELS]
             + [(k, "bf16", 4096, "sm_100a") for k in NEW_ROW_KERNELS])
@@ -253,13 +253,15 @@ def test_a_loss_over_a_vocabulary_builds_with_the_default_pipeline(tmp_path, n):
 
 
 ALL_ROW_KERNELS = ["rmsnorm", "layernorm", "softmax", "rmsnorm_residual", "rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx",
-                   "softmax_bwd"]
+                   "layernorm_bwd", "softmax_bwd"]
 # from one element to 262144, staged and in registers, rows that split evenly and ones that do not
 SWEEP_NS = [1, 7, 4104, 65537, 131072, 200000, 262143, 262144]
 
 
 def test_the_default_pipeline_builds_every_row_kernel_at_every_length_without_spills():
     jobs = [(k, "bf16", n, "sm_90a") for k in ALL_ROW_KERNELS for n in SWEEP_NS]
+    # f32 rows of the kernels that also sum across rows: twice the bytes beside the sums
+    jobs += [(k, "f32", n, "sm_90a") for k in ("rmsnorm_bwd", "layernorm_bwd") for n in (200000, 262143, 262144)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = dict(pool.map(_compile, jobs))
     for (name, _, n, _), r in results.items():
@@ -270,6 +272,10 @@ def test_the_default_pipeline_builds_every_row_kernel_at_every_length_without_sp
         assert (staged or shared_sums) == (r.plan.smem_dynamic > 0), (name, n)
         if n * 2 % 16:
             assert not staged, (name, n)  # not a 16-byte multiple: the row stays in registers
+    # layernorm_bwd's dw and db in f32 at rows of 262144 leave room in shared memory for one of
+    # its two rows: one is staged, the other stays in registers
+    cu = results[("layernorm_bwd", "f32", 262144, "sm_90a")].kernel.cu
+    assert cu.count("cp.async.bulk.shared") == 1 and "kfc_sums[" in cu
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])

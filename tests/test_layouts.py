@@ -15,8 +15,9 @@ pow2 = st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128])
 
 def c_value(expr: str, **env) -> int:
     """A C integer expression of non-negative ints, in Python (C's / and % are Python's // and
-    % there)."""
-    return int(eval(expr.replace("/", "//"), {}, env))  # noqa: S307 - test-only, our own text
+    % there, its || and && Python's or and and)."""
+    text = expr.replace("/", "//").replace("||", " or ").replace("&&", " and ")
+    return int(eval(text, {}, env))  # noqa: S307 - test-only, our own text
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

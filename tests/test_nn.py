@@ -33,8 +33,8 @@ def test_fakes_on_meta_tensors():
     dx, rstd, dw = ops.rms_norm_backward(x, w, x, None, 1e-6)
     assert dx.dtype == torch.bfloat16 and rstd.shape == (6,) and rstd.dtype == torch.float32
     assert dw.shape == (300,) and dw.dtype == torch.float32
-    dx, mean, rstd = ops.layer_norm_backward(x, w, x, 1e-5)
-    assert mean.shape == rstd.shape == (6,)
+    dx, mean, rstd, dw, db = ops.layer_norm_backward(x, w, x, 1e-5)
+    assert mean.shape == rstd.shape == (6,) and dw.shape == db.shape == (300,) and db.dtype == torch.float32
     assert ops.softmax_lastdim(x).shape == (6, 300)
     assert ops.softmax_backward(x, x).dtype == torch.bfloat16
 

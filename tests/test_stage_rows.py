@@ -137,8 +137,10 @@ def test_a_copy_past_the_tensor_zero_fills_and_counts_every_byte():
 # --- the pass ------------------------------------------------------------------------------------
 
 
+# layernorm_bwd's mean(g) and mean(g·x̂) depend on nothing of each other: one stretch ends with
+# both (two rows read twice); layernorm_bwd_dx reads x in four stretches, dy in the last two
 @pytest.mark.parametrize("name, reads", [("rmsnorm", 2), ("softmax", 3), ("layernorm", 3), ("softmax_bwd", 4),
-                                         ("rmsnorm_bwd_dx", 5)])
+                                         ("rmsnorm_bwd_dx", 5), ("layernorm_bwd", 4), ("layernorm_bwd_dx", 6)])
 def test_every_stretch_between_reductions_reads_the_row_again(name, reads):
     spec, f = kernel(name, 512)
     ve = VerifyEach({"N": 512, "M": 3}, spec.check, seeds=(0, 1))
@@ -157,6 +159,46 @@ def test_rows_that_are_not_16_byte_multiples_stay_in_registers(name, n, dtype):
     spec, f = kernel(name, n, dtype)
     g, _ = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}"), check=spec.check)
     assert not ops_of(g, SmemAllocOp)
+
+
+def loads_of(g, tensor: str) -> int:
+    return sum(op.operands[0].name == tensor for op in ops_of(g, LoadOp))
+
+
+@pytest.mark.parametrize("reread", [True, False])
+def test_rows_too_long_for_registers_that_the_copy_cannot_move_are_read_again(reread):
+    """262143 bf16 elements are not a 16-byte multiple; two such rows of 32 elements a thread
+    of the largest tile are re-read from global memory in each stretch, with the same results."""
+    n = 262143
+    spec, f = kernel("layernorm_bwd_dx", n)
+    ve = VerifyEach({"N": n, "M": 2}, spec.check, seeds=(0,))
+    pipe = ROW_PIPELINE.replace("stage-rows", f"stage-rows{{reread={str(reread).lower()}}}")
+    g, ctx = run_pipeline(f, pipe, check=spec.check, verify_each=ve)
+    assert not ops_of(g, SmemAllocOp)
+    assert (loads_of(g, "x"), loads_of(g, "dy")) == ((4, 2) if reread else (1, 1))
+    assert any("re-read from global memory" in m for _, m in ctx.notes) == reread
+
+
+def test_rows_too_long_for_registers_are_staged_whatever_their_stretches():
+    """layernorm_bwd_dx reads its rows in four stretches (staged from 512 KB by stretches alone);
+    rows of 200000 are 25 elements a thread of two rows: they are staged."""
+    spec, f = kernel("layernorm_bwd_dx", 200000)
+    g, _ = run_pipeline(f, ROW_PIPELINE, check=spec.check)
+    assert len(ops_of(g, SmemAllocOp)) == 2
+    spec, f = kernel("layernorm_bwd_dx", 131072)  # 16 elements a thread of each row: registers hold them
+    g, _ = run_pipeline(f, ROW_PIPELINE, check=spec.check)
+    assert not ops_of(g, SmemAllocOp)
+
+
+def test_rows_that_leave_no_room_beside_sums_across_rows_are_read_again():
+    """layernorm_bwd's dw and db in f32 at rows of 262144 take 128 KB of each CTA of 16: one of
+    its two rows is staged, the other re-read."""
+    spec, f = kernel("layernorm_bwd", 262144, "f32")
+    g, ctx = run_pipeline(f, ROW_PIPELINE, check=spec.check)
+    (buf,) = ops_of(g, SmemAllocOp)
+    copied = ops_of(g, CopyAsyncOp)[0].operands[0].name
+    other = ({"x", "dout"} - {copied}).pop()
+    assert loads_of(g, copied) == 0 and loads_of(g, other) == 2
 
 
 def test_short_rows_stay_in_registers_by_default():

@@ -15,7 +15,7 @@ import math
 import attrs
 
 from ..diagnostics import KfcError
-from ..ir.core import Op, Value
+from ..ir.core import Op, Value, walk_block
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp
@@ -25,7 +25,8 @@ from ..ir.smem_ops import (
     CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copies_not_indexed_by_row, copy_bytes,
 )
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, IotaOp, ReduceKind, UnaryOp, WhereOp, YieldOp,
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, ForOp, IfOp, IndexDim, IotaOp, ReduceKind, ScanOp, UnaryOp,
+    WhereOp, YieldOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
@@ -136,16 +137,22 @@ class RowKernelEmitter:
             for op in copies_not_indexed_by_row(self.launch.body):
                 raise CodegenError("a copy issued a row ahead (stages=2) is indexed by the row itself", op.loc,
                                    "use tile{stages=1} for this op")
+        self.scans = 0  # scans emitted: their shuffles join the prelude
         self.uses: dict[Value, list[Op]] = {}
         for op in self.launch.body.ops:
-            for v in op.operands:
+            for v in self.operands_within(op):
                 self.uses.setdefault(v, []).append(op)
         # sums across rows: one f32 accumulator per element a thread holds, per result
         self.sums = row_sums.plan_row_sums(func, self.launch, self.N, CodegenError) if self.launch.results else None
 
     # --- naming -------------------------------------------------------------------------------
+    @staticmethod
+    def operands_within(op: Op) -> list[Value]:
+        """What an op reads, the ops of its regions' reads included (a for loop's body)."""
+        return [v for inner in op.walk() for v in inner.operands]
+
     def _row_length(self) -> int:
-        for op in self.launch.body.ops:
+        for op in walk_block(self.launch.body):
             for r in op.results:
                 t = r.type
                 if isinstance(t, TensorType) and t.layout is not None and t.layout.kind == "row":
@@ -727,8 +734,30 @@ class RowKernelEmitter:
                     raise CodegenError("a row access takes the whole last dim only", op.loc)
                 terms.append(f"({elem_offset})")
             else:
-                raise CodegenError("slices do not reach row codegen", op.loc, "row programs index x[m, :]")
+                if dim != len(index) - 1:
+                    raise CodegenError("a row access slices the last dim only", op.loc,
+                                       "index x[m, k:k+64], not a slice of an earlier dim")
+                terms.append(f"((long long)({self.name(next(it))}) + ({elem_offset}))")
+                if ix.limit:
+                    next(it)
         return " + ".join(terms) if terms else "0"
+
+    def slice_conds(self, tensor: Value, index: tuple[IndexDim, ...], idx_operands, elem_offset: str) -> list[str]:
+        """What must hold for the element at `elem_offset` of a sliced access (x[m, k:k+64],
+        with or without a limit) to lie inside the tensor and below the limit: the tile has its
+        own length, the tensor may end inside it."""
+        it = iter(idx_operands)
+        conds = []
+        for ix, d in zip(index, tensor.ttype.shape):
+            if ix.kind == "point":
+                next(it)
+            elif ix.kind == "slice":
+                at = f"(long long)({self.name(next(it))}) + ({elem_offset})"
+                # unsigned: a start read from memory may be negative, and must not reach below the tensor
+                conds.append(f"(unsigned long long)({at}) < (unsigned long long)({self._dim(d)})")
+                if ix.limit:
+                    conds.append(f"{at} < (long long)({self.name(next(it))})")
+        return conds
 
     def _dim(self, d) -> str:
         if isinstance(d, int):
@@ -771,12 +800,21 @@ class RowKernelEmitter:
                 self.emit(ptx.ld_shared(words, f"{self.name(tensor)} + (unsigned)({offset}) * {d.itemsize}u", pred,
                                         word))
             else:
-                addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[1:], f'{base} + {a * op.vec}')}"
-                self.emit(ptx.ld_global(words, addr, pred, op.cache, word))
+                at = f"{base} + {a * op.vec}"
+                addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[1:], at)}"
+                self.emit(ptx.ld_global(words, addr, self.with_slice(pred, tensor, op.index, op.operands[1:], at),
+                                        op.cache, word))
             for wi, w in enumerate(words):
                 for k in range(per_word):
                     self.emit(f"{self.chunk_elem(r, a * op.vec + wi * per_word + k)} = {self._from_bits(w, d, k, word)};")
         self.close_chunks()
+
+    def with_slice(self, pred: str | None, tensor: Value, index, idx_operands, at: str) -> str | None:
+        """An access's predicate with its slices' bounds at element `at` (a vector of the
+        tile pass's width never straddles them: the tensor's dim and the slice's start are
+        multiples of it)."""
+        conds = ([pred] if pred else []) + self.slice_conds(tensor, index, idx_operands, at)
+        return " && ".join(conds) if conds else None
 
     def scalar_access_conds(self, op, tensor: Value, index: tuple[IndexDim, ...], idx_operands,
                             guard: str | None) -> list[str]:
@@ -878,9 +916,81 @@ class RowKernelEmitter:
                 wt = "unsigned" if word == 4 else "unsigned short"
                 self.emit(f"const {wt} {w} = ({wt})({' | '.join(parts)});")
                 words.append(w)
-            addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[2:], f'{base} + {a * op.vec}')}"
-            self.emit(ptx.st_global(words, addr, pred, op.cache, word))
+            at = f"{base} + {a * op.vec}"
+            addr = f"{self.name(tensor)} + {self._address(op, tensor, op.index, op.operands[2:], at)}"
+            self.emit(ptx.st_global(words, addr, self.with_slice(pred, tensor, op.index, op.operands[2:], at),
+                                    op.cache, word))
         self.close_chunks()
+
+    # --- sequential loops -----------------------------------------------------------------------
+    def op_ForOp(self, op: ForOp) -> None:
+        """for (k = lo; k < hi; k += step) over the body, its carried values in variables the
+        body's arguments and the loop's results share. Every thread of the CTA runs every
+        iteration (tile gives a CTA one row), so reductions in the body synchronise as they
+        do in the row loop; their shared slots alternate per iteration with kfc_phase."""
+        if any(isinstance(o, ForOp) for o in op.body.ops):
+            raise CodegenError("a for loop inside a for loop in a row kernel", op.loc)
+        lo, hi, step = (self.name(v) for v in op.operands[:3])
+        step_op = next((o for o in walk_block(self.launch.body) if o.results and o.results[0] is op.operands[2]),
+                       None)
+        if isinstance(step_op, ConstOp) and step_op.value <= 0:
+            raise CodegenError(f"a for loop's step must be positive, not {step_op.value}", op.loc)
+        body = op.body
+        carried = []
+        for init, arg, res in zip(op.inits, body.args[1:], op.results):
+            n = self.declare(res)
+            self.copy_value(n, res, init)
+            self.names[arg] = n
+            carried.append((n, res))
+        k = self.fresh("kfc_k")
+        self.names[body.args[0]] = k
+        if not isinstance(step_op, ConstOp):
+            self.emit(f"if ((long long)({step}) <= 0) __trap();  // a step the interpreter refuses: never loop forever")
+        self.emit(f"for (long long {k} = (long long)({lo}); {k} < (long long)({hi}); {k} += (long long)({step})) {{")
+        self.indent += 1
+        for inner in body.ops[:-1]:
+            self.emit_op(inner)
+        # the next carried values, all read before any is written (one may feed another)
+        nexts = []
+        for (n, res), y in zip(carried, body.ops[-1].operands):
+            t = self.fresh("kfc_next")
+            self.emit_declare_like(t, res)
+            self.copy_value(t, res, y)
+            nexts.append((n, t, res))
+        for n, t, res in nexts:
+            if self.kind(res) == "row":
+                self.loop(f"{n}[i] = {t}[i];")
+            else:
+                self.emit(f"{n} = {t};")
+        if any(isinstance(o, (CtaReduceOp, ClusterReduceOp, ScanOp)) for o in body.ops):
+            self.emit("kfc_phase ^= 1;")
+        self.indent -= 1
+        self.emit("}")
+
+    def op_IfOp(self, op: IfOp) -> None:
+        """if (c) { then } else { else }, each branch ending with the results' values. The
+        condition is a scalar every thread of the row computes alike; where a branch holds a
+        reduction, tile gives each CTA one row, so a CTA takes one branch as a whole."""
+        results = [(self.declare(r), r) for r in op.results]
+        for k, region in enumerate(op.regions):
+            self.emit(f"if ({self.name(op.operands[0])}) {{" if k == 0 else "} else {")
+            self.indent += 1
+            for inner in region.ops[:-1]:
+                self.emit_op(inner)
+            for (n, r), y in zip(results, region.ops[-1].operands):
+                self.copy_value(n, r, y)
+            self.indent -= 1
+        self.emit("}")
+
+    def emit_declare_like(self, name: str, v: Value) -> None:
+        ct = C_TYPES[v.ttype.dtype]
+        self.emit(f"{ct} {name}[{self.EV}];" if self.kind(v) == "row" else f"{ct} {name};")
+
+    def copy_value(self, name: str, like: Value, src: Value) -> None:
+        if self.kind(like) == "row":
+            self.loop(f"{name}[i] = {self.elem(src, 'i')};")
+        else:
+            self.emit(f"{name} = {self.name(src)};")
 
     # --- shared memory and bulk copies ----------------------------------------------------------
     def op_SmemAllocOp(self, op: SmemAllocOp) -> None:
@@ -1073,6 +1183,88 @@ class RowKernelEmitter:
         self.emit("#pragma unroll")
         self.emit(f"for (int c = 1; c < {self.C}; ++c) {n} = {self.combine(op.kind, n, f'{slot}[c]')};")
 
+    # --- scans --------------------------------------------------------------------------------
+    INT_COMBINE = {ReduceKind.SUM: "({a} + {b})", ReduceKind.PROD: "({a} * {b})", ReduceKind.MAX: "max({a}, {b})",
+                   ReduceKind.MIN: "min({a}, {b})"}
+    INT_IDENTITY = {ReduceKind.SUM: "0", ReduceKind.PROD: "1", ReduceKind.MAX: "(-2147483647 - 1)",
+                    ReduceKind.MIN: "2147483647"}
+
+    def op_ScanOp(self, op: ScanOp) -> None:
+        """A prefix reduction along the row, in the row's order (chunk e of every lane before
+        chunk e + 1): each thread scans its chunks' elements, a segmented shuffle scan of the
+        chunk totals runs across a warp's lanes, shared memory carries the warps' totals across
+        the CTA, and a running carry crosses the chunks. Elements past the row's end come after
+        every real one, so they change nothing."""
+        x, r = op.operands[0], op.result
+        if self.kind(r) != "row":
+            raise CodegenError("codegen scans whole rows (a #row tile)", op.loc)
+        if self.C > 1:
+            raise CodegenError("a scan over a row split across a cluster", op.loc,
+                               "leave tile's cluster at 0: a row with a scan stays in one CTA")
+        if op.reverse:
+            raise CodegenError("reverse scans do not generate code yet", op.loc, "scan the row forwards")
+        d = x.ttype.dtype
+        if d not in (DType.F32, DType.I32):
+            raise CodegenError(f"codegen scans f32 or i32 rows, not {d}", op.loc, "cast the row first: cumsum(f32(x))")
+        self.scans += 1
+        ct = C_TYPES[d]
+        if d is DType.F32:
+            def comb(a, b):
+                return self.combine(op.kind, a, b)
+            ident = self.identity(op.kind)
+        else:
+            def comb(a, b):
+                return self.INT_COMBINE[op.kind].format(a=a, b=b)
+            ident = self.INT_IDENTITY[op.kind]
+        n = self.declare(r)
+        E, V, T, R = self.E, self.V, self.T, self.R
+        seg, warps = min(T, 32), max(1, T // 32)
+        lane = f"(kfc_lane % {seg})"
+        u = self.fresh("kfc_scan")
+        x_at = self.elem(x, f"e * {V} + k")
+        step = (f"{n}[e * {V} + k] = run; run = {comb('run', x_at)};" if op.exclusive
+                else f"run = {comb('run', x_at)}; {n}[e * {V} + k] = run;")
+        self.emit(f"{ct} {u}_inc[{E}];  // each chunk's total up to this lane, in its warp")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int e = 0; e < {E}; ++e) {{")
+        self.emit(f"  {ct} run = {ident};")
+        self.emit("  #pragma unroll")
+        self.emit(f"  for (int k = 0; k < {V}; ++k) {{ {step} }}")
+        self.emit(f"  {ct} v = run;")
+        off = 1
+        while off < seg:
+            self.emit(f"  {{ const {ct} y = {ptx.shfl_up('v', off, seg, ct)}; if ({lane} >= {off}) v = {comb('y', 'v')}; }}")
+            off *= 2
+        self.emit(f"  {u}_inc[e] = v;")
+        self.emit("}")
+        if warps > 1:
+            self.smem_decls.append(f"__shared__ {ct} {u}_w[2][{R}][{E}][{warps}];")
+            self.smem_bytes += 2 * R * E * warps * d.itemsize
+            self.emit(f"if (kfc_lane == 31) {{ for (int e = 0; e < {E}; ++e) {u}_w[kfc_phase][kfc_r][e][kfc_t / 32] = "
+                      f"{u}_inc[e]; }}")
+            self.emit(ptx.bar_sync(0))
+        self.emit(f"{ct} {u}_carry = {ident};  // the chunks before")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int e = 0; e < {E}; ++e) {{")
+        self.indent += 1
+        self.emit(f"{ct} lane_before = {ptx.shfl_up(f'{u}_inc[e]', 1, seg, ct)};")
+        self.emit(f"if ({lane} == 0) lane_before = {ident};")
+        if warps > 1:
+            self.emit(f"{ct} warps_before = {ident}, total = {ident};")
+            self.emit("#pragma unroll")
+            self.emit(f"for (int w = 0; w < {warps}; ++w) {{ const {ct} t = {u}_w[kfc_phase][kfc_r][e][w]; "
+                      f"if (w < kfc_t / 32) warps_before = {comb('warps_before', 't')}; total = {comb('total', 't')}; }}")
+            before = comb(f"{u}_carry", comb("warps_before", "lane_before"))
+        else:
+            self.emit(f"const {ct} total = {ptx.shfl_idx(f'{u}_inc[e]', seg - 1, seg, ct)};")
+            before = comb(f"{u}_carry", "lane_before")
+        self.emit(f"const {ct} before = {before};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int k = 0; k < {V}; ++k) {n}[e * {V} + k] = {comb('before', f'{n}[e * {V} + k]')};")
+        self.emit(f"{u}_carry = {comb(f'{u}_carry', 'total')};")
+        self.indent -= 1
+        self.emit("}")
+
     def op_UniformOp(self, op: UniformOp) -> None:
         self.emit(f"const float {self.name(op.result)} = {self.name(op.operands[0])};")
 
@@ -1107,4 +1299,5 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, La
     name = kernel_name or c_kernel(func.sym_name)
     emitter = RowKernelEmitter(func, name)
     code, plan = emitter.generate()
-    return HEADER + ptx.PRELUDE + HELPERS + "\n" + code, plan
+    scans = ptx.SCAN_PRELUDE if emitter.scans else ""
+    return HEADER + ptx.PRELUDE + scans + HELPERS + "\n" + code, plan

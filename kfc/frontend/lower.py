@@ -21,7 +21,7 @@ from ..ir.tile_ops import StoreOp, broadcast_compatible
 from ..ir.types import MemSpace, SymDim, TensorType
 from ..ir.verifier import verify
 
-KEYWORDS = {"op", "parallel", "for", "in", "step", "carry", "limit", "None", "true", "false",
+KEYWORDS = {"op", "parallel", "for", "if", "else", "in", "step", "carry", "limit", "None", "true", "false",
             "check", "metric", "targets"}
 
 
@@ -285,7 +285,7 @@ class Lowerer:
         if any(name in f.indices for f in self.frames):
             raise self.err(node, f"'{name}' is a loop index and cannot be assigned",
                            "choose a new name for the value")
-        if name not in frame.names:
+        if name not in frame.names and frame.kind != "if":  # a branch may assign outer names: the if's results
             for outer in reversed(self.frames[:-1]):
                 if name in outer.names:
                     if frame.kind == "for":
@@ -379,7 +379,7 @@ class Lowerer:
         name, index, expr = node.children
         frame = self.frames[-1]
         if frame.kind != "parallel":
-            where = "inside a for loop" if frame.kind == "for" else "outside a parallel loop"
+            where = {"for": "inside a for loop", "if": "inside an if"}.get(frame.kind, "outside a parallel loop")
             raise self.err(node, f"'{name} +=' {where}: += sums a value across the iterations of the parallel loop "
                                  "whose body it is in", "carry the sum through a for loop (carry (...)) and add it "
                                  "to the output once, in the parallel loop's body" if frame.kind == "for" else
@@ -421,6 +421,47 @@ class Lowerer:
             with self.b.at(self.span(node)):
                 value = self.b.binary("add", frame.accumulated[str(name)][0], value)
         frame.accumulated[str(name)] = (value, node)
+
+    def stmt_if_stmt(self, node) -> None:
+        """`if c { ... } else { ... }`: one branch runs. A name a branch assigns that is
+        defined outside the if, or that both branches assign, takes the branch's value after
+        it (the other branch keeps the outer value); names only one branch makes stay in it."""
+        cond, then_block, else_block = node.children
+        c = self.value(cond)
+        if isinstance(c, bool):  # known while lowering: the branch that runs is all there is
+            if (then_block if c else else_block) is not None:
+                self.block(then_block if c else else_block)
+            return
+        if not isinstance(c, Value) or not (c.ttype.is_scalar and c.ttype.dtype is DType.BOOL):
+            raise self.err(cond, f"an if's condition is a scalar bool, not {getattr(c, 'type', type(c).__name__)}",
+                           "compare to make one, e.g. if n > 0 { ... }; for elementwise choices use where(c, a, b)")
+        branches = []
+        for block in (then_block, else_block):
+            frame = _Frame("if")
+            self.frames.append(frame)
+            with self.b.region() as ops:
+                if block is not None:
+                    self.block(block)
+            self.frames.pop()
+            branches.append((frame, ops))
+        (then, then_ops), (other, else_ops) = branches
+        outside = [n for n in dict.fromkeys([*then.names, *other.names])
+                   if any(n in f.names for f in self.frames) or (n in then.names and n in other.names)]
+        values = []
+        for n in outside:
+            a = then.names[n] if n in then.names else self.lookup(n, node)
+            b = other.names[n] if n in other.names else self.lookup(n, node)
+            if a.type != b.type:
+                raise self.err(node, f"'{n}' is {a.type} after one branch and {b.type} after the other",
+                               "give it the same dtype and shape in both, e.g. with a cast")
+            values.append((a, b))
+        with self.b.at(self.span(node)):
+            try:
+                results = self.b.if_(c, then_ops, [a for a, _ in values], else_ops, [b for _, b in values], outside)
+            except BuildError as e:
+                raise KfcError(e.message, self.span(cond), e.hint) from None
+        for n, r in zip(outside, results):
+            self.assign(n, r, node)
 
     def stmt_for_loop(self, node) -> None:
         name, lo, hi, step, carry, body = node.children
@@ -910,12 +951,15 @@ def _reduce(kind):
     return h
 
 
-def _cumsum(lw: Lowerer, node, pos, kw):
-    x = lw.tile_value(pos[0], "cumsum's operand")
-    axis = lw.const_int(kw["axis"], "axis") if "axis" in kw else 0
-    excl = lw.const_bool(kw["exclusive"], "exclusive") if "exclusive" in kw else False
-    rev = lw.const_bool(kw["reverse"], "reverse") if "reverse" in kw else False
-    return lw.b.scan("sum", x, axis, excl, rev)
+def _scan(kind: str):
+    """cumsum, cumprod, cummax, cummin: a prefix reduction along an axis."""
+    def h(lw: Lowerer, node, pos, kw):
+        x = lw.tile_value(pos[0], f"cum{kind}'s operand")
+        axis = lw.const_int(kw["axis"], "axis") if "axis" in kw else 0
+        excl = lw.const_bool(kw["exclusive"], "exclusive") if "exclusive" in kw else False
+        rev = lw.const_bool(kw["reverse"], "reverse") if "reverse" in kw else False
+        return lw.b.scan(kind, x, axis, excl, rev)
+    return h
 
 
 def _where(lw: Lowerer, node, pos, kw):
@@ -992,7 +1036,7 @@ _BUILTINS: dict[str, tuple[Callable, tuple[str, ...], int, int]] = {
     "sum": (_reduce("sum"), ("axis", "keepdims"), 1, 1),
     "mean": (_reduce("mean"), ("axis", "keepdims"), 1, 1),
     "prod": (_reduce("prod"), ("axis", "keepdims"), 1, 1),
-    "cumsum": (_cumsum, ("axis", "exclusive", "reverse"), 1, 1),
+    **{f"cum{k}": (_scan(k), ("axis", "exclusive", "reverse"), 1, 1) for k in ("sum", "prod", "max", "min")},
     "where": (_where, (), 3, 3),
     "dot": (_dot, ("trans_a", "trans_b"), 2, 2),
     "iota": (_iota, ("dtype",), 1, 1),
@@ -1011,7 +1055,8 @@ _SIGNATURES = {
     "min": "min(a, b) elementwise, or min(x, axis=..., keepdims=...) to reduce",
     "sum": "sum(x, axis=..., keepdims=...)", "mean": "mean(x, axis=..., keepdims=...)",
     "prod": "prod(x, axis=..., keepdims=...)",
-    "cumsum": "cumsum(x, axis=0, exclusive=false, reverse=false)", "where": "where(cond, a, b)",
+    **{f"cum{k}": f"cum{k}(x, axis=0, exclusive=false, reverse=false)" for k in ("sum", "prod", "max", "min")},
+    "where": "where(cond, a, b)",
     "dot": "dot(a, b, trans_a=false, trans_b=false)", "iota": "iota(n, dtype=i32)",
     "tril": "tril(rows, cols=rows, k=0)", "triu": "triu(rows, cols=rows, k=0)",
     "zeros": "zeros([dims], dtype=f32)", "ones": "ones([dims], dtype=f32)",

@@ -30,7 +30,7 @@ from .dtypes import DType, promote_ints
 from .func import FuncOp
 from .tile_ops import (
     BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
-    ExpandDimsOp, ForOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
+    ExpandDimsOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
     ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible,
 )
 from .types import Dim, MemSpace, SymDim, TensorType, Type, bare_type
@@ -181,6 +181,30 @@ class Builder:
                    regions=(Block((iv,) + frame.carried, ops),), loc=loc)
         self.insert(op)
         frame.results = results
+
+    @contextlib.contextmanager
+    def region(self) -> Iterator[list[Op]]:
+        """Ops built inside go to a block of their own (a branch of an if): the list, after."""
+        ops: list[Op] = []
+        self._blocks.append(ops)
+        try:
+            yield ops
+        finally:
+            self._blocks.pop()
+
+    def if_(self, cond: Value, then_ops: Sequence[Op], then_values: Sequence[Value], else_ops: Sequence[Op],
+            else_values: Sequence[Value], names: Sequence[str | None]) -> tuple[Value, ...]:
+        """A tile.if of the two branches built in region()s, yielding the values each gives the
+        results (named `names`)."""
+        t = cond.type
+        if not (isinstance(t, TensorType) and t.is_scalar and t.dtype is DType.BOOL):
+            raise self.error(f"an if's condition is a scalar bool, not {t}", "compare to make one, e.g. if n > 0")
+        loc = self._loc
+        results = tuple(Value(v.type, n) for v, n in zip(then_values, names))
+        then = Block((), tuple(then_ops) + (YieldOp(operands=tuple(then_values), loc=loc),))
+        other = Block((), tuple(else_ops) + (YieldOp(operands=tuple(else_values), loc=loc),))
+        self.insert(IfOp(operands=(cond,), results=results, regions=(then, other), loc=loc))
+        return results
 
     # --- constants ----------------------------------------------------------------------
     def const(self, value: Number, dtype: DType, shape: Sequence[Dim] = (), name: str | None = None) -> Value:
@@ -402,7 +426,7 @@ class Builder:
         t = self.tile_of(x, "scan operand")
         (axis,) = self._axes(t, axis) if t.rank else (None,)
         if axis is None:
-            raise self.error("cumsum of a scalar")
+            raise self.error(f"cum{kind} of a scalar")
         return self.create(ScanOp, [x], kind=ReduceKind(kind), axis=axis, exclusive=exclusive, reverse=reverse,
                            name=name).result
 

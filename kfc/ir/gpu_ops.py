@@ -36,11 +36,24 @@ from .types import Layout, TensorType
 
 def row_dependent(body) -> set:
     """The row index (a row loop's region argument) and every value computed from it, before
-    or after `tile` maps the loop."""
+    or after `tile` maps the loop, inside nested loops too: a `for` whose bounds or carried
+    values depend on the row has its index, carried values and results depend on it."""
     values = {body.args[0]}
-    for op in body.ops:
-        if any(v in values for v in op.operands):
-            values.update(op.results)
+
+    def visit(block) -> None:
+        for op in block.ops:
+            for region in op.regions:
+                visit(region)
+            yielded = [v for r in op.regions if r.ops for v in r.ops[-1].operands]
+            if any(v in values for v in (*op.operands, *yielded)):
+                values.update(op.results)
+                for region in op.regions:
+                    values.update(region.args)
+
+    size = -1
+    while size != len(values):  # carried values: until nothing more depends on the row
+        size = len(values)
+        visit(body)
     return values
 
 

@@ -446,6 +446,9 @@ class Interpreter:
         for k, (kind, c) in enumerate(zip(op.reduce, contributions or ())):
             acc[k] = self._combine(kind)(acc[k], np.asarray(c, dtype=acc[k].dtype)).astype(acc[k].dtype)
 
+    def op_IfOp(self, op, ins, env):
+        return self.exec_block(op.regions[0 if bool(ins[0]) else 1], env)
+
     def op_ForOp(self, op: ForOp, ins, env):
         lo, hi, step = (int(x) for x in ins[:3])
         if step <= 0:

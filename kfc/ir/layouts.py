@@ -58,9 +58,18 @@ class Blocked1D:
         """The row index where chunk `chunk` of lane `lane` starts."""
         return f"(({chunk} * {self.lanes} + {lane}) * {self.vec})"
 
+    def full_chunks(self, n: int) -> int:
+        """Chunks that lie inside a row of n for every lane."""
+        return n // (self.vec * self.lanes)
+
     def in_row_c(self, chunk: str, lane: str, n: int) -> str:
-        """Whether that chunk starts inside a row of n."""
-        return f"(({chunk}) * {self.lanes} + {lane}) * {self.vec} < {n}"
+        """Whether that chunk starts inside a row of n. The chunks every lane holds whole pass
+        by their number alone: once a chunk loop is unrolled only the last ones test the lane,
+        so a thread does not keep a bounds predicate per chunk (long rows that do not split
+        evenly spilled them)."""
+        test = f"(({chunk}) * {self.lanes} + {lane}) * {self.vec} < {n}"
+        full = self.full_chunks(n)
+        return f"(({chunk}) < {full} || {test})" if full else test
 
     # A CTA's part of the row: for each chunk, the `threads · vec` consecutive elements its
     # threads hold (a contiguous span; shared-memory staging copies each span in one piece)
@@ -86,8 +95,11 @@ class Blocked1D:
         return f"(({reg} / {self.vec}) * {self.lanes} + {lane}) * {self.vec} + ({reg} % {self.vec})"
 
     def register_in_row_c(self, reg: str, lane: str, n: int) -> str:
-        """Whether register `reg` of lane `lane` holds an element of a row of n."""
-        return f"({self.register_element_c(reg, lane)} < {n})"
+        """Whether register `reg` of lane `lane` holds an element of a row of n (registers of
+        whole chunks pass by their number alone, as in in_row_c)."""
+        test = f"({self.register_element_c(reg, lane)} < {n})"
+        full = self.full_chunks(n)
+        return f"(({reg}) < {full * self.vec} || {test})" if full else test
 
     def per_lane(self, x: np.ndarray, fill) -> np.ndarray:
         """A row as [lane, its registers in order], padded with `fill` past the row's end."""

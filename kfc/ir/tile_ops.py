@@ -805,6 +805,39 @@ class ForOp(Op):
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
+class IfOp(Op):
+    """Runs its first region where the scalar bool operand holds, its second otherwise; each
+    region ends with a tile.yield of the values the results take (the names a branch assigns
+    that live on after the `if`)."""
+
+    NAME: ClassVar[str] = "tile.if"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"branch"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        c = _tt(self, self.operands[0], "condition")
+        if not (c.is_scalar and c.dtype is DType.BOOL and c.space is MemSpace.REG):
+            raise self.error(f"the condition must be a scalar bool, not {c}",
+                             "compare to make one, e.g. if n > 0 { ... }")
+        if len(self.regions) != 2:
+            raise self.error("needs a then region and an else region")
+        for name, region in zip(("then", "else"), self.regions):
+            if region.args:
+                raise self.error(f"the {name} region takes no arguments")
+            ops = region.ops
+            if not ops or not isinstance(ops[-1], YieldOp):
+                raise self.error(f"the {name} region must end with tile.yield")
+            yielded = ops[-1].operands
+            if len(yielded) != len(self.results):
+                raise self.error(f"the {name} region yields {len(yielded)} value(s) for {len(self.results)} result(s)")
+            for i, (y, r) in enumerate(zip(yielded, self.results)):
+                if y.type != r.type:
+                    raise self.error(f"result {i} is {r.type} but the {name} region yields {y.type}",
+                                     "both branches must give a name the same dtype and shape")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
 class YieldOp(Op):
     NAME: ClassVar[str] = "tile.yield"
     TRAITS: ClassVar[frozenset[str]] = frozenset({"terminator"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .barriers import check_barriers
 from .core import Block, Op
 from .func import FuncOp
-from .tile_ops import DimOp, ForOp, LoadOp, StoreOp, YieldOp
+from .tile_ops import DimOp, LoadOp, StoreOp, YieldOp
 from .types import MemSpace, SymDim, TensorType, bare_type
 
 
@@ -49,8 +49,8 @@ class _Verifier:
             if op.has_trait("terminator"):
                 if i != len(block.ops) - 1:
                     raise op.error("a terminator must be the last op of its block")
-                if isinstance(op, YieldOp) and not owner.has_trait("loop"):
-                    raise op.error(f"tile.yield ends a loop's body, not a {owner.NAME} region")
+                if isinstance(op, YieldOp) and not (owner.has_trait("loop") or owner.has_trait("branch")):
+                    raise op.error(f"tile.yield ends a loop's body or a branch, not a {owner.NAME} region")
             if isinstance(op, FuncOp):
                 raise op.error("functions do not nest")
             op.verify_()

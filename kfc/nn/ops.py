@@ -9,9 +9,9 @@ kfc's backward kernels.
 
 Every op takes rows: x is [M, N] (kfc.nn.functional flattens leading dims), in bf16, f16 or
 f32; weights and biases are [N] in any float dtype (the kernels read fp32; another dtype is
-converted first) or None. The row part of each backward pass is a kfc kernel
-(kernels/*_bwd_dx.kfc, softmax_bwd.kfc); the weight and bias gradients, sums over rows, are
-computed by torch from the rows' statistics those kernels return.
+converted first) or None. Each backward pass is a kfc kernel (kernels/*_bwd_dx.kfc,
+softmax_bwd.kfc); the weight and bias gradients, sums over rows, are summed by those kernels too
+(partials per CTA added by a second kernel in a fixed order, so repeats give the same bits).
 """
 
 from __future__ import annotations
@@ -40,10 +40,6 @@ def _f32(param: Optional[Tensor], n: int, device: torch.device, missing: float) 
     if param is None:
         return _constant(missing, n, device)
     return _ready(param if param.dtype == torch.float32 else param.float())
-
-
-def _sum_rows(t: Tensor, like: Optional[Tensor]) -> Optional[Tensor]:
-    return None if like is None else t.sum(0).to(like.dtype)
 
 
 # --- rms_norm ----------------------------------------------------------------------------------
@@ -152,8 +148,10 @@ def _(x, weight, bias, eps):
 
 
 @torch.library.custom_op("kfc::layer_norm_backward", mutates_args=(), device_types="cuda")
-def layer_norm_backward(x: Tensor, weight: Optional[Tensor], dy: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, mean, rstd): the row part of the backward pass."""
+def layer_norm_backward(x: Tensor, weight: Optional[Tensor], dy: Tensor,
+                        eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, mean, rstd, dw, db): the backward pass; dw and db in f32, summed across the rows by
+    the kernel (kernels/layernorm_bwd_dx.kfc)."""
     return kernel("layernorm_bwd_dx")(_ready(x), _f32(weight, x.shape[-1], x.device, 1.0),
                                       _ready(dy.to(x.dtype)), eps)
 
@@ -161,23 +159,22 @@ def layer_norm_backward(x: Tensor, weight: Optional[Tensor], dy: Tensor, eps: fl
 @layer_norm_backward.register_fake
 def _(x, weight, dy, eps):
     rows = x.new_empty(x.shape[0], dtype=torch.float32)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), rows, rows.clone()
+    cols = x.new_empty(x.shape[-1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), rows, rows.clone(), cols, cols.clone()
 
 
 def _ln_setup(ctx, inputs, output):
     x, weight, bias, eps = inputs
-    ctx.save_for_backward(x, weight, bias)
+    ctx.save_for_backward(x, weight)
     ctx.eps = eps
+    ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _ln_backward(ctx, dy):
-    x, weight, bias = ctx.saved_tensors
-    dx, mean, rstd = layer_norm_backward(x, weight, dy, ctx.eps)
-    dw = db = None
-    if weight is not None and ctx.needs_input_grad[1]:
-        dw = _sum_rows(dy.float() * ((x.float() - mean[:, None]) * rstd[:, None]), weight)
-    if bias is not None and ctx.needs_input_grad[2]:
-        db = _sum_rows(dy.float(), bias)
+    x, weight = ctx.saved_tensors
+    dx, _, _, dw, db = layer_norm_backward(x, weight, dy, ctx.eps)
+    dw = dw.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+    db = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
     return dx, dw, db, None
 
 

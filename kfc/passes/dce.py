@@ -18,7 +18,7 @@ def _has_effect(op: Op) -> bool:
         return True
     if op.has_trait("terminator"):
         return False  # it only ends its block
-    if op.has_trait("pure") or op.has_trait("reads_memory") or op.has_trait("loop"):
+    if op.has_trait("pure") or op.has_trait("reads_memory") or op.has_trait("loop") or op.has_trait("branch"):
         return any(_has_effect(inner) for r in op.regions for inner in r.ops)
     return True  # an op that declares nothing is assumed to have an effect
 

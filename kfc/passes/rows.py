@@ -14,14 +14,14 @@ from ..ir.core import Op
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IotaOp, LoadOp, ParallelOp, ReduceOp, StoreOp, UnaryOp,
-    WhereOp, YieldOp,
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, ForOp, IfOp, IotaOp, LoadOp, ParallelOp, ReduceOp, ScanOp,
+    StoreOp, UnaryOp, WhereOp, YieldOp,
 )
 from ..ir.types import TensorType
 from .base import PassError
 
-ROW_OPS = (ConstOp, DimOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, LoadOp, StoreOp,
-           YieldOp)
+ROW_OPS = (ConstOp, DimOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, ScanOp, LoadOp,
+           StoreOp, YieldOp)
 
 
 def find_row_loop(func: FuncOp, kind=ParallelOp) -> Op:
@@ -41,13 +41,34 @@ def find_row_loop(func: FuncOp, kind=ParallelOp) -> Op:
     return loop
 
 
+def body_ops(block) -> list[Op]:
+    """A row loop's ops, those of the sequential loops and branches in it included (in program
+    order)."""
+    out = []
+    for op in block.ops:
+        out.append(op)
+        if isinstance(op, (ForOp, IfOp)):
+            for region in op.regions:
+                out.extend(body_ops(region))
+    return out
+
+
 def row_length(loop: Op, func: FuncOp) -> int:
-    """The one row length of every rank-1 tile in the loop body; checks the body's ops."""
+    """The one row length of every rank-1 tile in the loop body; checks the body's ops. A
+    sequential `for` in the row loop (a row read in chunks, with carried values) and the
+    branches of an `if` hold the same ops; their tiles have the one length too."""
     lengths: dict[int, Span | None] = {}
-    for op in loop.body.ops:
+    for op in body_ops(loop.body):
+        if isinstance(op, ForOp):
+            if any(isinstance(o, ForOp) for o in body_ops(op.body)):
+                raise PassError("a for loop inside a for loop in a row program", op.loc,
+                                "the row passes handle one level of for loops in the row loop")
+            continue
+        if isinstance(op, IfOp):
+            continue
         if op.regions:
-            raise PassError(f"{op.NAME} inside the row loop: row programs are straight-line", op.loc,
-                            "the row passes do not handle nested loops yet")
+            raise PassError(f"{op.NAME} inside the row loop: row programs hold straight-line code and for loops",
+                            op.loc, "the row passes do not handle other nested regions yet")
         if not isinstance(op, ROW_OPS) and not op.NAME.startswith(("gpu.", "ptx.")):
             raise PassError(f"{op.NAME} is not supported in a row program", op.loc)
         if isinstance(op, ReduceOp) and op.keepdims:

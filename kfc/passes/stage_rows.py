@@ -21,12 +21,19 @@ a thread issuing a load per vector.
 A row read in two stretches (rmsnorm: the sum of squares, then the output) is staged from
 `min_bytes` on; each further stretch multiplies that by EXTRA_STRETCH_FACTOR, since it reads
 shared memory once more and recomputes what it needs (softmax and layernorm read the row three
-times). Rows whose byte length is not a multiple of 16 (the bulk copy's granule), optional
-tensors and shorter rows keep their plain loads. Semantics do not change.
+times). Optional tensors and shorter rows keep their plain loads.
+
+Rows too long for a thread's registers (REGISTER_ROWS_ELEMS_PER_THREAD) leave them whatever the
+stretches. Those the bulk copy cannot move are re-read (`reread`): each later stretch loads the
+row again from global memory, where the first read left it in cache. That is a row whose byte
+length is not a multiple of 16 (the copy's granule), or one that does not fit in shared memory
+beside a loop's sums across rows (their accumulators take shared memory too: layernorm_bwd's dw
+and db in f32 at rows of 262144, where one of its two rows is staged). Semantics do not change.
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import attrs
@@ -38,6 +45,7 @@ from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp
 from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
+from ..target import LARGEST_CLUSTER
 from .base import Pass, PassError, option, register_pass
 from .rows import find_row_loop, row_length
 
@@ -52,13 +60,56 @@ DEFAULT_MIN_BYTES = 8 * 1024
 # staged-from-8KB-*.json against the register rows of the runs before): staged rows lost 5-20% at
 # rows of 8 to 32 KB and won 6-40% from 64 KB up.
 EXTRA_STRETCH_FACTOR = 8
+# Rows leave registers, staged or re-read, whatever their stretches, where the row inputs' share
+# of the largest tile (16 CTAs of 512 threads) passes this many elements a thread: layernorm_bwd_dx
+# (four stretches, two rows, dw and db) spilled at rows of 200000 and 262143 in registers; at rows
+# of 262143 (sm_90a ptxas) re-read rows take 32 (softmax_bwd) to 64 (rmsnorm_bwd) registers,
+# register rows 92-128.
+REGISTER_ROWS_ELEMS_PER_THREAD = 32
+LARGEST_TILE_THREADS = 512 * LARGEST_CLUSTER
+# shared memory a row kernel keeps for itself: reduction slots, barriers (tile: STATIC_SMEM_MARGIN)
+SMEM_MARGIN = 4 * 1024
+
+
+def stretch_map(body) -> tuple[list, list[int], dict]:
+    """The ops in the order they run, the stretch each runs in, and each value's stretch (a
+    reduction's result is there from the stretch after its own). In program order each
+    reduction of the row ends a stretch. Where that splits reductions that do not depend on each
+    other (layernorm's backward: mean(g) and mean(g·x̂)), ops are ordered by dependence instead:
+    a pure op runs in the stretch of its latest operand, a load or store no earlier than the ops
+    the program wrote before it, stably, the terminator last; such reductions end one stretch."""
+    in_order = _stretches(body, by_dependence=False)
+    by_dependence = _stretches(body, by_dependence=True)
+    fewer = max(by_dependence[2].values(), default=0) < max(in_order[2].values(), default=0)
+    return by_dependence if fewer else in_order
+
+
+def _stretches(body, by_dependence: bool) -> tuple[list, list[int], dict]:
+    row_values = row_dependent(body)
+    at: dict = {}
+    placed = []
+    latest = 0  # the stretch of the ops before, in program order
+    for i, op in enumerate(body.ops):
+        here = max((at.get(v, 0) for v in op.operands), default=0)
+        if not by_dependence or not op.has_trait("pure"):
+            here = max(here, latest)
+        latest = max(latest, here)
+        ends = isinstance(op, ReduceOp) and any(v in row_values for v in op.operands)
+        for r in op.results:
+            at[r] = here + ends
+        if ends and not by_dependence:
+            latest += 1
+        placed.append((here, i, op))
+    last = max((here for here, _, _ in placed), default=0)
+    placed = [(last if op.has_trait("terminator") else here, i, op) for here, i, op in placed]
+    placed.sort(key=lambda p: (p[2].has_trait("terminator"), p[0], p[1]))
+    return [op for _, _, op in placed], [here for here, _, _ in placed], at
 
 
 def stretches(body) -> int:
-    """How many stretches of the row program a reduction ends, plus the last: how often a
-    staged row is read."""
-    row_values = row_dependent(body)
-    return 1 + sum(isinstance(op, ReduceOp) and any(v in row_values for v in op.operands) for op in body.ops)
+    """The stretches of the row program, the deepest chain of reductions plus the last: how
+    often a staged row is read."""
+    return 1 + max(stretch_map(body)[2].values(), default=0)
 
 
 def threshold(min_bytes: int, reads: int) -> int:
@@ -76,7 +127,24 @@ def stageable(op, row_values: set, n: int) -> bool:
         return False
     if not any(v in row_values for v in op.operands[1:]):
         return False  # a weight every row shares stays in cache, not in each CTA's shared memory
-    return (n * t.dtype.itemsize) % COPY_GRANULE == 0
+    return True
+
+
+def copyable(op, n: int) -> bool:
+    return (n * op.operands[0].ttype.dtype.itemsize) % COPY_GRANULE == 0
+
+
+def row_bytes(op, n: int) -> int:
+    return n * op.operands[0].ttype.dtype.itemsize
+
+
+def room_for_rows(staged: list, n: int, sums: int, smem: int) -> list:
+    """The staged rows that fit in a CTA's shared memory at the largest cluster beside `sums`
+    f32 accumulators of the row's share; the longest rows give way first."""
+    kept = sorted(staged, key=lambda op: -row_bytes(op, n))
+    while kept and (sum(row_bytes(op, n) for op in kept) + 4 * sums * n) / LARGEST_CLUSTER + SMEM_MARGIN > smem:
+        kept.pop(0)
+    return [op for op in staged if op in kept]
 
 
 def _row_tile(v: Value) -> bool:
@@ -103,6 +171,25 @@ class StageRows(Pass):
     REQUIRES: ClassVar[frozenset[str]] = frozenset({"tma", "mbarrier"})
     # rows read in two stretches are staged from this many bytes on (more stretches: see above)
     min_bytes: int = option(DEFAULT_MIN_BYTES, lo=0, hi=1 << 30)
+    # rows too long for registers that cannot be staged are loaded again in each stretch (above)
+    reread: bool = option(True, choices=(False, True))
+
+    def copies(self, staged: list, n: int, buffers: dict) -> list:
+        """The ops that copy each staged row into its buffer (recorded in `buffers`), every row
+        on one barrier: one announcement, one wait."""
+        loc = staged[0].loc
+        bar = Value(BARRIER_TYPE, "bar")
+        ops: list = [MbarrierAllocOp(results=(bar,), loc=loc, arrivals=1)]
+        copies = []
+        for op in staged:
+            t = op.operands[0].ttype
+            buf = Value(TensorType(t.dtype, (n,), MemSpace.SHARED), f"s_{op.operands[0].name or 'row'}")
+            ops.append(SmemAllocOp(results=(buf,), loc=op.loc))
+            copies.append(CopyAsyncOp(operands=(op.operands[0], buf, bar, *op.operands[1:]), loc=op.loc,
+                                      index=op.index))
+            buffers[op.result] = buf
+        ops.append(ExpectTxOp(operands=(bar,), loc=loc, bytes=sum(row_bytes(op, n) for op in staged)))
+        return ops + copies + [MbarrierWaitOp(operands=(bar,), loc=loc)]
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         if any(isinstance(op, LaunchOp) for op in func.body.ops):
@@ -112,43 +199,41 @@ class StageRows(Pass):
         n = row_length(loop, func)
         body = loop.body
         row_values = row_dependent(body)
-        least = threshold(self.min_bytes, stretches(body))
-        staged = [op for op in body.ops if stageable(op, row_values, n)
-                  and n * op.operands[0].ttype.dtype.itemsize >= least]
-        if not staged or any(isinstance(op, SmemAllocOp) for op in body.ops):
+        reads = stretches(body)
+        least = threshold(self.min_bytes, reads)
+        rows = [op for op in body.ops if stageable(op, row_values, n)]
+        # rows a thread cannot keep in registers across the reductions leave them whatever the stretches
+        too_many = reads > 1 and math.ceil(n / LARGEST_TILE_THREADS) * len(rows) > REGISTER_ROWS_ELEMS_PER_THREAD
+        long_rows = [op for op in rows if too_many or row_bytes(op, n) >= least]
+        if not long_rows or any(isinstance(op, SmemAllocOp) or op.regions for op in body.ops):
+            return func  # already staged, or a for loop reads the row in chunks
+        staged = room_for_rows([op for op in long_rows if copyable(op, n)], n, len(loop.results),
+                               ctx.target.smem_per_block)
+        reread = {op.result for op in long_rows if op not in staged} if self.reread and too_many else set()
+        if not staged and not reread:
             return func
-
-        # every staged row lands on one barrier: one announcement, one wait
-        loc = staged[0].loc
-        bar = Value(BARRIER_TYPE, "bar")
-        prologue: list = [MbarrierAllocOp(results=(bar,), loc=loc, arrivals=1)]
-        buffers: dict[Value, Value] = {}
-        copies = []
-        for op in staged:
-            t = op.operands[0].ttype
-            buf = Value(TensorType(t.dtype, (n,), MemSpace.SHARED), f"s_{op.operands[0].name or 'row'}")
-            prologue.append(SmemAllocOp(results=(buf,), loc=op.loc))
-            copies.append(CopyAsyncOp(operands=(op.operands[0], buf, bar, *op.operands[1:]), loc=op.loc,
-                                      index=op.index))
-            buffers[op.result] = buf
-        total = sum(n * op.operands[0].ttype.dtype.itemsize for op in staged)
-        prologue.append(ExpectTxOp(operands=(bar,), loc=loc, bytes=total))
 
         # the copies start where the first staged load was (its index operands are defined by
         # then: every staged load's indices come before the first use of any staged row)
-        position = {id(op): i for i, op in enumerate(body.ops)}
+        ordered, runs, stretch_of = stretch_map(body)  # the ops by stretch; each op's and value's
+        position = {id(op): i for i, op in enumerate(ordered)}
         defs = {r: op for op in body.ops for r in op.results}
-        first = min(position[id(op)] for op in staged)
-        last_index_def = max((position[id(defs[v])] for op in staged for v in op.operands[1:] if v in defs),
-                             default=-1)
-        start = max(first, last_index_def + 1)
-        first_use = min(i for i, o in enumerate(body.ops) if any(v in buffers for v in o.operands))
-        if start > first_use:
-            return func  # an index computed after a staged row is used: leave this loop alone
+        prologue: list = []
+        buffers: dict[Value, Value] = {}
+        start = -1
+        if staged:
+            prologue = self.copies(staged, n, buffers)
+            first = min(position[id(op)] for op in staged)
+            last_index_def = max((position[id(defs[v])] for op in staged for v in op.operands[1:] if v in defs),
+                                 default=-1)
+            start = max(first, last_index_def + 1)
+            first_use = min(i for i, o in enumerate(ordered) if any(v in buffers for v in o.operands))
+            if start > first_use:  # an index computed after a staged row is used: leave the rows as they are
+                staged, buffers, prologue, start = [], {}, [], -1
+                if not reread:
+                    return func
 
         out: list = []
-        stretch = 0                                  # reductions passed so far
-        stretch_of: dict[Value, int] = {}            # each original row value's stretch
         made: dict[tuple[Value, int], Value] = {}    # (original, stretch) -> its value there
 
         def value_in(v: Value, k: int) -> Value:
@@ -159,6 +244,9 @@ class StageRows(Pass):
             if v in buffers:
                 r = Value(v.type, v.name)
                 out.append(LoadOp(operands=(buffers[v],), results=(r,), loc=defs[v].loc, index=(":",)))
+            elif v in reread and stretch_of[v] != k:
+                r = Value(v.type, v.name)
+                out.append(attrs.evolve(defs[v], results=(r,)))
             elif not _row_tile(v) or stretch_of.get(v, k) == k or not _recomputable(defs[v], row_values):
                 return v
             else:
@@ -168,20 +256,17 @@ class StageRows(Pass):
             made[(v, k)] = r
             return r
 
-        for i, op in enumerate(body.ops):
+        for i, op in enumerate(ordered):
             if i == start:
                 out.extend(prologue)
-                out.extend(copies)
-                out.append(MbarrierWaitOp(operands=(bar,), loc=loc))
             if op in staged:
                 continue
-            new = attrs.evolve(op, operands=tuple(value_in(v, stretch) for v in op.operands))
-            out.append(new)
-            for r in op.results:
-                stretch_of[r] = stretch
-            if isinstance(op, ReduceOp):
-                stretch += 1
-        ctx.note(self, f"{len(staged)} row(s) of {n} staged through shared memory ({total} bytes per row)")
+            out.append(attrs.evolve(op, operands=tuple(value_in(v, runs[i]) for v in op.operands)))
+        if staged:
+            ctx.note(self, f"{len(staged)} row(s) of {n} staged through shared memory "
+                           f"({sum(row_bytes(op, n) for op in staged)} bytes per row)")
+        if reread:
+            ctx.note(self, f"{len(reread)} row(s) of {n} re-read from global memory in each of {reads} stretches")
         new_loop = attrs.evolve(loop, regions=(Block(body.args, tuple(out)),))
         ops = tuple(new_loop if o is loop else o for o in func.body.ops)
         return attrs.evolve(func, regions=(Block(func.body.args, ops),))

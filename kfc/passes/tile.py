@@ -33,10 +33,11 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp, row_layout
 from ..ir.rewrite import ValueMap
 from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
-from ..ir.tile_ops import LoadOp, StoreOp
+from ..ir.tile_ops import ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp
 from ..ir.types import MemSpace, TensorType
+from ..target import LARGEST_CLUSTER
 from .base import Pass, PassError, option, register_pass
-from .rows import find_row_loop, row_length
+from .rows import body_ops, find_row_loop, row_length
 
 # Bytes of each row a thread holds: enough independent 16-byte loads in flight to cover memory
 # latency, few enough registers to keep CTAs resident. Measured on the H200 (python -m
@@ -53,7 +54,7 @@ WARP = 32
 # too few for 64 row elements in fp32 (ptxas spills); longer rows take a cluster instead
 AUTO_MAX_THREADS = 512
 # Hopper and Blackwell run clusters of up to 16 CTAs once the kernel allows non-portable sizes
-MAX_CLUSTER = 16
+MAX_CLUSTER = LARGEST_CLUSTER
 # A row staged through shared memory (stage-rows) is split across a cluster so that each CTA
 # holds at most this much of it, in 256 to 512 threads of about 32 elements each: three CTAs
 # then share an SM and overlap one another's copies and arithmetic. Measured on the H200 (bf16
@@ -69,7 +70,9 @@ STAGED_THREADS = (256, 512)
 MAX_ELEMS_PER_THREAD = 128
 # Sums across rows (a weight gradient) add an f32 accumulator per element a thread holds. With
 # the rows in registers too, 32 elements a thread of two input rows plus the sums spill at 512
-# threads (rmsnorm_bwd at rows of 262143, sm_90a ptxas): from there the sums live in shared memory.
+# threads (rmsnorm_bwd at rows of 262143, sm_90a ptxas): from there the sums live in shared memory,
+# as do more than that many accumulators of several sums (layernorm_bwd's dw and db at rows of
+# 200000: 25 elements a thread, 50 accumulators, spilled) where shared memory has room for them.
 SHARED_SUMS_FROM = 32
 # With staged rows, the sums' registers bound how many CTAs share an SM. Measured on the H200
 # (bf16 rmsnorm_bwd, eager do_bench, python -m bench.rmsnorm_bwd --tile ...; bench/results/
@@ -141,10 +144,35 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
     return rows, threads, vec, cluster
 
 
+def auto_sums(per_thread: int, sums: int, rows: int, threads: int, staged_bytes: float, smem: int) -> str:
+    """Where a CTA of `rows` x `threads` keeps `sums` accumulators of `per_thread` elements each,
+    next to the `staged_bytes` of each row it holds in shared memory (see SHARED_SUMS_FROM)."""
+    if not sums or per_thread < SHARED_SUMS_FROM and per_thread * sums <= SHARED_SUMS_FROM:
+        return "registers"
+    fits = rows * (staged_bytes + 4 * sums * threads * per_thread) + STATIC_SMEM_MARGIN <= smem
+    if per_thread * sums > SHARED_SUMS_FROM:  # more accumulators than registers hold
+        return "shared" if fits else "registers"
+    return "shared" if fits and staged_bytes <= STAGED_BYTES_PER_CTA_WITH_SUMS else "registers"
+
+
 def auto_stages(cta_bytes: int, sums: bool, room: int) -> int:
     """Copies of each staged buffer (see TWO_STAGES_FROM), where two of a CTA's `cta_bytes`
     fit in the `room` of shared memory it has (a CTA's static shared memory aside)."""
     return 2 if sums and cta_bytes >= TWO_STAGES_FROM and 2 * cta_bytes + STATIC_SMEM_MARGIN <= room else 1
+
+
+def slice_starts(op) -> list:
+    """The start operands of the slices a load or store takes (`x[m, k:k+1024]`: k)."""
+    it = iter(op.operands[1:] if isinstance(op, LoadOp) else op.operands[2:])
+    starts = []
+    for ix in op.index:
+        if ix.kind in ("point", "slice"):
+            v = next(it)
+            if ix.kind == "slice":
+                starts.append(v)
+            if ix.limit:
+                next(it)
+    return starts
 
 
 def per_row_inputs(loop) -> int:
@@ -152,7 +180,7 @@ def per_row_inputs(loop) -> int:
     a weight shared by every row)."""
     row = loop.body.args[0]
     seen = set()
-    for op in loop.body.ops:
+    for op in body_ops(loop.body):
         if isinstance(op, LoadOp) and op.result.ttype.rank == 1 and row in op.operands[1:]:
             seen.add(op.operands[0])
     return max(1, len(seen))
@@ -174,17 +202,70 @@ class Tile(Pass):
     def required_features(self) -> frozenset[str]:
         return frozenset({"cluster", "dsmem", "mbarrier"}) if self.cluster > 1 else frozenset()
 
+    def fit_for_loops(self, func, loop, fors: list, ops: list, n: int, itemsize: int) -> tuple[int, int]:
+        """Rows per CTA and the vector width for a row loop that holds `for` loops (a row read
+        in chunks of n): one CTA a row (every thread of a CTA runs the same iterations, since a
+        reduction in the body synchronises them), and vectors that never straddle the end of
+        the tensor a chunk is sliced from nor start off its alignment."""
+        if self.cluster > 1:
+            raise PassError(f"tile: cluster={self.cluster} with a for loop in the row loop: a chunked row runs in "
+                            "one CTA", fors[0].loc, "leave cluster at 0 (one CTA a row)")
+        if self.rows > 1:
+            raise PassError(f"tile: rows={self.rows} with a for loop in the row loop: each CTA runs one row's "
+                            "iterations", fors[0].loc, "leave rows at 0 (one row a CTA)")
+        consts = {op.result: op.value for op in (*func.body.ops, *ops) if isinstance(op, ConstOp) and op.results}
+        multiples = [n]
+        for f in fors:
+            lo, step = consts.get(f.operands[0]), consts.get(f.operands[2])
+            multiples += [lo if isinstance(lo, int) else 1, step if isinstance(step, int) else 1]
+        for op in ops:
+            if isinstance(op, (LoadOp, StoreOp)) and slice_starts(op):
+                t = (op.operands[0] if isinstance(op, LoadOp) else op.operands[1]).ttype
+                last = t.shape[-1]
+                multiples.append(last if isinstance(last, int) else 1)
+                if any(v not in {f.body.args[0] for f in fors} for v in slice_starts(op)) or \
+                        any(ix.limit for ix in op.index):
+                    multiples.append(1)  # a start other than a loop's index, or a limit: no alignment known
+        vec = self.vec or max(1, 16 // itemsize)
+        while vec > 1 and any(m % vec for m in multiples):
+            vec //= 2
+        return 1, vec
+
     def run(self, func: FuncOp, ctx) -> FuncOp:
         loop = find_row_loop(func)
         n = row_length(loop, func)
+        ops = body_ops(loop.body)
         tensors = [op.operands[0] if isinstance(op, LoadOp) else op.operands[1]
-                   for op in loop.body.ops if isinstance(op, (LoadOp, StoreOp))]
+                   for op in ops if isinstance(op, (LoadOp, StoreOp))]
         itemsizes = [t.ttype.dtype.itemsize for t in tensors if t.ttype.rank >= 1] or [4]
         staged = sum(op.result.ttype.numel() * op.result.ttype.dtype.itemsize
                      for op in loop.body.ops if isinstance(op, SmemAllocOp))
-        rows, threads, vec, cluster = choose(n, min(itemsizes), self.rows, self.threads, self.vec, self.cluster,
-                                             ctx.target.has("cluster"), per_row_inputs(loop), staged,
-                                             bool(loop.results))
+        fors = [op for op in ops if isinstance(op, ForOp)]
+        scans = [op for op in ops if isinstance(op, ScanOp)]
+        want_rows, want_vec = self.rows, self.vec
+        if fors:
+            want_rows, want_vec = self.fit_for_loops(func, loop, fors, ops, n, min(itemsizes))
+        # a branch that synchronises the row's threads (a reduction, a scan) must be taken by
+        # all of a CTA's threads or none: one row a CTA, in whole warps
+        synced = [op for op in ops if isinstance(op, IfOp) and
+                  any(isinstance(o, (ReduceOp, ScanOp, ForOp)) for r in op.regions for o in body_ops(r))]
+        if synced and self.rows > 1:
+            raise PassError(f"tile: rows={self.rows} with a reduction inside an if: each CTA takes one row's "
+                            "branch", synced[0].loc, "leave rows at 0 (one row a CTA)")
+        if synced and self.cluster > 1:
+            raise PassError(f"tile: cluster={self.cluster} with a reduction inside an if: a branch that "
+                            "synchronises runs in one CTA", synced[0].loc, "leave cluster at 0")
+        one_row = bool(fors or synced)
+        if synced:
+            want_rows = 1
+        if scans and self.cluster > 1:
+            raise PassError(f"tile: cluster={self.cluster} with a scan in the row loop: a scanned row runs in one CTA",
+                            scans[0].loc, "leave cluster at 0 (one CTA a row)")
+        rows, threads, vec, cluster = choose(n, min(itemsizes), want_rows, self.threads, want_vec, self.cluster,
+                                             ctx.target.has("cluster") and not (fors or scans or synced),
+                                             per_row_inputs(loop), staged, bool(loop.results))
+        if one_row and rows > 1:  # a short row: one a CTA all the same, in a warp at least
+            rows, threads = 1, max(threads, WARP)
         for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
             if value < 1 or value & (value - 1) and name != "rows":
                 raise PassError(f"tile: {name}={value} must be a positive power of two", loop.loc)
@@ -192,11 +273,17 @@ class Tile(Pass):
             raise PassError(f"tile: cluster={cluster} needs thread-block clusters, which {ctx.target} lacks", loop.loc)
         per_thread = vec * math.ceil(n / (vec * threads * cluster))
         if per_thread > MAX_ELEMS_PER_THREAD:
-            longest = 1024 * MAX_CLUSTER * MAX_ELEMS_PER_THREAD
+            one_cta = bool(fors or scans or synced)
+            longest = 1024 * (1 if one_cta else MAX_CLUSTER) * MAX_ELEMS_PER_THREAD
+            if n > longest:
+                hint = f"a row kernel holds rows of up to {longest} elements in registers" + (
+                    " (a row with a scan, a for loop or a reducing branch stays in one CTA; read it in chunks "
+                    "with a for loop)" if one_cta else "")
+            else:
+                hint = (f"use more threads: threads >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}" if one_cta else
+                        f"use more threads or a cluster: threads x cluster >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}")
             raise PassError(f"tile: {threads} thread(s) x {cluster} CTA(s) per row of {n} leaves {per_thread} elements "
-                            f"per thread; at most {MAX_ELEMS_PER_THREAD} fit in registers", loop.loc,
-                            hint=f"use more threads or a cluster: threads x cluster >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}"
-                            if n <= longest else f"a row kernel holds rows of up to {longest} elements in registers")
+                            f"per thread; at most {MAX_ELEMS_PER_THREAD} fit in registers", loop.loc, hint=hint)
         layout = row_layout(threads, vec, cluster)
         vmap = ValueMap()
 
@@ -211,21 +298,26 @@ class Tile(Pass):
         row = Value(loop.body.args[0].type, loop.body.args[0].name)
         vmap.map(loop.body.args[0], row)
         sums_in = self.sums if self.sums != "auto" else \
-            "shared" if loop.results and per_thread >= SHARED_SUMS_FROM and \
-            (not staged or staged / cluster <= STAGED_BYTES_PER_CTA_WITH_SUMS) else "registers"
+            auto_sums(per_thread, len(loop.results), rows, threads, staged / cluster, ctx.target.smem_per_block)
         sums_bytes = 4 * len(loop.results) * rows * threads * per_thread if sums_in == "shared" else 0
         stages = 1
         if staged and self.stages:
             stages = self.stages
         elif staged and not copies_not_indexed_by_row(loop.body):
             stages = auto_stages(rows * staged // cluster, bool(loop.results), ctx.target.smem_per_block - sums_bytes)
-        body = []
-        for op in loop.body.ops:
-            new = attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
-                               results=tuple(retype(r) for r in op.results))
-            if isinstance(new, MbarrierAllocOp):
-                new = attrs.evolve(new, stages=stages)
-            body.append(new)
+        def retype_block(block: Block) -> Block:
+            args = tuple(retype(a) for a in block.args)
+            out = []
+            for op in block.ops:
+                new = attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
+                                   regions=tuple(retype_block(r) for r in op.regions),
+                                   results=tuple(retype(r) for r in op.results))
+                if isinstance(new, MbarrierAllocOp):
+                    new = attrs.evolve(new, stages=stages)
+                out.append(new)
+            return Block(args, tuple(out))
+
+        body = retype_block(Block((), loop.body.ops)).ops
         # sums across rows are kept per row slot of a CTA: a persistent grid keeps their number
         # to about a wave of CTAs, whatever the row count; and the row a copy runs ahead to is
         # the CTA's next row, so a grid of two stages strides too

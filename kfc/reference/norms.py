@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx", "softmax_bwd"]
+__all__ = ["rmsnorm_bwd_dx", "rmsnorm_bwd", "layernorm_bwd_dx", "layernorm_bwd", "softmax_bwd"]
 
 
 def _grads(forward, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, *more: torch.Tensor):
@@ -40,12 +40,24 @@ def rmsnorm_bwd(x, w, dout, rstd):
 
 
 def layernorm_bwd_dx(x, w, dy, eps):
-    """dx of y = layer_norm(x) * w + b, and the rows' mean and 1/std."""
-    (dx, _) = _grads(lambda t, wd: torch.nn.functional.layer_norm(t, (t.shape[-1],), wd, None, eps), x, w, dy)
+    """dx, dw and db of y = layer_norm(x) * w + b, and the rows' mean and 1/std."""
+    b = torch.zeros_like(w)
+    dx, dw, db = _grads(lambda t, wd, bd: torch.nn.functional.layer_norm(t, (t.shape[-1],), wd, bd, eps), x, w, dy, b)
     xd = x.double()
     mean = xd.mean(-1)
     rstd = torch.rsqrt(xd.var(-1, unbiased=False) + eps)
-    return dx.to(x.dtype), mean.float(), rstd.float()
+    return dx.to(x.dtype), mean.float(), rstd.float(), dw.float(), db.float()
+
+
+def layernorm_bwd(x, w, dout, mean, rstd):
+    """dx, dw and db of y = (x − mean) · rstd · w + b given the forward's saved mean and 1/std,
+    by torch's own native_layer_norm_backward in float64 (it takes the saved statistics as they
+    are, as the kernel does, rather than recomputing them from x)."""
+    xd = x.double()
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+        dout.double(), xd, [x.shape[-1]], mean.double()[:, None], rstd.double()[:, None], w.double(),
+        torch.zeros_like(w, dtype=torch.float64), [True, True, True])
+    return dx.to(x.dtype), dw.float(), db.float()
 
 
 def softmax_bwd(y, dy):

@@ -27,15 +27,22 @@ PIPELINES = {
     "registers": "canonicalize,cse,dce,tile{vec=2},lower-reductions,lower-ptx,canonicalize,cse,dce",
 }
 EPS = 1e-6
-_kernels = {}
 
 
-def kernel(pipeline="default"):
-    import kfc
+def cached_kernels(path: str, pipelines: dict):
+    """kernel(pipeline name): the op loaded once per pipeline of `pipelines`."""
+    loaded = {}
 
-    if pipeline not in _kernels:
-        _kernels[pipeline] = kfc.load("kernels/rmsnorm_bwd.kfc", pipeline=PIPELINES[pipeline])
-    return _kernels[pipeline]
+    def kernel(pipeline="default"):
+        import kfc
+
+        if pipeline not in loaded:
+            loaded[pipeline] = kfc.load(path, pipeline=pipelines[pipeline])
+        return loaded[pipeline]
+    return kernel
+
+
+kernel = cached_kernels("kernels/rmsnorm_bwd.kfc", PIPELINES)
 
 
 def requires_gpu():
