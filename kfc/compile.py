@@ -29,6 +29,7 @@ from .ir.func import FuncOp
 from .ir.printer import print_ir
 from .ir.specialize import specialize
 from .ir.tile_ops import DimOp, ParallelOp
+from .ir.types import MemSpace, TensorType
 from .passes import PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline, parse_user_pipeline
 from .passes.base import PassError
 from .target import Target
@@ -70,13 +71,20 @@ def fixed_dims(func: FuncOp, dims: dict[str, int]) -> dict[str, int]:
 
 
 def linearize_loops(func: FuncOp, ctx) -> FuncOp:
-    """A parallel loop over several indices becomes a loop over rows (the linearize pass,
-    verified like every pass) before the op's kind is decided."""
-    if not any(isinstance(op, ParallelOp) and op.rank > 1 for op in func.body.ops):
+    """A parallel loop over [A, B] tiles gets an index for A (split-tiles), and a parallel
+    loop over several indices becomes a loop over rows (linearize), both verified like every
+    pass, before the op's kind is decided."""
+    def rank2(op) -> bool:
+        return any(isinstance(v.type, TensorType) and v.type.space is MemSpace.REG and v.type.rank == 2
+                   for o in op.body.ops for v in o.results)
+
+    loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
+    if not any(op.rank > 1 or rank2(op) for op in loops):
         return func
     from .passes.linearize import Linearize
+    from .passes.split_tiles import SplitTiles
 
-    return PassManager(parse_pipeline(Linearize.NAME), ctx).run(func)
+    return PassManager(parse_pipeline(f"{SplitTiles.NAME},{Linearize.NAME}"), ctx).run(func)
 
 
 def op_kind(func: FuncOp) -> tuple[str, PassError | None]:
@@ -165,10 +173,12 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     lowered = PassManager(pipe, ctx).run(special)
     t_passes = time.perf_counter() - t0
     if kind != "row":
+        kept = [m for p, m in ctx.notes if p.startswith("split-tiles") and "keeps its rank-2 tiles" in m
+                and "rank-2 tile" in why_not.message]  # why the rank-2 tiles the row passes refuse stayed
         raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: it is not a row program (one parallel "
                        f"loop over rows whose tiles are rows): {why_not.message}", why_not.span or func.loc,
-                       why_not.hint or "`kfc opt` still parses, verifies and lowers it; code generation covers row "
-                       "ops such as rmsnorm, layernorm and softmax")
+                       f"split-tiles: the {kept[0]}" if kept else why_not.hint or "`kfc opt` still parses, verifies "
+                       "and lowers it; code generation covers row ops such as rmsnorm, layernorm and softmax")
     check_lowered(lowered, pipe)
     code, plan = generate_cuda(lowered)
     arch = target.name  # row kernels use no arch-specific ('a') instructions

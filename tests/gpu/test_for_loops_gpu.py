@@ -85,3 +85,15 @@ def test_segments_with_loaded_bounds(tmp_path, segments, total):
     c = cu.tolist()
     want = torch.stack([x[c[i]:c[i + 1]].double().sum() for i in range(segments)])
     close(y, want, 1e-5, f"segsum {segments} segments of {total}")
+
+
+@pytest.mark.parametrize("n", NS)
+def test_chunk_sums_capped_by_an_if_in_the_loop(tmp_path, n):
+    requires_gpu()
+    op = load(tmp_path, "clipped_sum")
+    for m in MS:
+        x = torch.randn(m, n, device="cuda") + 0.05
+        y = torch.full((m,), float("nan"), device="cuda")
+        op(x, 2.0, out=y)
+        chunks = torch.nn.functional.pad(x.double(), (0, (-n) % 256)).reshape(m, -1, 256).sum(-1)
+        close(y, chunks.clamp(max=2.0).sum(-1), 1e-5, f"clipped_sum {m}x{n}")

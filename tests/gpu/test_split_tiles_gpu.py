@@ -1,0 +1,32 @@
+"""An op over rank-2 tiles (examples/headscale.kfc: a norm per token and head over a token's
+[H, D] tile, split into rows by split-tiles) on the H200, against torch on fresh random inputs
+with NaN-poisoned outputs, at odd sizes. Run with `pytest -m gpu`."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.example_ops import OPS  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("s, h, d", [(1, 1, 7), (7, 3, 128), (257, 8, 64), (33, 5, 4095), (3, 64, 64)])
+def test_a_norm_over_a_tokens_heads(tmp_path, dtype, s, h, d):
+    if not torch.cuda.is_available():
+        pytest.fail("no CUDA GPU: GPU tests run on the device machine (pytest -m gpu)")
+    import kfc
+
+    path = tmp_path / "headscale.kfc"
+    path.write_text(OPS["headscale"])
+    op = kfc.load(path)
+    x = torch.randn(s, h, d, device="cuda").to(dtype)
+    w, g = torch.randn(d, device="cuda"), torch.randn(s, h, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    op(x, w, g, out=y)
+    xd = x.double()
+    want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double() * g.double()[:, :, None]
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    err = float(((y.double() - want).abs() / (want.abs() + want.abs().mean())).max())
+    assert torch.isfinite(y.float()).all() and err < tol, err

@@ -1,0 +1,62 @@
+"""split-tiles on the CPU: a parallel loop over [A, B] tiles becomes a loop over (index, a)
+with [B] tiles, verified against the interpreter (--verify-each), so an op written over a
+token's [heads, dim] tile compiles as rows; vectors along either axis take their role from how
+they are used, not from their sizes; a loop it cannot split keeps its tiles and says why."""
+
+import pytest
+
+from kfc.compile import compile_op
+from kfc.diagnostics import KfcError
+from kfc.frontend import parse_kfc
+from kfc.ir import print_ir
+from kfc.ir.specialize import specialize
+from kfc.ir.tile_ops import LoadOp, ParallelOp
+from kfc.passes.manager import PassContext
+from kfc.passes.split_tiles import SplitTiles
+from kfc.target import parse_target
+from tests.example_ops import OPS
+
+
+def spec_of(tmp_path, text, dtypes=None):
+    return parse_kfc(text, str(tmp_path / "op.kfc"), dtypes)
+
+
+def split(tmp_path, text, dims, dtypes=None):
+    spec = spec_of(tmp_path, text, dtypes)
+    ctx = PassContext(parse_target("sm_90a"))
+    return SplitTiles().run(specialize(spec.func, dims, partial=True), ctx), ctx
+
+
+@pytest.mark.parametrize("h, d", [(3, 128), (64, 64), (1, 7), (5, 4095)])
+def test_a_loop_over_heads_and_dim_becomes_rows(tmp_path, h, d):
+    f, _ = split(tmp_path, OPS["headscale"], {"H": h, "D": d}, {"T": "bf16"})
+    (loop,) = [op for op in f.body.ops if isinstance(op, ParallelOp)]
+    assert loop.rank == 2
+    text = print_ir(f)
+    assert f"[{h}, {d}]" not in text.split("{", 1)[1].split("\n", 1)[1].replace(f"bf16[S, {h}, {d}]", "")
+    loads = {op.operands[0].name: op.result.ttype.shape for op in f.walk() if isinstance(op, LoadOp)}
+    assert loads == {"x": (d,), "w": (d,), "g": ()}, "x by rows, the weight along D, the gate one per head"
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("h, d", [(3, 128), (64, 64), (1, 7), (5, 4095)])
+def test_an_op_over_rank_2_tiles_compiles_under_verify_each(tmp_path, target, h, d):
+    spec = spec_of(tmp_path, OPS["headscale"], {"T": "bf16"})
+    r = compile_op(spec, parse_target(target), shape={"H": h, "D": d}, verify_each=True)
+    assert r.kernel.report.spills == 0
+
+
+def test_a_loop_it_cannot_split_keeps_its_tiles_and_says_why(tmp_path):
+    text = """
+op colsum(x: f32[S, H, D]) -> (y: f32[S, D]) {
+  parallel t in 0..S {
+    y[t, :] = sum(x[t, :, :], axis=0)
+  }
+}
+"""
+    f, ctx = split(tmp_path, text, {"H": 3, "D": 128})
+    assert print_ir(f) == print_ir(specialize(spec_of(tmp_path, text).func, {"H": 3, "D": 128}, partial=True))
+    assert any("a reduction over the tiles' first axis" in m for _, m in ctx.notes)
+    with pytest.raises(KfcError, match="not a row program") as info:
+        compile_op(spec_of(tmp_path, text), parse_target("sm_90a"), shape={"H": 3, "D": 128})
+    assert "split-tiles" in info.value.hint and "first axis" in info.value.hint
