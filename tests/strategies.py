@@ -2,7 +2,7 @@
 
 `programs()` draws a whole `kfc.func`: a random signature (literal dims, symbols, `N + 1` /
 `N - 1` offsets, optional tensors, scalar params with numeric and string defaults) and a body
-of parallel loops, nested `tile.for` loops with carried values, loads and stores with every
+of parallel loops, nested `tile.for` loops with carried values, `tile.if` branches, loads and stores with every
 kind of index entry, and a random mix of the tile ops. Every op goes through the Builder, so
 what comes out is well typed by construction; the tests then check the verifier, printer,
 parser and specialiser agree about it.
@@ -417,6 +417,33 @@ class _Gen:
         for r in fr.results:
             self.add(r)
 
+    def if_stmt(self, tensors, outputs) -> None:
+        """A tile.if on a scalar bool: each branch draws ops (and maybe a store) and yields
+        values of the types the results take, from what is in scope there."""
+        b = self.b
+        scalars = [v for v in self.pool() if v.ttype.rank == 0 and not v.ttype.dtype.is_bool]
+        if scalars and self.boolean():
+            s = self.pick(scalars)
+            cond = b.cmp(self.pick(["lt", "ge", "eq"]), s, 0)
+        else:
+            cond = b.const(self.boolean(), DType.BOOL)
+        kinds = [v.type for v in self.pool()]
+        n_results = self.draw(st.integers(0, min(2, len(kinds))))
+        types = self.draw(st.lists(st.sampled_from(kinds), min_size=n_results, max_size=n_results)) if kinds else []
+        branches = []
+        for _ in range(2):
+            self.scopes.append([])
+            with b.region() as ops:
+                self.ops(tensors, 0, 3)
+                if self.boolean():
+                    self.store(outputs)
+                values = [self.pick([v for v in self.pool() if v.type == t]) for t in types]
+            self.scopes.pop()
+            branches.append((ops, values))
+        (then_ops, then_values), (else_ops, else_values) = branches
+        for r in b.if_(cond, then_ops, then_values, else_ops, else_values, [self.name() for _ in types]):
+            self.add(r)
+
     def body(self, f) -> None:
         b = self.b
         inputs = [v for v in f.args[: len(f.args) - self.n_outputs]]
@@ -442,6 +469,8 @@ class _Gen:
                 self.ops(tensors, 1, 8)
                 if self.boolean():
                     self.for_loop(tensors, outputs, 0)
+                if self.draw(st.integers(0, 2)) == 0:
+                    self.if_stmt(tensors, outputs)
                 self.ops(tensors, 0, 4)
                 for _ in range(self.draw(st.integers(1, 2))):
                     self.store(outputs)

@@ -43,18 +43,17 @@ def test_kernels_without_scans_do_not_carry_the_scan_shuffles():
     assert "kfc_shfl_up_" not in r.kernel.cu
 
 
-@pytest.mark.parametrize("change, message", [
-    ("cumsum(xr)", None),
-    ("cumsum(xr, reverse=true)", "reverse scans do not generate code yet"),
-])
-def test_what_codegen_cannot_scan_is_refused_at_the_scan(tmp_path, change, message):
-    text = OPS["scans"].replace("y[m, :] = cumsum(xr)", f"y[m, :] = {change}")
-    if message is None:
-        compile_scan(tmp_path, text, N=1000)
-        return
-    with pytest.raises(KfcError, match=re.escape(message)) as info:
-        compile_scan(tmp_path, text, N=1000)
-    assert info.value.span is not None and info.value.span.line == 5
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("n", [7, 1000, 4095, 4096])
+def test_suffix_scans_compile_under_verify_each(tmp_path, target, n):
+    """Reverse scans meet the elements past the row's end first: those read as the identity
+    (a guard per element where the row does not split evenly)."""
+    spec = parse_kfc(OPS["suffix_scans"], str(tmp_path / "suffix.kfc"))
+    r = compile_op(spec, parse_target(target), shape={"N": n}, verify_each=True)
+    assert r.kernel.report.spills == 0
+    assert "shfl.sync.down.b32" in r.kernel.cu and "for (int e = " in r.kernel.cu
+    masked = re.search(r"\? v\d+\[e \* \d+ \+ k\] : \((float|int)\)", r.kernel.cu)
+    assert bool(masked) == (n != 4096), "rows of 4096 split evenly over the tile; the others end inside a chunk"
 
 
 def test_a_scan_of_16_bit_floats_asks_for_a_cast(tmp_path):

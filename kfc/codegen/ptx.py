@@ -5,9 +5,10 @@ Golden tests pin the exact text. Facts (operand order, qualifiers) are from the 
 - `cvt.rn.bf16x2.f32 d, a, b` puts a in the upper half of d and b in the lower;
 - `shfl.sync.bfly.b32 d, a, lane_mask, clamp, membermask`: with clamp 0x1f the xor stays within
   the warp; a butterfly over the low bits stays within aligned lane groups;
-- `shfl.sync.up/idx.b32 d, a, b, c, membermask`: c packs a segment mask (bits 12:8, 32 - width
-  for segments of `width` lanes) and a clamp (bits 4:0); .up reads lane - b and keeps the lane's
-  own value below its segment's first lane, .idx reads lane b of the segment;
+- `shfl.sync.up/down/idx.b32 d, a, b, c, membermask`: c packs a segment mask (bits 12:8, 32 -
+  width for segments of `width` lanes) and a clamp (bits 4:0); .up reads lane - b and keeps the
+  lane's own value below its segment's first lane, .down reads lane + b up to the clamp (the
+  segment's last lane), .idx reads lane b of the segment;
 - `st.async` to a peer CTA's shared memory completes `bytes` of transaction count on the peer's
   mbarrier; `mapa` turns a local shared address into the same variable's address in CTA `rank`;
 - `barrier.cluster.arrive.release` / `wait.acquire` order shared-memory traffic across the cluster.
@@ -88,8 +89,8 @@ def shfl_bfly(value: str, lane_mask: int) -> str:
 
 def _segment_c(width: int, idx: bool) -> int:
     """shfl.sync's c operand for segments of `width` lanes: the segment mask in bits 12:8 and,
-    for .idx, the clamp 0x1f (for .up the clamp is 0: a source below the segment's first lane
-    is out of range and the lane keeps its own value)."""
+    for .idx and .down, the clamp 0x1f (the segment's last lane; for .up the clamp is 0: a
+    source below the segment's first lane is out of range and the lane keeps its own value)."""
     return ((32 - width) << 8) | (0x1F if idx else 0)
 
 
@@ -97,6 +98,12 @@ def shfl_up(value: str, delta: int, width: int, ctype: str) -> str:
     """An expression: `value` from the lane `delta` below this one in its segment of `width`
     lanes (this lane's own where that lies below the segment; shfl.sync.up.b32)."""
     return f"kfc_shfl_up_{_SHFL_SUFFIX[ctype]}({value}, {delta}, {_segment_c(width, False)})"
+
+
+def shfl_down(value: str, delta: int, width: int, ctype: str) -> str:
+    """An expression: `value` from the lane `delta` above this one in its segment of `width`
+    lanes (this lane's own where that lies past the segment; shfl.sync.down.b32)."""
+    return f"kfc_shfl_down_{_SHFL_SUFFIX[ctype]}({value}, {delta}, {_segment_c(width, True)})"
 
 
 def shfl_idx(value: str, lane: int, width: int, ctype: str) -> str:
@@ -237,6 +244,12 @@ static __device__ __forceinline__ float kfc_shfl_up_f32(float v, int delta, int 
 }
 static __device__ __forceinline__ int kfc_shfl_up_s32(int v, int delta, int c) {
   int r; asm volatile("shfl.sync.up.b32 %0, %1, %2, %3, 0xffffffff;" : "=r"(r) : "r"(v), "r"(delta), "r"(c)); return r;
+}
+static __device__ __forceinline__ float kfc_shfl_down_f32(float v, int delta, int c) {
+  float r; asm volatile("shfl.sync.down.b32 %0, %1, %2, %3, 0xffffffff;" : "=f"(r) : "f"(v), "r"(delta), "r"(c)); return r;
+}
+static __device__ __forceinline__ int kfc_shfl_down_s32(int v, int delta, int c) {
+  int r; asm volatile("shfl.sync.down.b32 %0, %1, %2, %3, 0xffffffff;" : "=r"(r) : "r"(v), "r"(delta), "r"(c)); return r;
 }
 static __device__ __forceinline__ float kfc_shfl_idx_f32(float v, int lane, int c) {
   float r; asm volatile("shfl.sync.idx.b32 %0, %1, %2, %3, 0xffffffff;" : "=f"(r) : "f"(v), "r"(lane), "r"(c)); return r;
