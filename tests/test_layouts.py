@@ -37,6 +37,9 @@ def test_numpy_and_c_agree_on_where_each_element_lives(t, v, c, n):
             j = row.element(reg // v, lane, reg % v)
             assert placed[lane, reg] == (j if j < n else -1)
             assert c_value(row.register_in_row_c("i", "g", n), i=reg, g=lane) == (j < n)
+            # an expression for the register, as a scan passes it: parenthesised by the caller
+            e_, k_ = divmod(reg, v)
+            assert c_value(row.register_in_row_c(f"(e * {v} + k)", "g", n), e=e_, k=k_, g=lane) == (j < n)
             start = c_value(row.chunk_start_c("e", "g"), e=reg // v, g=lane)
             assert start == row.element(reg // v, lane)
             assert c_value(row.in_row_c("e", "g", n), e=reg // v, g=lane) == (start < n)

@@ -1223,7 +1223,7 @@ class RowKernelEmitter:
         u = self.fresh("kfc_scan")
         x_at = self.elem(x, f"e * {V} + k")
         if rev and not self.exact:
-            x_at = f"({self.row.register_in_row_c(f'e * {V} + k', 'kfc_g', self.N)} ? {x_at} : ({ct})({ident}))"
+            x_at = f"({self.row.register_in_row_c(f'(e * {V} + k)', 'kfc_g', self.N)} ? {x_at} : ({ct})({ident}))"
         step = (f"{n}[e * {V} + k] = run; run = {comb('run', x_at)};" if op.exclusive
                 else f"run = {comb('run', x_at)}; {n}[e * {V} + k] = run;")
         ks = f"int k = {V - 1}; k >= 0; --k" if rev else f"int k = 0; k < {V}; ++k"

@@ -29,7 +29,8 @@ def test_rows_clipped_where_their_norm_passes_the_limit(tmp_path, dtype, n):
     for m in (1, 7, 257):
         # row scales spread the norms on both sides of the limit
         x = (torch.randn(m, n, device="cuda") * torch.logspace(-2, 2, m, device="cuda")[:, None]).to(dtype)
-        limit = float(x.float().norm(dim=-1).median())
+        # between the rows' norms (at one, f32 and f64 norms may fall either side of it)
+        limit = float(x.float().norm(dim=-1).median()) * 1.37
         y = torch.full_like(x, float("nan"))
         flag = torch.full((m,), -1, device="cuda", dtype=torch.int32)
         op(x, limit, out=(y, flag))

@@ -20,7 +20,8 @@ PIPELINES = {
     # rows the bulk copy cannot move loaded again in each stretch
     "reread": "canonicalize,cse,dce,stage-rows{reread=true},tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,"
               "cse,dce",
-    # rows in registers, narrow vectors, the sums in registers
+    # rows in registers, narrow vectors, the sums in registers (two sums of rows of 262144 do not
+    # fit there: that pipeline leaves that length out)
     "registers": "canonicalize,cse,dce,tile{vec=2,sums=registers},lower-reductions,lower-ptx,canonicalize,cse,dce",
 }
 EPS = 1e-5
@@ -58,7 +59,8 @@ def closed_form(x, w, dout, mean, rstd):
 
 # the other pipelines leave out the lengths the default one covers alone (the suite's time)
 CASES = [(p, d, n) for p in PIPELINES for d in DTYPES for n in NS
-         if p == "default" or (p == "reread" and n in (65537, 262143)) or (p not in ("default", "reread") and n not in (1, 262143))]
+         if p == "default" or (p == "reread" and n in (65537, 262143)) or (p not in ("default", "reread") and n not in (1, 262143)
+                                                                            and not (p == "registers" and n == 262144))]
 
 
 @pytest.mark.parametrize("pipeline,dtype,n", CASES)
@@ -84,7 +86,9 @@ def test_layernorm_bwd_matches_autograd(pipeline, dtype, n):
         scale = (rstd.double()[:, None] * dout.double() * w.double()).abs() if n == 1 else None
         close(dx, cdx, TOL[dtype], f"dx {what}", scale)
         # dw and db sum m rows: their rounding grows with m, as every fp32 reduction's does
-        close(dw, cdw, max(TOL[dtype], 1e-4), f"dw {what}")
+        # rows of one: x̂ is 0, so dw is 0; it is checked against the size of dout·rstd
+        close(dw, cdw, max(TOL[dtype], 1e-4), f"dw {what}",
+              (dout.double().abs() * rstd.double()[:, None]).sum(0) if n == 1 else None)
         close(db, cdb, max(TOL[dtype], 1e-4), f"db {what}")
         if n > 1:
             rdx, rdw, rdb = reference(x, w, dout)
