@@ -38,6 +38,46 @@ def test_persistent_grids_are_capped_at_a_wave():
     assert contract.grid(dict(k, persistent=False), {"M": 10**6}, clusters_per_wave=132) == (250000, 1, 1)
 
 
+class _Function:
+    """A loaded kernel's occupancy queries, stood in for: 3 CTAs an SM, 45 clusters of 8 (the
+    H200's GPCs hold fewer clusters than 132 SMs x 3 / 8 = 49)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def allow_dynamic_smem(self, nbytes):
+        self.calls.append("smem")
+
+    def allow_large_clusters(self):
+        self.calls.append("large")
+
+    def max_active_blocks(self, block, smem):
+        self.calls.append("blocks")
+        return 3
+
+    def max_active_clusters(self, block, smem, cluster):
+        self.calls.append(("clusters", block, smem, cluster))
+        return {8: 45, 16: 8}[cluster]
+
+
+def test_a_persistent_cluster_grid_is_one_wave_of_the_clusters_the_gpu_holds():
+    k = {"grid": ["M * 8", "1", "1"], "block": [256, 1, 1], "cluster": [8, 1, 1], "persistent": True,
+         "smem_dynamic_bytes": 65536}
+    f = _Function()
+    assert contract.prepare_function(k, {"M": 32768}, f, sm_count=132) == (360, 1, 1)
+    assert f.calls == ["smem", ("clusters", 256, 65536, 8)]
+    # clusters past 8 are allowed before the query counts them
+    f = _Function()
+    k16 = dict(k, grid=["M * 16", "1", "1"], cluster=[16, 1, 1])
+    assert contract.prepare_function(k16, {"M": 32768}, f, sm_count=132) == (128, 1, 1)
+    assert f.calls == ["smem", "large", ("clusters", 256, 65536, 16)]
+    # single CTAs: SMs x CTAs an SM holds
+    f = _Function()
+    k1 = dict(k, grid=["M", "1", "1"], cluster=[1, 1, 1], smem_dynamic_bytes=0)
+    assert contract.prepare_function(k1, {"M": 32768}, f, sm_count=132) == (396, 1, 1)
+    assert f.calls == ["blocks"]
+
+
 @pytest.mark.parametrize("expr,value", [("max(0, (M) - (0))", 7), ("min(M, 3) * 2 + N % 5", 8), ("-M + 10", 3),
                                         ("(M + 3) // 4", 2)])
 def test_expressions(expr, value):

@@ -912,6 +912,27 @@ def test_row_pipeline_passes_verify_each(name, n):
     assert any(op.NAME.startswith("ptx.st") for op in g.walk())
 
 
+@pytest.mark.parametrize("approx", ["on", "off"])
+def test_lower_ptx_divides_by_a_row_shared_value_through_its_reciprocal(approx):
+    """softmax's e / sum(e): with approx, each element is multiplied by one reciprocal the row
+    takes once (a scalar division of 1 by the sum); without it the row keeps its IEEE division.
+    Either way the interpreter agrees with the op (--verify-each)."""
+    spec, f = kernel("softmax", 4096)
+    ve = VerifyEach({"N": 4096, "M": 3}, spec.check, seeds=(0,))
+    g, ctx = run_pipeline(f, f"canonicalize,tile,lower-reductions,lower-ptx{{approx={approx}}}", check=spec.check,
+                          verify_each=ve)
+    divs = [op for op in g.walk() if op.NAME == "tile.div"]
+    ranks = sorted(d.result.ttype.rank for d in divs)
+    if approx == "off":
+        assert ranks == [1]
+    else:
+        assert ranks == [0]
+        one = next(op for op in g.walk() if op.results and op.results[0] is divs[0].operands[0])
+        assert one.NAME == "tile.const" and one.value == 1.0
+        assert any(op.NAME == "tile.broadcast" and op.operands[0] is divs[0].result for op in g.walk())
+    assert any(p.startswith("lower-ptx") and "approximate functions" in m for p, m in ctx.notes)
+
+
 def _swap_ops(func, pick, make):
     """Rebuild func, replacing each op `pick` selects with `make(op)`."""
     return rebuild(func, lambda op, vmap: [make(op)] if pick(op) else None)

@@ -1258,7 +1258,9 @@ class RowKernelEmitter:
         if warps > 1:
             past = "w > kfc_t / 32" if rev else "w < kfc_t / 32"
             self.emit(f"{ct} warps_past = {ident}, total = {ident};")
-            self.emit("#pragma unroll")
+            # unrolled whole, ptxas hoists every chunk's reads of every warp's total (E x warps
+            # registers): suffix_scans spilled at rows of 16384
+            self.emit("#pragma unroll 4")
             self.emit(f"for (int w = 0; w < {warps}; ++w) {{ const {ct} t = {u}_w[kfc_phase][kfc_r][e][w]; "
                       f"if ({past}) warps_past = {comb('warps_past', 't')}; total = {comb('total', 't')}; }}")
             past_all = comb(f"{u}_carry", comb("warps_past", "lanes_past"))

@@ -203,7 +203,9 @@ class StageRows(Pass):
         least = threshold(self.min_bytes, reads)
         rows = [op for op in body.ops if stageable(op, row_values, n)]
         # rows a thread cannot keep in registers across the reductions leave them whatever the stretches
-        too_many = reads > 1 and math.ceil(n / LARGEST_TILE_THREADS) * len(rows) > REGISTER_ROWS_ELEMS_PER_THREAD
+        # (an odd row moves element by element, each with its own address and test: half as many fit)
+        budget = REGISTER_ROWS_ELEMS_PER_THREAD // (2 if n % 2 else 1)
+        too_many = reads > 1 and math.ceil(n / LARGEST_TILE_THREADS) * len(rows) > budget
         long_rows = [op for op in rows if too_many or row_bytes(op, n) >= least]
         if not long_rows or any(isinstance(op, SmemAllocOp) or op.regions for op in body.ops):
             return func  # already staged, or a for loop reads the row in chunks

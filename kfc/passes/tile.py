@@ -111,6 +111,11 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
     row_bytes = n * min_itemsize
     per_thread = max(vec, (BYTES_PER_THREAD_SMALL if row_bytes <= SMALL_ROW_BYTES else BYTES_PER_THREAD)
                      // min_itemsize // _pow2_ceil(max(1, row_inputs)))
+    if vec == 1 and row_bytes > SMALL_ROW_BYTES:
+        # an odd row moves element by element, each with its address and bounds test: half
+        # the share fits (argmax by iota, bf16 rows of 65537: 33 elements a thread spilled at
+        # 512 threads, 17 did not)
+        per_thread = max(1, per_thread // 2)
     if cluster == 0:
         cluster = 1
         if has_cluster and staged_bytes:

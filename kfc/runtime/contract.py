@@ -109,20 +109,23 @@ def workspace_shape(param: dict, dims: dict[str, int]) -> tuple[int, ...]:
 
 
 def prepare_function(kernel: dict, dims: dict[str, int], function, sm_count: int) -> tuple[int, int, int]:
-    """Allow on the loaded `function` what its launch needs (dynamic shared memory past 48 KB,
-    before the occupancy query that counts it; clusters past 8) and return its grid, a persistent
-    kernel's capped at one wave of the `sm_count` SMs. kfc's LoadedKernel and a package's
+    """Allow on the loaded `function` what its launch needs (dynamic shared memory past 48 KB and
+    clusters past 8, before the occupancy query that counts them) and return its grid, a
+    persistent kernel's capped at one wave: the clusters the GPU holds at once, or for single
+    CTAs the `sm_count` SMs times the CTAs an SM holds. kfc's LoadedKernel and a package's
     launcher.Module both serve as `function`."""
     cluster, block, smem = kernel["cluster"][0], kernel["block"], kernel["smem_dynamic_bytes"]
     if needs_smem_opt_in(kernel):
         function.allow_dynamic_smem(smem)
-    wave = None
-    if kernel["persistent"]:
-        wave = (sm_count * max(1, function.max_active_blocks(block[0] * block[1] * block[2], smem))) // cluster
-    out = grid(kernel, dims, wave)
     if cluster > 8:
         function.allow_large_clusters()
-    return out
+    wave = None
+    threads = block[0] * block[1] * block[2]
+    if kernel["persistent"] and cluster > 1:
+        wave = function.max_active_clusters(threads, smem, cluster)
+    elif kernel["persistent"]:
+        wave = sm_count * max(1, function.max_active_blocks(threads, smem))
+    return grid(kernel, dims, wave)
 
 
 def grid(kernel: dict, dims: dict[str, int], clusters_per_wave: int | None = None) -> tuple[int, int, int]:

@@ -109,6 +109,11 @@ class LoadedKernel:
         return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, block, smem),
                      "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
+    def max_active_clusters(self, block: int, smem: int, cluster: int) -> int:
+        from .launcher import max_active_clusters
+
+        return max_active_clusters(int(self.function), block, smem, cluster)
+
 
 
 CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,
