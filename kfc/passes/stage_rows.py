@@ -45,7 +45,7 @@ from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp
 from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
-from ..target import LARGEST_CLUSTER
+from ..target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, option, register_pass
 from .rows import find_row_loop, row_length
 
@@ -66,9 +66,7 @@ EXTRA_STRETCH_FACTOR = 8
 # of 262143 (sm_90a ptxas) re-read rows take 32 (softmax_bwd) to 64 (rmsnorm_bwd) registers,
 # register rows 92-128.
 REGISTER_ROWS_ELEMS_PER_THREAD = 32
-LARGEST_TILE_THREADS = 512 * LARGEST_CLUSTER
-# shared memory a row kernel keeps for itself: reduction slots, barriers (tile: STATIC_SMEM_MARGIN)
-SMEM_MARGIN = 4 * 1024
+LARGEST_TILE_THREADS = ROW_CTA_THREADS * LARGEST_CLUSTER
 
 
 def stretch_map(body) -> tuple[list, list[int], dict]:
@@ -142,7 +140,7 @@ def room_for_rows(staged: list, n: int, sums: int, smem: int) -> list:
     """The staged rows that fit in a CTA's shared memory at the largest cluster beside `sums`
     f32 accumulators of the row's share; the longest rows give way first."""
     kept = sorted(staged, key=lambda op: -row_bytes(op, n))
-    while kept and (sum(row_bytes(op, n) for op in kept) + 4 * sums * n) / LARGEST_CLUSTER + SMEM_MARGIN > smem:
+    while kept and (sum(row_bytes(op, n) for op in kept) + 4 * sums * n) / LARGEST_CLUSTER + ROW_KERNEL_STATIC_SMEM > smem:
         kept.pop(0)
     return [op for op in staged if op in kept]
 

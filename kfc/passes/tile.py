@@ -35,7 +35,7 @@ from ..ir.rewrite import ValueMap
 from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
 from ..ir.tile_ops import ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp
 from ..ir.types import MemSpace, TensorType
-from ..target import LARGEST_CLUSTER
+from ..target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, option, register_pass
 from .rows import body_ops, find_row_loop, row_length
 
@@ -50,9 +50,8 @@ BYTES_PER_THREAD_SMALL = 64
 BYTES_PER_THREAD = 128
 BLOCK_THREADS = 256
 WARP = 32
-# at most this many threads per row when choosing: at 1024 threads a thread has 64 registers,
-# too few for 64 row elements in fp32 (ptxas spills); longer rows take a cluster instead
-AUTO_MAX_THREADS = 512
+# at most this many threads per row when choosing; longer rows take a cluster instead
+AUTO_MAX_THREADS = ROW_CTA_THREADS
 # Hopper and Blackwell run clusters of up to 16 CTAs once the kernel allows non-portable sizes
 MAX_CLUSTER = LARGEST_CLUSTER
 # A row staged through shared memory (stage-rows) is split across a cluster so that each CTA
@@ -88,7 +87,7 @@ STAGED_BYTES_PER_CTA_WITH_SUMS = 32 * 1024
 # every other shape lost, the forward kernels 8-60% at rows of 16384 to 262144, where three CTAs
 # of one stage shared an SM.
 TWO_STAGES_FROM = 64 * 1024
-STATIC_SMEM_MARGIN = 4 * 1024  # a row kernel's static shared memory: reduction slots and barriers
+STATIC_SMEM_MARGIN = ROW_KERNEL_STATIC_SMEM
 
 
 def _pow2_ceil(x: int) -> int:
