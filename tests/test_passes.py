@@ -24,7 +24,7 @@ from kfc.cli import main
 from kfc.diagnostics import InterpretError, KfcError, VerifyError
 from kfc.ir import ALL, Builder, DType, parse_ir, print_ir, verify
 from kfc.ir.func import FuncOp
-from kfc.ir.gpu_ops import LaunchOp, ThreadReduceOp
+from kfc.ir.gpu_ops import LaunchOp, ThreadMaxSumExpOp, ThreadReduceOp
 from kfc.ir.interpreter import run
 from kfc.ir.rewrite import rebuild
 from kfc.ir.specialize import specialize
@@ -908,7 +908,7 @@ def test_row_pipeline_passes_verify_each(name, n):
     g, ctx = run_pipeline(f, ROW_PIPELINE, check=spec.check, verify_each=ve)
     assert [p for p, _ in ctx.timings] == ROW_PIPELINE.split(",")
     assert len(ops_of(g, LaunchOp)) == 1 and not ops_of(g, ParallelOp) and not ops_of(g, ReduceOp)
-    assert ops_of(g, ThreadReduceOp)
+    assert ops_of(g, ThreadMaxSumExpOp if name == "softmax" else ThreadReduceOp)  # softmax: the online pair
     assert any(op.NAME.startswith("ptx.st") for op in g.walk())
 
 
@@ -954,6 +954,11 @@ def _warp_sum_to_max(func, ctx):
                      lambda op: attrs.evolve(op, kind=ReduceKind.MAX))
 
 
+def _warp_pair_swapped(func, ctx):
+    return _swap_ops(func, lambda op: op.NAME == "gpu.warp_max_sumexp",
+                     lambda op: attrs.evolve(op, operands=op.operands[::-1]))
+
+
 def _the_store(func):
     (store,) = ops_of(func, StoreOp)
     return store
@@ -962,7 +967,8 @@ def _the_store(func):
 @pytest.mark.parametrize("name, broken, where", [
     ("layernorm", _add_to_sub, "after canonicalize"),          # `+ b` and `+ eps` become subtractions
     ("rmsnorm", _mean_to_sum, "on the tiled loop"),            # mean(x²) becomes sum(x²)
-    ("softmax", _warp_sum_to_max, "on the lowered reductions"),  # the warp shuffle sum becomes a max
+    ("layernorm", _warp_sum_to_max, "on the lowered reductions"),  # the warp shuffle sum becomes a max
+    ("softmax", _warp_pair_swapped, "on the lowered reductions"),  # the (max, sum) pair's halves mixed up
 ])
 def test_verify_each_rejects_a_broken_pass(name, broken, where):
     spec, f = kernel(name, 256)

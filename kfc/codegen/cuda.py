@@ -18,7 +18,10 @@ from ..diagnostics import KfcError
 from ..ir.core import Op, Value, walk_block
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
-from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp
+from ..ir.gpu_ops import (
+    ClusterMaxSumExpOp, ClusterReduceOp, CtaMaxSumExpOp, CtaReduceOp, LaunchOp, ThreadMaxSumExpOp, ThreadReduceOp,
+    UniformOp, WarpMaxSumExpOp, WarpReduceOp,
+)
 from ..ir import layouts
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
 from ..ir.smem_ops import (
@@ -113,7 +116,8 @@ class RowKernelEmitter:
         self.counter = 0
         self.smem_decls: list[str] = []
         self.smem_bytes = 0
-        self.cluster_ops: list[Op] = [op for op in self.launch.body.ops if isinstance(op, ClusterReduceOp)]
+        self.cluster_ops: list[Op] = [op for op in self.launch.body.ops
+                                      if isinstance(op, (ClusterReduceOp, ClusterMaxSumExpOp))]
         L = self.launch
         self.T, self.V, self.C, self.R = L.threads, L.vec, L.cluster, L.rows_per_cta
         self.row = layouts.Blocked1D(L.threads, L.vec, L.cluster)  # every row tile's layout (the verifier agrees)
@@ -408,7 +412,7 @@ class RowKernelEmitter:
         runs: dict[int, list[Op]] = {}
         ops = list(ops)
         for j, op in enumerate(ops):
-            if not isinstance(op, ThreadReduceOp):
+            if not isinstance(op, (ThreadReduceOp, ThreadMaxSumExpOp)):
                 continue
             i = j  # back over fusable ops; a reduction ends the walk, so runs never overlap
             while i > 0 and isinstance(ops[i - 1], self.FUSABLE) and not isinstance(ops[i - 1], StOp):
@@ -431,6 +435,19 @@ class RowKernelEmitter:
                 body.append(op)
             else:
                 self.emit_op(op)
+        if isinstance(reduce_op, ThreadMaxSumExpOp):
+            m, s = (self.name(r) for r in reduce_op.results)
+            self.emit(f"float {m} = {self.identity(ReduceKind.MAX)}, {s} = 0.0f;")
+            # the pair is a chain through every chunk: unrolled whole, ptxas hoists every chunk's
+            # loads ahead of it (softmax at odd rows of 262143: 32 one-element chunks, 128
+            # registers and spills; four at a time, 59)
+            made = {r for op in body for r in op.results}
+            local = all(v in made for op in body for v in op.operands if self.kind(v) == "row")
+            with self.chunk_loop(unroll=4 if local and self.E > 4 else 0):
+                for op in body:
+                    self.emit_op(op)
+                self.max_sumexp_chunk(reduce_op, f"(e * {self.V} + k)", "k")
+            return
         acc = self.name(reduce_op.result)
         self.emit(f"float {acc} = {self.identity(reduce_op.kind)};")
         with self.chunk_loop():
@@ -509,9 +526,11 @@ class RowKernelEmitter:
                 self.emit_op(op)
 
     @contextlib.contextmanager
-    def chunk_loop(self):
-        """A loop over the thread's chunks e, inside which row values hold one chunk each."""
-        self.emit("#pragma unroll")
+    def chunk_loop(self, unroll: int = 0):
+        """A loop over the thread's chunks e, inside which row values hold one chunk each;
+        unrolled whole unless `unroll` says how far (only where no row value from outside the
+        loop is indexed by e: a register array needs constant indices)."""
+        self.emit(f"#pragma unroll {unroll}" if unroll else "#pragma unroll")
         self.emit(f"for (int e = 0; e < {self.E}; ++e) {{")
         self.indent += 1
         self.chunk_local = set()
@@ -524,9 +543,10 @@ class RowKernelEmitter:
 
     def emit_cluster_setup(self) -> None:
         for k, op in enumerate(self.cluster_ops):
+            values = len(op.results)  # a (max, sum) pair sends two values a CTA
             self.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_cbar{k};")
-            self.smem_decls.append(f"__shared__ float kfc_cslot{k}[{self.C}];")
-            self.smem_bytes += 8 + 4 * self.C
+            self.smem_decls.append(f"__shared__ float kfc_cslot{k}[{values * self.C}];")
+            self.smem_bytes += 8 + 4 * values * self.C
         self.emit("if (threadIdx.x == 0) {")
         self.indent += 1
         for k in range(len(self.cluster_ops)):
@@ -962,7 +982,8 @@ class RowKernelEmitter:
                 self.loop(f"{n}[i] = {t}[i];")
             else:
                 self.emit(f"{n} = {t};")
-        if any(isinstance(o, (CtaReduceOp, ClusterReduceOp, ScanOp)) for o in body.ops):
+        if any(isinstance(o, (CtaReduceOp, ClusterReduceOp, CtaMaxSumExpOp, ClusterMaxSumExpOp, ScanOp))
+               for o in body.ops):
             self.emit("kfc_phase ^= 1;")
         self.indent -= 1
         self.emit("}")
@@ -1182,6 +1203,109 @@ class RowKernelEmitter:
         self.emit(f"float {n} = {slot}[0];")
         self.emit("#pragma unroll")
         self.emit(f"for (int c = 1; c < {self.C}; ++c) {n} = {self.combine(op.kind, n, f'{slot}[c]')};")
+
+    # --- (max, sum of exp(x - max)) pairs ------------------------------------------------------
+    @staticmethod
+    def exp_of_difference(op, a: str, b: str) -> str:
+        if op.approx:
+            return f"kfc_ex2_approx(({a} - {b}) * 1.4426950408889634f)"
+        return f"expf({a} - {b})"
+
+    def pair_combine(self, op, m: str, s: str, om: str, os_: str) -> None:
+        """(m, s) ⊕= (om, os): the larger maximum, each sum rescaled to it; an exponent of a
+        maximum of -inf is taken as 0, so lanes without elements add nothing."""
+        self.emit(f"{{ const float nm = {ptx.max_nan(m, om)}; const float at = nm == __int_as_float(0xff800000) ? "
+                  f"0.0f : nm; {s} = {s} * {self.exp_of_difference(op, m, 'at')} + {os_} * "
+                  f"{self.exp_of_difference(op, om, 'at')}; {m} = nm; }}")
+
+    def max_sumexp_chunk(self, op, reg: str, i: str) -> None:
+        """One chunk of V elements into the thread's running pair: the chunk's maximum, the
+        running sum rescaled to the new maximum once, then the chunk's exponentials added."""
+        m, s = (self.name(r) for r in op.results)
+        x = self.elem(op.operands[0], i)
+        guard = "" if self.exact else f"if {self.row.register_in_row_c(reg, 'kfc_g', self.N)} "
+        self.emit("{")
+        self.indent += 1
+        self.emit(f"float cm = {self.identity(ReduceKind.MAX)};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int {i} = 0; {i} < {self.V}; ++{i}) {{ {guard}{{ cm = {ptx.max_nan('cm', x)}; }} }}")
+        self.emit(f"const float nm = {ptx.max_nan(m, 'cm')};")
+        self.emit("const float at = nm == __int_as_float(0xff800000) ? 0.0f : nm;")
+        self.emit(f"{s} = {m} == nm ? {s} : {s} * {self.exp_of_difference(op, m, 'at')};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int {i} = 0; {i} < {self.V}; ++{i}) {{ {guard}{{ {s} += "
+                  f"{self.exp_of_difference(op, x, 'at')}; }} }}")
+        self.emit(f"{m} = nm;")
+        self.indent -= 1
+        self.emit("}")
+
+    def op_ThreadMaxSumExpOp(self, op: ThreadMaxSumExpOp) -> None:
+        """The thread's whole share in registers: its maximum, then the sum against it."""
+        m, s = (self.name(r) for r in op.results)
+        x = self.elem(op.operands[0], "i")
+        guard = "" if self.exact else f"if {self.row.register_in_row_c('i', 'kfc_g', self.N)} "
+        self.emit(f"float {m} = {self.identity(ReduceKind.MAX)}, {s} = 0.0f;")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {guard}{{ {m} = {ptx.max_nan(m, x)}; }} }}")
+        at = self.fresh("kfc_at")
+        self.emit(f"const float {at} = {m} == __int_as_float(0xff800000) ? 0.0f : {m};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {guard}{{ {s} += {self.exp_of_difference(op, x, at)}; }} }}")
+
+    def op_WarpMaxSumExpOp(self, op: WarpMaxSumExpOp) -> None:
+        m, s = (self.name(r) for r in op.results)
+        self.emit(f"float {m} = {self.name(op.operands[0])}, {s} = {self.name(op.operands[1])};")
+        k = op.width // 2
+        while k >= 1:
+            om, os_ = self.fresh("kfc_om"), self.fresh("kfc_os")
+            self.emit(f"const float {om} = {ptx.shfl_bfly(m, k)}, {os_} = {ptx.shfl_bfly(s, k)};")
+            self.pair_combine(op, m, s, om, os_)
+            k //= 2
+
+    def op_CtaMaxSumExpOp(self, op: CtaMaxSumExpOp) -> None:
+        warps = self.T // 32
+        k = self.fresh("kfc_red")
+        self.smem_decls.append(f"__shared__ float {k}[2][{self.R}][2][{warps}];")
+        self.smem_bytes += 2 * self.R * 2 * warps * 4
+        xm, xs = (self.name(v) for v in op.operands)
+        m, s = (self.name(r) for r in op.results)
+        slot = f"{k}[kfc_phase][kfc_r]"
+        self.emit(f"if (kfc_lane == 0) {{ {ptx.st_shared_f32(ptx.smem_addr(f'{slot}[0][kfc_t / 32]'), xm)} "
+                  f"{ptx.st_shared_f32(ptx.smem_addr(f'{slot}[1][kfc_t / 32]'), xs)} }}")
+        self.emit(ptx.bar_sync(0))
+        self.emit(f"float {m} = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[0][0]'))}, "
+                  f"{s} = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[1][0]'))};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int w = 1; w < {warps}; ++w) {{")
+        self.indent += 1
+        self.emit(f"const float om = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[0][w]'))}, "
+                  f"os = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[1][w]'))};")
+        self.pair_combine(op, m, s, "om", "os")
+        self.indent -= 1
+        self.emit("}")
+
+    def op_ClusterMaxSumExpOp(self, op: ClusterMaxSumExpOp) -> None:
+        k = self.cluster_ops.index(op)
+        xm, xs = (self.name(v) for v in op.operands)
+        m, s = (self.name(r) for r in op.results)
+        bar, slot, C = f"kfc_cbar{k}", f"kfc_cslot{k}", self.C
+        self.emit(f"if (threadIdx.x == 0) {ptx.mbarrier_arrive_expect_tx(ptx.smem_addr(bar), 8 * C)}")
+        self.emit(f"if (threadIdx.x < {C}) {{")
+        self.indent += 1
+        peer_bar = ptx.mapa(ptx.smem_addr(bar), "threadIdx.x")
+        self.emit(ptx.st_async_f32(ptx.mapa(ptx.smem_addr(f"{slot}[kfc_crank]"), "threadIdx.x"), xm, peer_bar))
+        self.emit(ptx.st_async_f32(ptx.mapa(ptx.smem_addr(f"{slot}[{C} + kfc_crank]"), "threadIdx.x"), xs, peer_bar))
+        self.indent -= 1
+        self.emit("}")
+        self.emit(ptx.mbarrier_wait_parity(ptx.smem_addr(bar), "kfc_phase"))
+        self.emit(f"float {m} = {slot}[0], {s} = {slot}[{C}];")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int c = 1; c < {C}; ++c) {{")
+        self.indent += 1
+        self.emit(f"const float om = {slot}[c], os = {slot}[{C} + c];")
+        self.pair_combine(op, m, s, "om", "os")
+        self.indent -= 1
+        self.emit("}")
 
     # --- scans --------------------------------------------------------------------------------
     INT_COMBINE = {ReduceKind.SUM: "({a} + {b})", ReduceKind.PROD: "({a} * {b})", ReduceKind.MAX: "max({a}, {b})",

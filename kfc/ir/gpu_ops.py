@@ -241,6 +241,88 @@ class ClusterReduceOp(_LaneReduce):
             raise self.error("a row held by one CTA needs no cluster step")
 
 
+@attrs.frozen(eq=False, kw_only=True)
+class _MaxSumExp(Op):
+    """A row's (maximum, sum of exp(x - maximum)) pairs, one per lane: the steps of
+    tile.max_sumexp. Pairs combine as (M, s1·e^(m1−M) + s2·e^(m2−M)), M = max(m1, m2), an
+    exponent of a maximum of −inf taken as 0 so that lanes without elements add nothing.
+    With `approx` (lower-ptx) the exponentials are ex2.approx of the difference times log2 e."""
+
+    approx: bool = False
+
+    def _pair(self, n_operands: int) -> TensorType:
+        _check_operands(self, n_operands)
+        _check_results(self, 2)
+        r = _tt(self, self.results[0], "maximum")
+        if r.rank != 1 or r.layout is None or r.layout.kind != "lanes" or r.dtype is not DType.F32:
+            raise self.error(f"the maximum must be an f32 #lanes tile, not {r}")
+        if self.results[1].type != r:
+            raise self.error(f"the sum must have the maximum's type {r}, not {self.results[1].type}")
+        return r
+
+    def _same_pairs(self) -> TensorType:
+        r = self._pair(2)
+        if any(v.type != r for v in self.operands):
+            raise self.error(f"keeps its type: ({self.operands[0].type}, {self.operands[1].type}) became {r}")
+        return r
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ThreadMaxSumExpOp(_MaxSumExp):
+    """Each thread's pair over its own elements, chunk by chunk in index order."""
+
+    NAME: ClassVar[str] = "gpu.thread_max_sumexp"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        r = self._pair(1)
+        a = _tt(self, self.operands[0], "operand")
+        if a.rank != 1 or a.layout is None or a.layout.kind != "row" or a.dtype is not DType.F32:
+            raise self.error(f"operand must be a 1-D f32 #row tile, not {a}")
+        p = a.layout.get("threads") * a.layout.get("cluster")
+        if r.shape != (p,) or r.layout != lanes_layout(a.layout.get("threads"), a.layout.get("cluster")):
+            raise self.error(f"results must be f32[{p}] with the row's lanes layout")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class WarpMaxSumExpOp(_MaxSumExp):
+    NAME: ClassVar[str] = "gpu.warp_max_sumexp"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+    width: int = 32
+
+    def verify_(self) -> None:
+        self._same_pairs()
+        if self.width not in (2, 4, 8, 16, 32):
+            raise self.error(f"width must be 2..32 and a power of two, not {self.width}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class CtaMaxSumExpOp(_MaxSumExp):
+    NAME: ClassVar[str] = "gpu.cta_max_sumexp"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        if self._same_pairs().layout.get("threads") <= 32:
+            raise self.error("a row of at most 32 threads needs no CTA step")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class ClusterMaxSumExpOp(_MaxSumExp):
+    NAME: ClassVar[str] = "gpu.cluster_max_sumexp"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        if self._same_pairs().layout.get("cluster") <= 1:
+            raise self.error("a row held by one CTA needs no cluster step")
+
+
+MAX_SUMEXP_STEPS = (ThreadMaxSumExpOp, WarpMaxSumExpOp, CtaMaxSumExpOp, ClusterMaxSumExpOp)
+
+
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
 class UniformOp(Op):

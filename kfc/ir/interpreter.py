@@ -315,6 +315,14 @@ class Interpreter:
             r = np.min(x, axis=axes, keepdims=op.keepdims) if x.size else self._empty(op, np.inf)
         return [self._out(op, r)]
 
+    def op_MaxSumExpOp(self, op, ins, env):
+        # as max(x), then sum(exp(x - max(x))) compute it: f32 differences, exponentials, sum
+        x = ins[0].astype(np.float32, copy=False)
+        m = np.max(x) if x.size else np.float32(-np.inf)
+        with np.errstate(all="ignore"):
+            s = np.sum(np.exp((x - m).astype(np.float32)), dtype=np.float32)
+        return [self._out(op, m, 0), self._out(op, s, 1)]
+
     def _empty(self, op: ReduceOp, identity: float):
         t = op.result.ttype
         return np.full(self.shape_of(t), identity if t.dtype.is_float else 0)
@@ -547,6 +555,53 @@ class Interpreter:
         for r in range(1, c):  # the slots in cluster-rank order
             acc = f(acc, x[r])
         return [np.full(c * t, acc, dtype=np.float32)]
+
+    # (max, sum of exp(x - max)) pairs: combined as the code generator does, in its order
+    @staticmethod
+    def _pair(m1, s1, m2, s2):
+        with np.errstate(all="ignore"):
+            big = np.maximum(m1, m2)  # NaN-propagating, as max.NaN
+            at = np.where(big == -np.inf, np.float32(0), big)  # lanes without elements add nothing
+            s = s1 * np.exp((m1 - at).astype(np.float32)) + s2 * np.exp((m2 - at).astype(np.float32))
+        return big.astype(np.float32), s.astype(np.float32)
+
+    def op_ThreadMaxSumExpOp(self, op, ins, env):
+        row = layouts.of(op.operands[0].ttype.layout)
+        n = ins[0].shape[0]
+        valid = row.per_lane(np.ones(n, dtype=np.float32), 0.0) > 0
+        x = row.per_lane(ins[0].astype(np.float32), -np.inf)
+        with np.errstate(all="ignore"):
+            m = np.where(valid, x, -np.inf).max(axis=1).astype(np.float32)
+            at = np.where(m == -np.inf, np.float32(0), m)
+            s = np.where(valid, np.exp((x - at[:, None]).astype(np.float32)), 0).sum(axis=1, dtype=np.float32)
+        return [m, s]
+
+    def op_WarpMaxSumExpOp(self, op, ins, env):
+        m, s = (v.astype(np.float32) for v in ins)
+        idx = np.arange(m.shape[0])
+        k = op.width // 2
+        while k >= 1:  # the xor butterfly of shfl.sync.bfly, both values
+            m, s = self._pair(m, s, m[idx ^ k], s[idx ^ k])
+            k //= 2
+        return [m, s]
+
+    def op_CtaMaxSumExpOp(self, op, ins, env):
+        lanes = layouts.of(op.operands[0].ttype.layout)
+        t = lanes.threads
+        m, s = (lanes.per_cta(v).reshape(lanes.cluster, t // 32, 32)[:, :, 0] for v in ins)
+        am, as_ = m[:, 0], s[:, 0]
+        for w in range(1, t // 32):  # warp order
+            am, as_ = self._pair(am, as_, m[:, w], s[:, w])
+        return [np.repeat(am, t).astype(np.float32), np.repeat(as_, t).astype(np.float32)]
+
+    def op_ClusterMaxSumExpOp(self, op, ins, env):
+        lanes = layouts.of(op.operands[0].ttype.layout)
+        t, c = lanes.threads, lanes.cluster
+        m, s = (lanes.per_cta(v)[:, 0] for v in ins)
+        am, as_ = m[:1], s[:1]
+        for r in range(1, c):  # cluster-rank order
+            am, as_ = self._pair(am, as_, m[r:r + 1], s[r:r + 1])
+        return [np.full(c * t, am[0], dtype=np.float32), np.full(c * t, as_[0], dtype=np.float32)]
 
     def op_UniformOp(self, op, ins, env):
         x = ins[0]

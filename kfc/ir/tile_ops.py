@@ -487,6 +487,28 @@ class ReduceOp(Op):
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
+class MaxSumExpOp(Op):
+    """A row's maximum m and the sum of exp(x - m) over it, together (online-softmax makes it of
+    max(x) and sum(exp(x - max(x)))): the code generator reduces the pair (m, s) in one sweep,
+    rescaling partial sums as the maximum grows, where the two reductions took two."""
+
+    NAME: ClassVar[str] = "tile.max_sumexp"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 1)
+        _check_results(self, 2)
+        a = _reg(self, self.operands[0], "operand")
+        if a.dtype is not DType.F32 or a.rank != 1:
+            raise self.error(f"reduces an f32 row, not {a}", "cast the row first: f32(x)")
+        for name, r in zip(("maximum", "sum"), self.results):
+            t = _reg(self, r, name)
+            if bare_type(t) != TensorType(DType.F32):
+                raise self.error(f"its {name} is an f32 scalar, not {t}")
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
 class ScanOp(Op):
     """Prefix reduction along `axis` (cumsum for kind=sum)."""
 

@@ -6,7 +6,8 @@
   4096 bf16), data every row re-reads (a weight vector) keeps the default so it stays in cache;
 - with `approx` (on when every floating-point output tolerates 1e-5 relative error, the
   approximate instructions' error being about 2^-22), f32 rsqrt and exp become
-  rsqrt.approx and ex2.approx (exp(x) = 2^(x·log2 e)), and a division of a tile by a value
+  rsqrt.approx and ex2.approx (exp(x) = 2^(x·log2 e)), so do the exponentials of the steps of a
+  (max, sum of exp) reduction (gpu.*_max_sumexp), and a division of a tile by a value
   the whole row shares (softmax's e / sum(e)) becomes a product with its reciprocal, taken once:
   an IEEE division costs a dozen instructions an element, the product one, for at most one
   more rounding (about 2^-23). ncu on the H200 found softmax at rows of 65536 bound by issue,
@@ -26,7 +27,7 @@ import attrs
 
 from ..ir.core import Value
 from ..ir.dtypes import DType
-from ..ir.gpu_ops import LaunchOp
+from ..ir.gpu_ops import MAX_SUMEXP_STEPS, LaunchOp
 from ..ir.ptx_ops import CACHE_HINTS, CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
 from ..ir.rewrite import ValueMap, defining_ops, rebuild_block
 from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
@@ -109,6 +110,9 @@ class LowerPtx(Pass):
                 m = BINARY_CLASSES["mul"](operands=(x, scale), results=(Value(x.type),), loc=op.loc)
                 e = Ex2ApproxOp(operands=(m.result,), results=op.results, loc=op.loc)
                 return ops + [m, e]
+            if approx and isinstance(op, MAX_SUMEXP_STEPS) and not op.approx:
+                counts["approx"] += 1
+                return [attrs.evolve(op, approx=True)]
             if approx and f32 and isinstance(op, BINARY_CLASSES["div"]) and shared_divisor(op) is not None:
                 counts["approx"] += 1
                 s = vmap[shared_divisor(op)]

@@ -1,7 +1,8 @@
 """lower-reductions: a reduction over a `#row` tile becomes a tree of all-reduce steps —
 each thread over its own elements, a shuffle butterfly inside each warp, shared memory across
 the warps of a row, distributed shared memory across the CTAs of a cluster — ending in a
-scalar every thread holds. A mean becomes a sum times 1/N."""
+scalar every thread holds. A mean becomes a sum times 1/N. A row's (max, sum of exp(x - max))
+pair (tile.max_sumexp) takes the same steps carrying both values."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from typing import ClassVar
 
 import attrs
 
+from ..ir.core import Value
 from ..ir.dtypes import DType
-from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadReduceOp, UniformOp, WarpReduceOp, lanes_layout
+from ..ir.gpu_ops import (
+    ClusterMaxSumExpOp, ClusterReduceOp, CtaMaxSumExpOp, CtaReduceOp, LaunchOp, ThreadMaxSumExpOp, ThreadReduceOp,
+    UniformOp, WarpMaxSumExpOp, WarpReduceOp, lanes_layout,
+)
 from ..ir.rewrite import ValueMap, rebuild_block
-from ..ir.tile_ops import BINARY_CLASSES, ConstOp, ReduceKind, ReduceOp
+from ..ir.tile_ops import BINARY_CLASSES, ConstOp, MaxSumExpOp, ReduceKind, ReduceOp
 from ..ir.types import TensorType
 from .base import Pass, register_pass
 from .rows import find_row_loop
@@ -31,8 +36,29 @@ class LowerReductions(Pass):
         launch = find_row_loop(func, LaunchOp)
         count = 0
 
+        def pair_steps(op) -> list:
+            """tile.max_sumexp: the pair through the same steps, then each value as a scalar."""
+            src = op.operands[0].ttype
+            t, c = src.layout.get("threads"), src.layout.get("cluster")
+            lanes = TensorType(src.dtype, (t * c,), layout=lanes_layout(t, c))
+            out = []
+            pair = (op.operands[0],)
+            steps = [(ThreadMaxSumExpOp, {})] + ([(WarpMaxSumExpOp, {"width": min(32, t)})] if t > 1 else []) + \
+                ([(CtaMaxSumExpOp, {})] if t > 32 else []) + ([(ClusterMaxSumExpOp, {})] if c > 1 else [])
+            for cls, kw in steps:
+                new = cls(operands=pair, results=(Value(lanes), Value(lanes)), loc=op.loc, **kw)
+                out.append(new)
+                pair = new.results
+            for v, r in zip(pair, op.results):  # the scalars keep the op's own result values
+                out.append(UniformOp(operands=(v,), results=(r,), loc=op.loc))
+            return out
+
         def transform(op, vmap: ValueMap):
             nonlocal count
+            if isinstance(op, MaxSumExpOp) and op.operands[0].ttype.layout is not None \
+                    and op.operands[0].ttype.layout.kind == "row":
+                count += 1
+                return pair_steps(op)
             if not isinstance(op, ReduceOp):
                 return None
             src = op.operands[0].ttype

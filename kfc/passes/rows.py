@@ -14,14 +14,14 @@ from ..ir.core import Op
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, ForOp, IfOp, IotaOp, LoadOp, ParallelOp, ReduceOp, ScanOp,
-    StoreOp, UnaryOp, WhereOp, YieldOp,
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, ForOp, IfOp, IotaOp, LoadOp, MaxSumExpOp, ParallelOp, ReduceOp,
+    ScanOp, StoreOp, UnaryOp, WhereOp, YieldOp,
 )
 from ..ir.types import TensorType
 from .base import PassError
 
-ROW_OPS = (ConstOp, DimOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, ScanOp, LoadOp,
-           StoreOp, YieldOp)
+ROW_OPS = (ConstOp, DimOp, IotaOp, UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BroadcastOp, ReduceOp, MaxSumExpOp, ScanOp,
+           LoadOp, StoreOp, YieldOp)
 
 
 def find_row_loop(func: FuncOp, kind=ParallelOp) -> Op:

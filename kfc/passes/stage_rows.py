@@ -42,7 +42,7 @@ from ..ir.core import Block, Value
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp, row_dependent
 from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp
-from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, ReduceOp, UnaryOp, WhereOp
+from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, MaxSumExpOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
 from ..target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
@@ -92,7 +92,7 @@ def _stretches(body, by_dependence: bool) -> tuple[list, list[int], dict]:
         if not by_dependence or not op.has_trait("pure"):
             here = max(here, latest)
         latest = max(latest, here)
-        ends = isinstance(op, ReduceOp) and any(v in row_values for v in op.operands)
+        ends = isinstance(op, (ReduceOp, MaxSumExpOp)) and any(v in row_values for v in op.operands)
         for r in op.results:
             at[r] = here + ends
         if ends and not by_dependence:

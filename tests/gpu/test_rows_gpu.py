@@ -116,6 +116,35 @@ def check_against_torch(op, pipeline, dtype, n, ms):
             assert torch.equal(a, b), f"{op} modified an input"
 
 
+@pytest.mark.parametrize("n", [7, 1000, 4095, 4096, 65536, 65537, 262144])
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("pipeline", ["default", "persistent-exact"])
+def test_softmax_of_masked_rows_matches_torch(pipeline, dtype, n):
+    """The online (max, sum) pair on rows whose leading elements are -inf (a causal mask: whole
+    threads and CTAs of the cluster hold no finite element), a row of a single finite element,
+    a row all -inf (NaN, as torch gives) and a row with a NaN, NaN-poisoned outputs."""
+    requires_gpu()
+    k = kernel("softmax", pipeline)
+    m = 9
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(n)
+    x = torch.randn(m, n, device="cuda", generator=gen) * 3
+    for r in range(5):  # masked from the left, ever further
+        x[r, : (r + 1) * n // 6] = float("-inf")
+    x[5, :-1] = float("-inf")
+    x[6, :] = float("-inf")
+    x[7, n // 2] = float("nan")
+    x = x.to(DTYPES[dtype])
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    got = k(x, out=out).float()
+    torch.cuda.synchronize()
+    ref = torch.softmax(x.float(), dim=-1)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)), "NaN exactly where torch has NaN"
+    ok = ~torch.isnan(ref)
+    assert float((got[ok] - ref[ok]).abs().max()) <= TOL[dtype] * 2
+    assert torch.allclose(got[5], ref[5], rtol=TOL[dtype])
+
+
 def test_wrong_dtype_and_device_are_clear_errors():
     requires_gpu()
     from kfc.diagnostics import KfcError
