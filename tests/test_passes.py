@@ -24,7 +24,7 @@ from kfc.cli import main
 from kfc.diagnostics import InterpretError, KfcError, VerifyError
 from kfc.ir import ALL, Builder, DType, parse_ir, print_ir, verify
 from kfc.ir.func import FuncOp
-from kfc.ir.gpu_ops import LaunchOp, ThreadMaxSumExpOp, ThreadReduceOp
+from kfc.ir.gpu_ops import LaunchOp, ThreadReduceOp
 from kfc.ir.interpreter import run
 from kfc.ir.rewrite import rebuild
 from kfc.ir.specialize import specialize
@@ -908,7 +908,7 @@ def test_row_pipeline_passes_verify_each(name, n):
     g, ctx = run_pipeline(f, ROW_PIPELINE, check=spec.check, verify_each=ve)
     assert [p for p, _ in ctx.timings] == ROW_PIPELINE.split(",")
     assert len(ops_of(g, LaunchOp)) == 1 and not ops_of(g, ParallelOp) and not ops_of(g, ReduceOp)
-    assert ops_of(g, ThreadMaxSumExpOp if name == "softmax" else ThreadReduceOp)  # softmax: the online pair
+    assert ops_of(g, ThreadReduceOp)
     assert any(op.NAME.startswith("ptx.st") for op in g.walk())
 
 
@@ -968,14 +968,16 @@ def _the_store(func):
     ("layernorm", _add_to_sub, "after canonicalize"),          # `+ b` and `+ eps` become subtractions
     ("rmsnorm", _mean_to_sum, "on the tiled loop"),            # mean(x²) becomes sum(x²)
     ("layernorm", _warp_sum_to_max, "on the lowered reductions"),  # the warp shuffle sum becomes a max
-    ("softmax", _warp_pair_swapped, "on the lowered reductions"),  # the (max, sum) pair's halves mixed up
+    ("softmax", _warp_sum_to_max, "on the lowered reductions"),  # the warp shuffle sum becomes a max
+    ("softmax", _warp_pair_swapped, "on the lowered pair"),  # online softmax's (max, sum) halves mixed up
 ])
 def test_verify_each_rejects_a_broken_pass(name, broken, where):
     spec, f = kernel(name, 256)
     p = make_pass("broken", broken)
     position = {"after canonicalize": "canonicalize,{},cse,dce,tile",
                 "on the tiled loop": "canonicalize,tile,{},lower-reductions",
-                "on the lowered reductions": "canonicalize,tile,lower-reductions,{},lower-ptx"}[where]
+                "on the lowered reductions": "canonicalize,tile,lower-reductions,{},lower-ptx",
+                "on the lowered pair": "canonicalize,online-softmax,tile,lower-reductions,{},lower-ptx"}[where]
     text = position.format(p.NAME)
     store = _the_store(f)
     assert store.loc is not None and store.loc.file == f"kernels/{name}.kfc"

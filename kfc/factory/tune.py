@@ -26,7 +26,6 @@ from ..kb.fingerprint import op_features, op_fingerprint
 from ..kb.store import KnowledgeBase, canonical_shape
 from ..passes import default_pipeline
 from ..passes.base import PassError
-from ..passes.online_softmax import fuse_in_parallel_loops
 from ..passes.pipeline import parse_pipeline
 from ..passes.rows import find_row_loop, row_length
 from ..passes.stage_rows import stretches
@@ -69,10 +68,7 @@ def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace
     except PassError as e:
         raise PassError(f"kfc tune searches row programs; {spec.name} is not one: {e.message}", e.span) from None
     sizes = [v.ttype.dtype.itemsize for v in func.args if v.ttype.space.value != "reg" and v.ttype.rank >= 1]
-    # stage-rows sees the row after canonicalize, which may fuse reductions (online softmax)
-    canonical, _ = fuse_in_parallel_loops(func)
-    reads = stretches(find_row_loop(canonical).body)
-    return SearchSpace(n, min(sizes) if sizes else 4, target.has("cluster"), reads=reads)
+    return SearchSpace(n, min(sizes) if sizes else 4, target.has("cluster"), reads=stretches(loop.body))
 
 
 def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy, kb: KnowledgeBase, evaluator,

@@ -1,6 +1,8 @@
 """Passes over the IR: one module per pass, registered by name for pipeline strings."""
 
-from . import canonicalize, cse, dce, linearize, lower_ptx, lower_reductions, split_tiles, stage_rows, tile  # noqa: F401 - registration
+from . import (  # noqa: F401 - registration
+    canonicalize, cse, dce, linearize, lower_ptx, lower_reductions, online_softmax, split_tiles, stage_rows, tile,
+)
 from .base import PASSES, Pass, PassError, register_pass
 from .manager import PassContext, PassManager, VerifyEach
 from .pipeline import Pipeline, parse_pipeline, parse_user_pipeline

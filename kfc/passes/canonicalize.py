@@ -3,9 +3,7 @@
 Patterns: identity casts and broadcasts disappear; a widening round trip (bf16 → f32 → bf16)
 disappears; scalar constants fold through pure elementwise ops (with the interpreter's exact
 semantics, so folding can never disagree with the oracle); a broadcast of a constant becomes a
-constant tile; x * 1 and x + 0 on integers, x * 1.0 on floats, disappear; in a parallel loop's
-body a row's max(x) and sum(exp(x - max(x))) become one tile.max_sumexp (online softmax, see
-kfc/passes/online_softmax.py).
+constant tile; x * 1 and x + 0 on integers, x * 1.0 on floats, disappear.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from ..ir.func import FuncOp
 from ..ir.interpreter import Interpreter
 from ..ir.tile_ops import BINARY_CLASSES, BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, UnaryOp, WhereOp
 from .base import Pass, option, register_pass
-from .online_softmax import fuse_in_parallel_loops
 from .rewriter import PatternRewriter, RewritePattern, RewriteStats, apply_patterns_greedily
 
 # casts that lose nothing: going A -> B -> A returns exactly A's values
@@ -151,8 +148,6 @@ class Canonicalize(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
         stats = RewriteStats()
         out = apply_patterns_greedily(func, PATTERNS, self.max_iterations, stats)
-        out, fused = fuse_in_parallel_loops(out)
         ctx.note(self, f"{sum(stats.applied.values())} rewrites in {stats.iterations} sweep(s)"
-                 + ("" if stats.converged else " (iteration cap reached)")
-                 + (f", {fused} max and sum of exponentials fused" if fused else ""), stats=stats)
+                 + ("" if stats.converged else " (iteration cap reached)"), stats=stats)
         return out

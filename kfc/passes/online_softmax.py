@@ -12,11 +12,18 @@ row one more read of shared memory). The interpreter computes tile.max_sumexp ex
 two reductions did, so the rewrite changes no result there; the generated code rounds the
 rescaled partial sums differently, within the op's tolerance.
 
-Applied by canonicalize to the straight-line body of each parallel loop, where both reductions
-and the exponential sit in that one block.
+The pass rewrites the straight-line body of each parallel loop, where both reductions and the
+exponential sit in that one block; put it before stage-rows, which then reads a staged row in
+one stretch fewer. It is not in the default pipeline: measured on the H200 (bf16 softmax, eager
+do_bench, QuACK's shapes; bench/results/softmax-online-20261202T022216Z.json against the default's
+softmax-20261202T015232Z.json, two runs of the same session), it gained 4-6% at rows of 8192 and
+16384 and lost 5-6% at rows of 65536 to 262144 and 9% at 4096, where the one chain of (max, sum)
+updates through a thread's chunks leaves less to overlap than two independent sweeps.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import attrs
 
@@ -25,6 +32,7 @@ from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.tile_ops import BroadcastOp, MaxSumExpOp, ParallelOp, ReduceKind, ReduceOp
 from ..ir.types import MemSpace, TensorType
+from .base import Pass, register_pass
 
 
 def _row_reduce(op, kind: ReduceKind) -> bool:
@@ -88,3 +96,15 @@ def fuse_in_parallel_loops(func: FuncOp) -> tuple[FuncOp, int]:
     if not total:
         return func, 0
     return attrs.evolve(func, regions=(Block(func.body.args, tuple(ops)),)), total
+
+
+@register_pass
+@attrs.frozen
+class OnlineSoftmax(Pass):
+    NAME: ClassVar[str] = "online-softmax"
+    SUMMARY: ClassVar[str] = "a row's max and sum of exp(x - max) as one reduction of (max, sum) pairs"
+
+    def run(self, func, ctx):
+        out, fused = fuse_in_parallel_loops(func)
+        ctx.note(self, f"{fused} max and sum of exponentials fused")
+        return out

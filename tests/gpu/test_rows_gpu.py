@@ -29,6 +29,9 @@ PIPELINES["staged-persistent"] = STAGED % "rows=4,persistent=true"
 # two stages: each CTA's next row copied while this one computes; with several row slots
 PIPELINES["staged-2"] = STAGED % "stages=2"
 PIPELINES["staged-2-slots"] = STAGED % "rows=4,stages=2"
+# softmax's max and sum of exponentials as one reduction of (max, sum) pairs
+PIPELINES["online"] = "canonicalize,cse,dce,online-softmax,stage-rows,tile,lower-reductions,fuse-reductions," \
+                      "lower-ptx,canonicalize,cse,dce"
 STAGED_NS = [8, 256, 4104, 65544, 262144]   # 4104 and 65544: the last span of the row is partial
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 TOL = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-5}
@@ -116,11 +119,17 @@ def check_against_torch(op, pipeline, dtype, n, ms):
             assert torch.equal(a, b), f"{op} modified an input"
 
 
+@pytest.mark.parametrize("n", NS + [65537, 262143])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_online_softmax_matches_torch(dtype, n):
+    check_against_torch("softmax", "online", dtype, n, MS)
+
+
 @pytest.mark.parametrize("n", [7, 1000, 4095, 4096, 65536, 65537, 262144])
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
-@pytest.mark.parametrize("pipeline", ["default", "persistent-exact"])
+@pytest.mark.parametrize("pipeline", ["default", "persistent-exact", "online"])
 def test_softmax_of_masked_rows_matches_torch(pipeline, dtype, n):
-    """The online (max, sum) pair on rows whose leading elements are -inf (a causal mask: whole
+    """Softmax, and the online (max, sum) pair, on rows whose leading elements are -inf (a causal mask: whole
     threads and CTAs of the cluster hold no finite element), a row of a single finite element,
     a row all -inf (NaN, as torch gives) and a row with a NaN, NaN-poisoned outputs."""
     requires_gpu()
