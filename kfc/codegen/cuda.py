@@ -1187,19 +1187,28 @@ class RowKernelEmitter:
         self.emit(f"for (int w = 1; w < {warps}; ++w) {n} = "
                   f"{self.combine(op.kind, n, ptx.ld_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][w]')))};")
 
-    def op_ClusterReduceOp(self, op: ClusterReduceOp) -> None:
+    def cluster_exchange(self, op) -> str:
+        """Each CTA sends its values of `op`'s operands to every CTA of the cluster (value i of
+        rank r into slot i·C + r, through st.async on the peer's mbarrier) and waits until all
+        of them are in: the slots' name, to combine in rank order."""
         k = self.cluster_ops.index(op)
-        x = self.name(op.operands[0])
-        n = self.name(op.result)
-        bar, slot = f"kfc_cbar{k}", f"kfc_cslot{k}"
-        self.emit(f"if (threadIdx.x == 0) {ptx.mbarrier_arrive_expect_tx(ptx.smem_addr(bar), 4 * self.C)}")
-        self.emit(f"if (threadIdx.x < {self.C}) {{")
+        bar, slot, C = f"kfc_cbar{k}", f"kfc_cslot{k}", self.C
+        values = [self.name(v) for v in op.operands]
+        self.emit(f"if (threadIdx.x == 0) {ptx.mbarrier_arrive_expect_tx(ptx.smem_addr(bar), 4 * len(values) * C)}")
+        self.emit(f"if (threadIdx.x < {C}) {{")
         self.indent += 1
-        self.emit(ptx.st_async_f32(ptx.mapa(ptx.smem_addr(f"{slot}[kfc_crank]"), "threadIdx.x"), x,
-                                   ptx.mapa(ptx.smem_addr(bar), "threadIdx.x")))
+        for i, x in enumerate(values):
+            at = f"{i * C} + kfc_crank" if i else "kfc_crank"
+            self.emit(ptx.st_async_f32(ptx.mapa(ptx.smem_addr(f"{slot}[{at}]"), "threadIdx.x"), x,
+                                       ptx.mapa(ptx.smem_addr(bar), "threadIdx.x")))
         self.indent -= 1
         self.emit("}")
         self.emit(ptx.mbarrier_wait_parity(ptx.smem_addr(bar), "kfc_phase"))
+        return slot
+
+    def op_ClusterReduceOp(self, op: ClusterReduceOp) -> None:
+        slot = self.cluster_exchange(op)
+        n = self.name(op.result)
         self.emit(f"float {n} = {slot}[0];")
         self.emit("#pragma unroll")
         self.emit(f"for (int c = 1; c < {self.C}; ++c) {n} = {self.combine(op.kind, n, f'{slot}[c]')};")
@@ -1285,19 +1294,8 @@ class RowKernelEmitter:
         self.emit("}")
 
     def op_ClusterMaxSumExpOp(self, op: ClusterMaxSumExpOp) -> None:
-        k = self.cluster_ops.index(op)
-        xm, xs = (self.name(v) for v in op.operands)
+        slot, C = self.cluster_exchange(op), self.C
         m, s = (self.name(r) for r in op.results)
-        bar, slot, C = f"kfc_cbar{k}", f"kfc_cslot{k}", self.C
-        self.emit(f"if (threadIdx.x == 0) {ptx.mbarrier_arrive_expect_tx(ptx.smem_addr(bar), 8 * C)}")
-        self.emit(f"if (threadIdx.x < {C}) {{")
-        self.indent += 1
-        peer_bar = ptx.mapa(ptx.smem_addr(bar), "threadIdx.x")
-        self.emit(ptx.st_async_f32(ptx.mapa(ptx.smem_addr(f"{slot}[kfc_crank]"), "threadIdx.x"), xm, peer_bar))
-        self.emit(ptx.st_async_f32(ptx.mapa(ptx.smem_addr(f"{slot}[{C} + kfc_crank]"), "threadIdx.x"), xs, peer_bar))
-        self.indent -= 1
-        self.emit("}")
-        self.emit(ptx.mbarrier_wait_parity(ptx.smem_addr(bar), "kfc_phase"))
         self.emit(f"float {m} = {slot}[0], {s} = {slot}[{C}];")
         self.emit("#pragma unroll")
         self.emit(f"for (int c = 1; c < {C}; ++c) {{")
