@@ -206,17 +206,35 @@ class Tile(Pass):
     def required_features(self) -> frozenset[str]:
         return frozenset({"cluster", "dsmem", "mbarrier"}) if self.cluster > 1 else frozenset()
 
+    # What keeps a row in one CTA, by kind of op: what it is, why it takes no cluster, and why a
+    # CTA then holds one row (None: it may hold several). A for loop's threads run the same
+    # iterations, a reduction in its body or a branch synchronising them; a scan's carries cross
+    # the CTA's warps through shared memory.
+    ONE_CTA = {
+        "for": ("a for loop in the row loop", "a chunked row runs in one CTA", "each CTA runs one row's iterations"),
+        "if": ("a reduction inside an if", "a branch that synchronises runs in one CTA",
+               "each CTA takes one row's branch"),
+        "scan": ("a scan in the row loop", "a scanned row runs in one CTA", None),
+    }
+
+    def check_one_cta(self, fors: list, synced: list, scans: list) -> bool:
+        """Refuse a cluster, or several rows a CTA, for a row that must stay in one CTA; whether
+        the row must."""
+        for kind, found in (("for", fors), ("if", synced), ("scan", scans)):
+            what, no_cluster, no_rows = self.ONE_CTA[kind]
+            if found and self.cluster > 1:
+                raise PassError(f"tile: cluster={self.cluster} with {what}: {no_cluster}", found[0].loc,
+                                "leave cluster at 0 (one CTA a row)")
+            if found and no_rows and self.rows > 1:
+                raise PassError(f"tile: rows={self.rows} with {what}: {no_rows}", found[0].loc,
+                                "leave rows at 0 (one row a CTA)")
+        return bool(fors or synced or scans)
+
     def fit_for_loops(self, func, loop, fors: list, ops: list, n: int, itemsize: int) -> tuple[int, int]:
         """Rows per CTA and the vector width for a row loop that holds `for` loops (a row read
         in chunks of n): one CTA a row (every thread of a CTA runs the same iterations, since a
         reduction in the body synchronises them), and vectors that never straddle the end of
         the tensor a chunk is sliced from nor start off its alignment."""
-        if self.cluster > 1:
-            raise PassError(f"tile: cluster={self.cluster} with a for loop in the row loop: a chunked row runs in "
-                            "one CTA", fors[0].loc, "leave cluster at 0 (one CTA a row)")
-        if self.rows > 1:
-            raise PassError(f"tile: rows={self.rows} with a for loop in the row loop: each CTA runs one row's "
-                            "iterations", fors[0].loc, "leave rows at 0 (one row a CTA)")
         consts = {op.result: op.value for op in (*func.body.ops, *ops) if isinstance(op, ConstOp) and op.results}
         multiples = [n]
         for f in fors:
@@ -246,27 +264,19 @@ class Tile(Pass):
                      for op in loop.body.ops if isinstance(op, SmemAllocOp))
         fors = [op for op in ops if isinstance(op, ForOp)]
         scans = [op for op in ops if isinstance(op, ScanOp)]
-        want_rows, want_vec = self.rows, self.vec
-        if fors:
-            want_rows, want_vec = self.fit_for_loops(func, loop, fors, ops, n, min(itemsizes))
         # a branch that synchronises the row's threads (a reduction, a scan) must be taken by
         # all of a CTA's threads or none: one row a CTA, in whole warps
         synced = [op for op in ops if isinstance(op, IfOp) and
                   any(isinstance(o, (ReduceOp, ScanOp, ForOp)) for r in op.regions for o in body_ops(r))]
-        if synced and self.rows > 1:
-            raise PassError(f"tile: rows={self.rows} with a reduction inside an if: each CTA takes one row's "
-                            "branch", synced[0].loc, "leave rows at 0 (one row a CTA)")
-        if synced and self.cluster > 1:
-            raise PassError(f"tile: cluster={self.cluster} with a reduction inside an if: a branch that "
-                            "synchronises runs in one CTA", synced[0].loc, "leave cluster at 0")
+        one_cta = self.check_one_cta(fors, synced, scans)
+        want_rows, want_vec = self.rows, self.vec
+        if fors:
+            want_rows, want_vec = self.fit_for_loops(func, loop, fors, ops, n, min(itemsizes))
         one_row = bool(fors or synced)
         if synced:
             want_rows = 1
-        if scans and self.cluster > 1:
-            raise PassError(f"tile: cluster={self.cluster} with a scan in the row loop: a scanned row runs in one CTA",
-                            scans[0].loc, "leave cluster at 0 (one CTA a row)")
         rows, threads, vec, cluster = choose(n, min(itemsizes), want_rows, self.threads, want_vec, self.cluster,
-                                             ctx.target.has("cluster") and not (fors or scans or synced),
+                                             ctx.target.has("cluster") and not one_cta,
                                              per_row_inputs(loop), staged, bool(loop.results))
         if one_row and rows > 1:  # a short row: one a CTA all the same, in a warp at least
             rows, threads = 1, max(threads, WARP)
@@ -277,7 +287,6 @@ class Tile(Pass):
             raise PassError(f"tile: cluster={cluster} needs thread-block clusters, which {ctx.target} lacks", loop.loc)
         per_thread = vec * math.ceil(n / (vec * threads * cluster))
         if per_thread > MAX_ELEMS_PER_THREAD:
-            one_cta = bool(fors or scans or synced)
             longest = 1024 * (1 if one_cta else MAX_CLUSTER) * MAX_ELEMS_PER_THREAD
             if n > longest:
                 hint = f"a row kernel holds rows of up to {longest} elements in registers" + (
