@@ -173,8 +173,11 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     lowered = PassManager(pipe, ctx).run(special)
     t_passes = time.perf_counter() - t0
     if kind != "row":
-        kept = [m for p, m in ctx.notes if p.startswith("split-tiles") and "keeps its rank-2 tiles" in m
-                and "rank-2 tile" in why_not.message]  # why the rank-2 tiles the row passes refuse stayed
+        from .passes.split_tiles import SplitReport
+
+        # why the rank-2 tiles the row passes refuse stayed
+        reports = [r for r in ctx.stats.values() if isinstance(r, SplitReport)]
+        kept = [m for r in reports for m in r.kept] if "rank-2 tile" in why_not.message else []
         raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: it is not a row program (one parallel "
                        f"loop over rows whose tiles are rows): {why_not.message}", why_not.span or func.loc,
                        f"split-tiles: the {kept[0]}" if kept else why_not.hint or "`kfc opt` still parses, verifies "

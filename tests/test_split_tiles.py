@@ -57,6 +57,8 @@ op colsum(x: f32[S, H, D]) -> (y: f32[S, D]) {
     f, ctx = split(tmp_path, text, {"H": 3, "D": 128})
     assert print_ir(f) == print_ir(specialize(spec_of(tmp_path, text).func, {"H": 3, "D": 128}, partial=True))
     assert any("a reduction over the tiles' first axis" in m for _, m in ctx.notes)
+    report = ctx.stats["split-tiles"]  # what compile reads to say why, not the note's words
+    assert report.split == 0 and len(report.kept) == 1 and "first axis" in report.kept[0]
     with pytest.raises(KfcError, match="not a row program") as info:
         compile_op(spec_of(tmp_path, text), parse_target("sm_90a"), shape={"H": 3, "D": 128})
     assert "split-tiles" in info.value.hint and "first axis" in info.value.hint

@@ -41,6 +41,15 @@ class NotSplit(Exception):
     """The loop keeps its rank-2 tiles (a reason in words)."""
 
 
+@attrs.frozen
+class SplitReport:
+    """What split-tiles did (its stats in the pass context): how many loops it split, and for
+    each loop it left, why it keeps its rank-2 tiles."""
+
+    split: int
+    kept: tuple[str, ...]
+
+
 def _reg(v: Value) -> TensorType | None:
     t = v.type
     return t if isinstance(t, TensorType) and t.space is MemSpace.REG else None
@@ -138,14 +147,15 @@ class SplitTiles(Pass):
     SUMMARY: ClassVar[str] = "a parallel loop over [A, B] tiles becomes a loop over one more index with [B] tiles"
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
-        ops, changed = [], 0
+        ops, changed, kept = [], 0, []
         for op in func.body.ops:
             if isinstance(op, ParallelOp) and not op.results and any(
                     (t := _reg(v)) is not None and t.rank == 2 for o in op.body.ops for v in o.results):
                 try:
                     new, pre = self.split(op)
                 except NotSplit as why:
-                    ctx.note(self, f"loop at {op.loc.line if op.loc else '?'} keeps its rank-2 tiles: {why}")
+                    kept.append(f"loop at {op.loc.line if op.loc else '?'} keeps its rank-2 tiles: {why}")
+                    ctx.note(self, kept[-1])
                     ops.append(op)
                     continue
                 ops.extend(pre)
@@ -153,9 +163,12 @@ class SplitTiles(Pass):
                 changed += 1
             else:
                 ops.append(op)
+        report = SplitReport(changed, tuple(kept))
         if not changed:
+            if kept:
+                ctx.note(self, f"{len(kept)} loop(s) keep their rank-2 tiles", stats=report)
             return func
-        ctx.note(self, f"{changed} loop(s) over rank-2 tiles now run over rows")
+        ctx.note(self, f"{changed} loop(s) over rank-2 tiles now run over rows", stats=report)
         return attrs.evolve(func, regions=(Block(func.body.args, tuple(ops)),))
 
     def split(self, loop: ParallelOp) -> tuple[ParallelOp, list]:
