@@ -23,6 +23,19 @@ from .base import Pass, register_pass
 from .rows import find_row_loop
 
 
+# A row of t threads in each of c CTAs reduces in these steps, a value or a (max, sum) pair alike.
+REDUCE_STEPS = {"thread": ThreadReduceOp, "warp": WarpReduceOp, "cta": CtaReduceOp, "cluster": ClusterReduceOp}
+PAIR_STEPS = {"thread": ThreadMaxSumExpOp, "warp": WarpMaxSumExpOp, "cta": CtaMaxSumExpOp,
+              "cluster": ClusterMaxSumExpOp}
+
+
+def steps(t: int, c: int) -> list[tuple[str, dict]]:
+    """Each thread over its elements; a warp's shuffles once a row has 2 threads; shared memory
+    across its warps past 32; distributed shared memory across a cluster."""
+    return [("thread", {})] + ([("warp", {"width": min(32, t)})] if t > 1 else []) + \
+        ([("cta", {})] if t > 32 else []) + ([("cluster", {})] if c > 1 else [])
+
+
 @register_pass
 @attrs.frozen
 class LowerReductions(Pass):
@@ -38,15 +51,12 @@ class LowerReductions(Pass):
 
         def pair_steps(op) -> list:
             """tile.max_sumexp: the pair through the same steps, then each value as a scalar."""
-            src = op.operands[0].ttype
-            t, c = src.layout.get("threads"), src.layout.get("cluster")
-            lanes = TensorType(src.dtype, (t * c,), layout=lanes_layout(t, c))
+            t, c = (op.operands[0].ttype.layout.get(k) for k in ("threads", "cluster"))
+            lanes = TensorType(op.operands[0].ttype.dtype, (t * c,), layout=lanes_layout(t, c))
             out = []
             pair = (op.operands[0],)
-            steps = [(ThreadMaxSumExpOp, {})] + ([(WarpMaxSumExpOp, {"width": min(32, t)})] if t > 1 else []) + \
-                ([(CtaMaxSumExpOp, {})] if t > 32 else []) + ([(ClusterMaxSumExpOp, {})] if c > 1 else [])
-            for cls, kw in steps:
-                new = cls(operands=pair, results=(Value(lanes), Value(lanes)), loc=op.loc, **kw)
+            for level, kw in steps(t, c):
+                new = PAIR_STEPS[level](operands=pair, results=(Value(lanes), Value(lanes)), loc=op.loc, **kw)
                 out.append(new)
                 pair = new.results
             for v, r in zip(pair, op.results):  # the scalars keep the op's own result values
@@ -75,13 +85,9 @@ class LowerReductions(Pass):
                 out.append(new)
                 return new.result
 
-            v = make(ThreadReduceOp, op.operands[0], lanes, kind=kind)
-            if t > 1:
-                v = make(WarpReduceOp, v, lanes, kind=kind, width=min(32, t))
-            if t > 32:
-                v = make(CtaReduceOp, v, lanes, kind=kind)
-            if c > 1:
-                v = make(ClusterReduceOp, v, lanes, kind=kind)
+            v = op.operands[0]
+            for level, kw in steps(t, c):
+                v = make(REDUCE_STEPS[level], v, lanes, kind=kind, **kw)
             scalar = TensorType(src.dtype)
             v = make(UniformOp, v, scalar)
             if op.kind is ReduceKind.MEAN:

@@ -82,29 +82,19 @@ def fuse_max_sumexp(block: Block) -> tuple[Block, int]:
     return Block(block.args, tuple(out)), len(pairs)
 
 
-def fuse_in_parallel_loops(func: FuncOp) -> tuple[FuncOp, int]:
-    """fuse_max_sumexp on the body of each top-level parallel loop."""
-    total = 0
-    ops = []
-    for op in func.body.ops:
-        if isinstance(op, ParallelOp):
-            body, n = fuse_max_sumexp(op.body)
-            if n:
-                op = attrs.evolve(op, regions=(body,))
-                total += n
-        ops.append(op)
-    if not total:
-        return func, 0
-    return attrs.evolve(func, regions=(Block(func.body.args, tuple(ops)),)), total
-
-
 @register_pass
 @attrs.frozen
 class OnlineSoftmax(Pass):
     NAME: ClassVar[str] = "online-softmax"
     SUMMARY: ClassVar[str] = "a row's max and sum of exp(x - max) as one reduction of (max, sum) pairs"
 
-    def run(self, func, ctx):
-        out, fused = fuse_in_parallel_loops(func)
-        ctx.note(self, f"{fused} max and sum of exponentials fused")
-        return out
+    def run(self, func: FuncOp, ctx) -> FuncOp:
+        total, ops = 0, []
+        for op in func.body.ops:  # the body of each top-level parallel loop
+            if isinstance(op, ParallelOp):
+                body, n = fuse_max_sumexp(op.body)
+                if n:
+                    op, total = attrs.evolve(op, regions=(body,)), total + n
+            ops.append(op)
+        ctx.note(self, f"{total} max and sum of exponentials fused")
+        return attrs.evolve(func, regions=(Block(func.body.args, tuple(ops)),)) if total else func

@@ -55,6 +55,19 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
+def launch_config(grid, block, smem: int, cluster: int):
+    """A CUlaunchConfig, with the cluster dimension attribute where clusters hold several CTAs,
+    and that attribute (the config points at it: keep it alive as long as the config)."""
+    config = _LaunchConfig(*grid, *block, smem, None, None, 0)
+    attr = None
+    if cluster > 1:
+        attr = _LaunchAttribute()
+        attr.id = CLUSTER_DIMENSION
+        attr.value.cluster[0], attr.value.cluster[1], attr.value.cluster[2] = cluster, 1, 1
+        config.attrs, config.numAttrs = ctypes.pointer(attr), 1
+    return config, attr
+
+
 @functools.cache
 def libcuda():
     try:
@@ -104,13 +117,7 @@ class PreparedLaunch:
         self.name = name
         self.slots = ArgSlots(slot_types)
         self.cluster = cluster
-        self.config = _LaunchConfig(*grid, *block, smem, None, None, 0)
-        if cluster > 1:
-            self.attr = _LaunchAttribute()
-            self.attr.id = CLUSTER_DIMENSION
-            self.attr.value.cluster[0], self.attr.value.cluster[1], self.attr.value.cluster[2] = cluster, 1, 1
-            self.config.attrs = ctypes.pointer(self.attr)
-            self.config.numAttrs = 1
+        self.config, self.attr = launch_config(grid, block, smem, cluster)
         self.config_ref = ctypes.byref(self.config)
         self.stream_of = current_stream_getter()
 
@@ -190,11 +197,7 @@ def max_active_clusters(function: int, block: int, smem: int, cluster: int) -> i
     """How many clusters of `cluster` CTAs of `block` threads can run at once on the whole GPU:
     clusters are placed within one GPC, so this is below SMs x CTAs per SM / cluster (measured
     on the H200: 45 clusters of 8 where that product gives 49, leaving 4 for a second wave)."""
-    config = _LaunchConfig(cluster, 1, 1, block, 1, 1, smem, None, None, 0)
-    attr = _LaunchAttribute()
-    attr.id = CLUSTER_DIMENSION
-    attr.value.cluster[0], attr.value.cluster[1], attr.value.cluster[2] = cluster, 1, 1
-    config.attrs, config.numAttrs = ctypes.pointer(attr), 1
+    config, _attr = launch_config((cluster, 1, 1), (block, 1, 1), smem, cluster)
     n = ctypes.c_int()
     check(libcuda().cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(function), ctypes.byref(config)),
           "cuOccupancyMaxActiveClusters")
