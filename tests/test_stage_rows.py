@@ -371,13 +371,42 @@ def test_two_stages_compile_with_their_bulk_copies_in_the_sass(target):
     assert "UBLKCP" in disassemble(k.cubin)
 
 
-def test_the_default_tile_takes_two_stages_only_where_one_cta_fills_an_sm():
+def test_the_default_tile_takes_two_stages_where_one_cta_fills_an_sm_or_rows_with_sums_are_small():
+    from kfc.ir.gpu_ops import LaunchOp
     from kfc.ir.smem_ops import MbarrierAllocOp
 
-    for name, n, stages in (("rmsnorm_bwd", 262144, 2), ("rmsnorm_bwd", 65536, 1), ("rmsnorm", 262144, 1)):
+    for name, n, stages, ctas in (("rmsnorm_bwd", 262144, 2, 0), ("rmsnorm_bwd", 65536, 1, 0),
+                                  ("rmsnorm_bwd", 16384, 1, 0), ("rmsnorm_bwd", 4096, 2, 3), ("layernorm_bwd", 4096, 1, 0),
+                                  ("rmsnorm", 262144, 1, 0),
+                                  ("rmsnorm", 4096, 1, 0)):
         spec, f = kernel(name, n)
         g, _ = run_pipeline(f, ROW_PIPELINE, check=spec.check)
         assert {op.stages for op in ops_of(g, MbarrierAllocOp)} == {stages}, (name, n)
+        (launch,) = ops_of(g, LaunchOp)
+        assert launch.min_ctas_per_sm == ctas, (name, n)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_ctas_an_sm_reach_the_compiler_as_the_minimum_of_launch_bounds(target):
+    """Three CTAs of 256 threads an SM leave a thread 85 registers: ptxas keeps within them."""
+    from kfc.target import parse_target
+
+    spec, f = kernel("rmsnorm_bwd", 4096)
+    g, _ = run_pipeline(f, ROW_PIPELINE, target=parse_target(target), check=spec.check)
+    code, plan = generate_cuda(g)
+    assert "__launch_bounds__(256, 3)" in code and plan.block == 256
+    k = compile_cuda(code, target)
+    assert k.report.spills == 0 and k.report.registers <= 80
+    g2, _ = run_pipeline(f, ROW_PIPELINE.replace(",tile,", ",tile{ctas_per_sm=1},"), target=parse_target(target),
+                         check=spec.check)
+    assert "__launch_bounds__(256, 1)" in generate_cuda(g2)[0]
+    assert print_ir(parse_ir(print_ir(g))) == print_ir(g) and "min_ctas_per_sm = 3" in print_ir(g)
+
+
+def test_more_ctas_an_sm_than_its_threads_hold_are_refused():
+    spec, f = kernel("rmsnorm_bwd", 4096)
+    with pytest.raises(PassError, match="min_ctas_per_sm=5 CTAs of 512 threads do not fit the 2048 threads"):
+        run_pipeline(f, ROW_PIPELINE.replace(",tile,", ",tile{threads=512,ctas_per_sm=5},"), check=spec.check)
 
 
 def test_a_barrier_takes_one_or_two_stages():

@@ -236,7 +236,8 @@ class RowKernelEmitter:
         body = "\n".join(self.lines)
         smem = "\n".join("  " + d for d in self.smem_decls)
         block = self.R * self.T
-        code = (f'extern "C" __global__ void __launch_bounds__({block}) {self.kernel_name}({sig}) {{\n'
+        bounds = f"{block}, {self.launch.min_ctas_per_sm}" if self.launch.min_ctas_per_sm else f"{block}"
+        code = (f'extern "C" __global__ void __launch_bounds__({bounds}) {self.kernel_name}({sig}) {{\n'
                 f"{smem}\n{body}\n}}\n")
         defines, followers = (), ()
         if self.sums is not None:

@@ -82,6 +82,9 @@ class LaunchOp(Op):
     # where each thread keeps its part of those sums between rows: "registers", or "shared"
     # memory (its own words, no barrier) when registers are short
     sums_in: str = "registers"
+    # CTAs that must fit on an SM at once (0: no demand): the code generator passes it to the
+    # compiler as __launch_bounds__' minimum, which caps the registers a thread may take
+    min_ctas_per_sm: int = 0
 
     @property
     def body(self):
@@ -128,6 +131,9 @@ class LaunchOp(Op):
             raise self.error("a row split across a cluster takes the whole CTA: rows_per_cta must be 1")
         if self.rows_per_cta < 1:
             raise self.error("rows_per_cta must be positive")
+        if self.min_ctas_per_sm < 0 or self.min_ctas_per_sm * self.block_threads > 2048:
+            raise self.error(f"min_ctas_per_sm={self.min_ctas_per_sm} CTAs of {self.block_threads} threads do not fit "
+                             "the 2048 threads of an SM")
         self._check_layouts()
 
     def _check_layouts(self) -> None:

@@ -13,6 +13,8 @@ Options (0 means: choose from the row length and dtypes):
   stages      rows staged through shared memory: 1, each row's copy waited for in its own
               iteration; 2, the next row's copy issued while this row computes (twice the shared
               memory, a persistent grid); 0 chooses (TWO_STAGES_FROM)
+  ctas_per_sm CTAs that must share an SM (the minimum of __launch_bounds__): it sets the registers
+              a thread may take, 65536 / (ctas_per_sm x threads a CTA); 0 chooses (SMALL_TWO_STAGES)
   sums        where a thread keeps its part of sums across rows between rows: registers,
               shared memory, or auto: shared memory when the rows stay in registers and each
               thread holds SHARED_SUMS_FROM elements or more of them
@@ -87,6 +89,16 @@ STAGED_BYTES_PER_CTA_WITH_SUMS = 32 * 1024
 # every other shape lost, the forward kernels 8-60% at rows of 16384 to 262144, where three CTAs
 # of one stage shared an SM.
 TWO_STAGES_FROM = 64 * 1024
+# Small staged rows of a loop with sums across rows take two stages as well, in three CTAs an SM
+# (85 registers a thread). Measured on the H200 (bf16 rmsnorm_bwd, eager do_bench, 256 threads,
+# sums in registers): at rows of 4096 (16 KB a CTA) one stage gave 3.39 TB/s, two stages 3.52
+# (ptxas took 64 registers, four CTAs an SM), two stages in three CTAs an SM 3.75 (72
+# registers), in two 3.75, in four 3.54; one stage in three CTAs an SM 3.06. At rows of 16384
+# and longer (32 KB a CTA and more) one stage and ptxas's own choice stayed best. Measured with
+# one sum; layernorm_bwd's two (dw and db, rows of 4096) spilled in 80 registers, so it is not
+# taken for more.
+SMALL_TWO_STAGES = 16 * 1024
+SMALL_TWO_STAGES_CTAS = 3
 STATIC_SMEM_MARGIN = ROW_KERNEL_STATIC_SMEM
 
 
@@ -159,10 +171,17 @@ def auto_sums(per_thread: int, sums: int, rows: int, threads: int, staged_bytes:
     return "shared" if fits and staged_bytes <= STAGED_BYTES_PER_CTA_WITH_SUMS else "registers"
 
 
-def auto_stages(cta_bytes: int, sums: bool, room: int) -> int:
-    """Copies of each staged buffer (see TWO_STAGES_FROM), where two of a CTA's `cta_bytes`
-    fit in the `room` of shared memory it has (a CTA's static shared memory aside)."""
-    return 2 if sums and cta_bytes >= TWO_STAGES_FROM and 2 * cta_bytes + STATIC_SMEM_MARGIN <= room else 1
+def auto_stages(cta_bytes: int, sums: int, room: int) -> tuple[int, int]:
+    """Copies of each staged buffer, and the CTAs that must share an SM (0: as ptxas chooses),
+    where two of a CTA's `cta_bytes` fit in the `room` of shared memory it has (a CTA's static
+    shared memory aside) beside `sums` sums across rows; see TWO_STAGES_FROM and SMALL_TWO_STAGES."""
+    if not sums or 2 * cta_bytes + STATIC_SMEM_MARGIN > room:
+        return 1, 0
+    if cta_bytes >= TWO_STAGES_FROM:
+        return 2, 0
+    if cta_bytes <= SMALL_TWO_STAGES and sums == 1:
+        return 2, SMALL_TWO_STAGES_CTAS
+    return 1, 0
 
 
 def slice_starts(op) -> list:
@@ -202,6 +221,7 @@ class Tile(Pass):
     persistent: bool = option(False, choices=(False, True))
     sums: str = option("auto", choices=("auto", "registers", "shared"))
     stages: int = option(0, lo=0, hi=2)
+    ctas_per_sm: int = option(0, lo=0, hi=32)
 
     def required_features(self) -> frozenset[str]:
         return frozenset({"cluster", "dsmem", "mbarrier"}) if self.cluster > 1 else frozenset()
@@ -313,11 +333,13 @@ class Tile(Pass):
         sums_in = self.sums if self.sums != "auto" else \
             auto_sums(per_thread, len(loop.results), rows, threads, staged / cluster, ctx.target.smem_per_block)
         sums_bytes = 4 * len(loop.results) * rows * threads * per_thread if sums_in == "shared" else 0
-        stages = 1
+        stages, ctas_per_sm = 1, 0
         if staged and self.stages:
             stages = self.stages
         elif staged and not copies_not_indexed_by_row(loop.body):
-            stages = auto_stages(rows * staged // cluster, bool(loop.results), ctx.target.smem_per_block - sums_bytes)
+            stages, ctas_per_sm = auto_stages(rows * staged // cluster, len(loop.results),
+                                              ctx.target.smem_per_block - sums_bytes)
+        ctas_per_sm = self.ctas_per_sm or ctas_per_sm
         def retype_block(block: Block) -> Block:
             args = tuple(retype(a) for a in block.args)
             out = []
@@ -338,7 +360,8 @@ class Tile(Pass):
         try:
             launch = LaunchOp(operands=loop.operands, results=loop.results, regions=(Block((row,), tuple(body)),),
                               loc=loop.loc, rows_per_cta=rows, threads=threads, vec=vec, cluster=cluster,
-                              persistent=persistent, reduce=loop.reduce, sums_in=sums_in)
+                              persistent=persistent, reduce=loop.reduce, sums_in=sums_in,
+                              min_ctas_per_sm=ctas_per_sm)
             launch.verify_()
         except Exception as e:
             raise PassError(f"tile: {getattr(e, 'message', e)}", loop.loc) from None
