@@ -405,3 +405,19 @@ def test_name_value():
     assert "tile.exp %xr " in text
     assert "%s = tile.add " in text
     assert "late_name" not in text and "alias_name" not in text
+
+
+def test_a_refined_op_is_not_the_op_it_refines_to_the_passes_that_rewrite_that_op():
+    """ptx.ld declares that it refines tile.load: lower-ptx and stage-rows, which rewrite
+    tile.load, ask LoadOp.unrefined and leave a ptx.ld alone; a ptx.ld is still a load."""
+    from kfc.ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, StOp
+    from kfc.ir.tile_ops import UNARY_CLASSES, CastOp, LoadOp, StoreOp
+
+    assert LoadOp.unrefined(LoadOp(index=())) and not LoadOp.unrefined(LdOp(index=()))
+    assert LdOp.unrefined(LdOp(index=())) and isinstance(LdOp(index=()), LoadOp)
+    assert StoreOp.unrefined(StoreOp(index=())) and not StoreOp.unrefined(StOp(index=()))
+    assert CastOp.unrefined(CastOp()) and not CastOp.unrefined(CvtPackOp())
+    assert not StoreOp.unrefined(LoadOp(index=()))
+    assert (LdOp.REFINES, StOp.REFINES, CvtPackOp.REFINES) == (LoadOp, StoreOp, CastOp)
+    # an op that only shares a base class refines nothing
+    assert Ex2ApproxOp.REFINES is None and not UNARY_CLASSES["exp"].unrefined(Ex2ApproxOp())

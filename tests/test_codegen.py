@@ -2,6 +2,7 @@
 sm_90a and sm_100a without spills; the PTX templates and one generated kernel are pinned."""
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -112,6 +113,20 @@ def test_ptx_templates_are_pinned():
         assert f"kfc_{fn[4:]}(" in ptx.PRELUDE
     assert "cvt.rn.bf16x2.f32 %0, %1, %2" in ptx.PRELUDE
     assert "shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff" in ptx.PRELUDE
+
+
+def test_a_kernel_defines_the_device_functions_it_calls_and_no_others(compiled):
+    """PTX helpers are emitted only when used: rmsnorm takes rsqrt and no exponential, softmax the
+    exponential and no rsqrt; each used one is defined once."""
+    rms = compiled[("rmsnorm", "bf16", 4096, "sm_90a")].kernel.cu
+    soft = compiled[("softmax", "bf16", 4096, "sm_90a")].kernel.cu
+    assert "kfc_rsqrt_approx(float x)" in rms and "kfc_ex2_approx" not in rms
+    assert "kfc_ex2_approx(float x)" in soft and "kfc_rsqrt_approx" not in soft
+    for cu in (rms, soft):
+        assert "kfc_shfl_up_f32" not in cu and "kfc_floordiv" not in cu
+        defined = re.findall(r"__forceinline__ [\w ]+? (kfc_\w+)\(", cu)
+        called = set(re.findall(r"(kfc_\w+)\(", cu.split("__global__")[1])) & set(ptx.DEVICE_FUNCTIONS)
+        assert len(defined) == len(set(defined)) and set(defined) == called
 
 
 def test_ptxas_report_parsing():

@@ -16,6 +16,8 @@ Golden tests pin the exact text. Facts (operand order, qualifiers) are from the 
 
 from __future__ import annotations
 
+import re
+
 # cache hint -> the ld / st qualifier string
 LD_HINTS = {"": "", "cs": ".cs", "lu": ".lu", "nc_na": ".nc.L1::no_allocate", "evict_last": ".L1::evict_last"}
 ST_HINTS = {"": "", "cs": ".cs", "lu": "", "nc_na": "", "evict_last": ".L1::evict_last"}
@@ -203,7 +205,8 @@ def cluster_wait() -> str:
     return 'asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");'
 
 
-# Device functions for the instructions used as expressions; emitted once at the top of a .cu.
+# Device functions for the instructions used as expressions; a .cu holds those its code calls
+# (device_functions_used), once each, at its top.
 PRELUDE = r"""
 static __device__ __forceinline__ float kfc_shfl_bfly(float v, int lane_mask) {
   float r; asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(lane_mask)); return r;
@@ -237,7 +240,7 @@ static __device__ __forceinline__ unsigned kfc_mapa(unsigned addr, unsigned rank
 }
 """
 
-# The segmented shuffles scans use; emitted after PRELUDE only in kernels that scan.
+# The segmented shuffles scans use.
 SCAN_PRELUDE = r"""
 static __device__ __forceinline__ float kfc_shfl_up_f32(float v, int delta, int c) {
   float r; asm volatile("shfl.sync.up.b32 %0, %1, %2, %3, 0xffffffff;" : "=f"(r) : "f"(v), "r"(delta), "r"(c)); return r;
@@ -258,3 +261,21 @@ static __device__ __forceinline__ int kfc_shfl_idx_s32(int v, int lane, int c) {
   int r; asm volatile("shfl.sync.idx.b32 %0, %1, %2, %3, 0xffffffff;" : "=r"(r) : "r"(v), "r"(lane), "r"(c)); return r;
 }
 """
+
+_DEFINITION = re.compile(r"^static __device__ __forceinline__ [\w ]+? (kfc_\w+)\(", re.M)
+
+
+def definitions(text: str) -> dict[str, str]:
+    """The device functions of `text` (one `static __device__` definition after another), by name."""
+    starts = [(m.start(), m.group(1)) for m in _DEFINITION.finditer(text)]
+    ends = [s for s, _ in starts[1:]] + [len(text)]
+    return {name: text[start:end] for (start, name), end in zip(starts, ends)}
+
+
+DEVICE_FUNCTIONS = definitions(PRELUDE.lstrip("\n") + SCAN_PRELUDE.lstrip("\n"))
+
+
+def device_functions_used(code: str, functions: dict[str, str] = DEVICE_FUNCTIONS) -> str:
+    """The definitions of the `functions` that `code` calls, in their order: no unused helper
+    text in a kernel's source."""
+    return "".join(text for name, text in functions.items() if re.search(rf"\b{name}\(", code))

@@ -59,6 +59,9 @@ class Op:
     # pure: no side effects; elementwise: acts per element; terminator: ends a block;
     # loop: owns a region that runs many times; writes_memory: stores to a tensor
     TRAITS: ClassVar[frozenset[str]] = frozenset()
+    # The op this one refines (a pass's lowering of it, same semantics, more decided): ptx.ld
+    # refines tile.load. A pass that rewrites tile.load asks `LoadOp.unrefined(op)`.
+    REFINES: ClassVar[type["Op"] | None] = None
 
     operands: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
     results: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
@@ -82,6 +85,14 @@ class Op:
 
     def verify_(self) -> None:
         """Op-specific invariants; raise through `self.error`."""
+
+    @classmethod
+    def unrefined(cls, op: "Op") -> bool:
+        """Whether `op` is this kind of op as no pass has refined it yet: an instance of `cls`,
+        and no class between its own and `cls` declares that it refines another."""
+        if not isinstance(op, cls):
+            return False
+        return not any(c.__dict__.get("REFINES") for c in type(op).__mro__ if c is not cls and issubclass(c, cls))
 
     # --- conveniences -------------------------------------------------------------------
     @property

@@ -32,6 +32,7 @@ def _cache(v: str) -> str:
 @attrs.frozen(eq=False, kw_only=True)
 class LdOp(LoadOp):
     NAME: ClassVar[str] = "ptx.ld"
+    REFINES: ClassVar[type] = LoadOp
     vec: int = 1
     cache: str = attrs.field(default="", converter=_cache)
 
@@ -46,6 +47,7 @@ class LdOp(LoadOp):
 @attrs.frozen(eq=False, kw_only=True)
 class StOp(StoreOp):
     NAME: ClassVar[str] = "ptx.st"
+    REFINES: ClassVar[type] = StoreOp
     vec: int = 1
     cache: str = attrs.field(default="", converter=_cache)
 
@@ -84,6 +86,7 @@ class Ex2ApproxOp(_F32Unary):
 @attrs.frozen(eq=False, kw_only=True)
 class CvtPackOp(CastOp):
     NAME: ClassVar[str] = "ptx.cvt_pack"
+    REFINES: ClassVar[type] = CastOp
 
     def verify_(self) -> None:
         super().verify_()

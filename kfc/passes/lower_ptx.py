@@ -83,12 +83,12 @@ class LowerPtx(Pass):
             return max(1, min(tile.layout.get("vec"), 16 // t.dtype.itemsize))
 
         def transform(op, vmap: ValueMap):
-            if isinstance(op, LoadOp) and not isinstance(op, LdOp):
+            if LoadOp.unrefined(op):
                 moves = any(v in row_values for v in op.operands[1:])
                 counts["ld"] += 1
                 return [LdOp(operands=op.operands, results=op.results, loc=op.loc, index=op.index, other=op.other,
                              vec=access_vec(op.operands[0].ttype, op.result.ttype), cache=stream if moves else "")]
-            if isinstance(op, StoreOp) and not isinstance(op, StOp):
+            if StoreOp.unrefined(op):
                 counts["st"] += 1
                 return [StOp(operands=op.operands, results=(), loc=op.loc, index=op.index,
                              vec=access_vec(op.operands[1].ttype, op.operands[0].ttype), cache=store_hint)]
@@ -122,7 +122,7 @@ class LowerPtx(Pass):
                 b = BroadcastOp(operands=(inv.result,), results=(Value(op.operands[1].type),), loc=op.loc)
                 m = BINARY_CLASSES["mul"](operands=(op.operands[0], b.result), results=op.results, loc=op.loc)
                 return [one, inv, b, m]
-            if (isinstance(op, CastOp) and not isinstance(op, CvtPackOp) and op.result.ttype.rank == 1
+            if (CastOp.unrefined(op) and op.result.ttype.rank == 1
                     and op.operands[0].ttype.dtype is DType.F32 and op.result.ttype.dtype in (DType.BF16, DType.F16)):
                 counts["cvt"] += 1
                 return [CvtPackOp(operands=op.operands, results=op.results, loc=op.loc)]

@@ -116,7 +116,7 @@ def threshold(min_bytes: int, reads: int) -> int:
 
 def stageable(op, row_values: set, n: int) -> bool:
     """A load of one whole row of a global tensor, indexed by the row."""
-    if type(op) is not LoadOp:  # a refined load (ptx.ld) is past staging
+    if not LoadOp.unrefined(op):  # a refined load (ptx.ld) is past staging
         return False
     t: TensorType = op.operands[0].ttype
     if t.space is not MemSpace.GLOBAL or t.optional or op.result.ttype.rank != 1:
@@ -158,7 +158,7 @@ def _recomputable(op, row_values: set) -> bool:
     arithmetic, or a load of data every row shares (a weight: it stays in cache)."""
     if isinstance(op, RECOMPUTABLE) and len(op.results) == 1 and not op.regions:
         return True
-    return type(op) is LoadOp and not any(v in row_values for v in op.operands[1:])
+    return LoadOp.unrefined(op) and not any(v in row_values for v in op.operands[1:])
 
 
 @register_pass

@@ -11,33 +11,8 @@ static __device__ __forceinline__ float kfc_ld_shared_f32(unsigned addr) {
 static __device__ __forceinline__ float kfc_rsqrt_approx(float x) {
   float r; asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
 }
-static __device__ __forceinline__ float kfc_ex2_approx(float x) {
-  float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
-}
-static __device__ __forceinline__ float kfc_max_nan(float a, float b) {
-  float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
-}
-static __device__ __forceinline__ float kfc_min_nan(float a, float b) {
-  float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
-}
 static __device__ __forceinline__ unsigned kfc_cvt_pack_bf16(float hi, float lo) {
   unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
-}
-static __device__ __forceinline__ unsigned kfc_cvt_pack_f16(float hi, float lo) {
-  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
-}
-static __device__ __forceinline__ unsigned kfc_cluster_ctarank() {
-  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
-}
-static __device__ __forceinline__ unsigned kfc_mapa(unsigned addr, unsigned rank) {
-  unsigned r; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank)); return r;
-}
-
-static __device__ __forceinline__ long long kfc_floordiv(long long a, long long b) {
-  long long q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-static __device__ __forceinline__ long long kfc_floormod(long long a, long long b) {
-  long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 
 extern "C" __global__ void __launch_bounds__(256) kfc_kernel_rmsnorm(const __nv_bfloat16* __restrict__ p_x, const float* __restrict__ p_w, float p_eps, __nv_bfloat16* __restrict__ p_y, long long dim_M) {
