@@ -4,7 +4,9 @@ Each thread runs the row body for its rows. A `#row` tile becomes a per-thread r
 of E·vec elements (E = ceil(N / (vec·threads·cluster)); element i = e·vec + v of thread g is
 row element (e·threads·cluster + g)·vec + v); a scalar is one variable every thread holds; a
 `#lanes` value is one variable per thread. Loads, stores, shuffles, shared and distributed
-shared memory, and the approximate functions are inline PTX from kfc.codegen.ptx.
+shared memory, and the approximate functions are inline PTX from kfc.codegen.ptx. The rules for
+for and if (control_rules), (max, sum) pairs (pair_rules) and scans (scan_rules) live in their
+own modules, mixed into the emitter.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ import math
 
 import attrs
 
-from ..diagnostics import KfcError
 from ..ir.core import Op, Value, walk_block
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import (
-    ClusterMaxSumExpOp, ClusterReduceOp, CtaMaxSumExpOp, CtaReduceOp, LaunchOp, ThreadMaxSumExpOp, ThreadReduceOp,
-    UniformOp, WarpMaxSumExpOp, WarpReduceOp,
+    ClusterMaxSumExpOp, ClusterReduceOp, CtaReduceOp, LaunchOp, ThreadMaxSumExpOp, ThreadReduceOp,
+    UniformOp, WarpReduceOp,
 )
 from ..ir import layouts
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
@@ -28,16 +29,16 @@ from ..ir.smem_ops import (
     CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copies_not_indexed_by_row, copy_bytes,
 )
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, ForOp, IfOp, IndexDim, IotaOp, ReduceKind, ScanOp, UnaryOp,
+    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IndexDim, IotaOp, ReduceKind, UnaryOp,
     WhereOp, YieldOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
+from .errors import CodegenError
+from .control_rules import ControlRules
+from .pair_rules import PairRules
+from .scan_rules import ScanRules
 from .c_names import BITS_TO, C_TYPES, TO_BITS, KernelParam, as_float, c_dim, c_kernel, c_param, from_float
-
-class CodegenError(KfcError):
-    pass
-
 
 @attrs.frozen
 class LaunchPlan:
@@ -101,7 +102,7 @@ def literal(value, dtype: DType) -> str:
     return f"({C_TYPES[dtype]})({int(value)}LL)"
 
 
-class RowKernelEmitter:
+class RowKernelEmitter(ControlRules, PairRules, ScanRules):
     def __init__(self, func: FuncOp, kernel_name: str) -> None:
         self.func = func
         self.kernel_name = kernel_name
@@ -942,77 +943,6 @@ class RowKernelEmitter:
                                     op.cache, word))
         self.close_chunks()
 
-    # --- sequential loops -----------------------------------------------------------------------
-    def op_ForOp(self, op: ForOp) -> None:
-        """for (k = lo; k < hi; k += step) over the body, its carried values in variables the
-        body's arguments and the loop's results share. Every thread of the CTA runs every
-        iteration (tile gives a CTA one row), so reductions in the body synchronise as they
-        do in the row loop; their shared slots alternate per iteration with kfc_phase."""
-        if any(isinstance(o, ForOp) for o in op.body.ops):
-            raise CodegenError("a for loop inside a for loop in a row kernel", op.loc)
-        lo, hi, step = (self.name(v) for v in op.operands[:3])
-        step_op = next((o for o in walk_block(self.launch.body) if o.results and o.results[0] is op.operands[2]),
-                       None)
-        if isinstance(step_op, ConstOp) and step_op.value <= 0:
-            raise CodegenError(f"a for loop's step must be positive, not {step_op.value}", op.loc)
-        body = op.body
-        carried = []
-        for init, arg, res in zip(op.inits, body.args[1:], op.results):
-            n = self.declare(res)
-            self.copy_value(n, res, init)
-            self.names[arg] = n
-            carried.append((n, res))
-        k = self.fresh("kfc_k")
-        self.names[body.args[0]] = k
-        if not isinstance(step_op, ConstOp):
-            self.emit(f"if ((long long)({step}) <= 0) __trap();  // a step the interpreter refuses: never loop forever")
-        self.emit(f"for (long long {k} = (long long)({lo}); {k} < (long long)({hi}); {k} += (long long)({step})) {{")
-        self.indent += 1
-        for inner in body.ops[:-1]:
-            self.emit_op(inner)
-        # the next carried values, all read before any is written (one may feed another)
-        nexts = []
-        for (n, res), y in zip(carried, body.ops[-1].operands):
-            t = self.fresh("kfc_next")
-            self.emit_declare_like(t, res)
-            self.copy_value(t, res, y)
-            nexts.append((n, t, res))
-        for n, t, res in nexts:
-            if self.kind(res) == "row":
-                self.loop(f"{n}[i] = {t}[i];")
-            else:
-                self.emit(f"{n} = {t};")
-        if any(isinstance(o, (CtaReduceOp, ClusterReduceOp, CtaMaxSumExpOp, ClusterMaxSumExpOp, ScanOp))
-               for o in body.ops):
-            self.emit("kfc_phase ^= 1;")
-        self.indent -= 1
-        self.emit("}")
-
-    def op_IfOp(self, op: IfOp) -> None:
-        """if (c) { then } else { else }, each branch ending with the results' values. The
-        condition is a scalar every thread of the row computes alike; where a branch holds a
-        reduction, tile gives each CTA one row, so a CTA takes one branch as a whole."""
-        results = [(self.declare(r), r) for r in op.results]
-        for k, region in enumerate(op.regions):
-            self.emit(f"if ({self.name(op.operands[0])}) {{" if k == 0 else "} else {")
-            self.indent += 1
-            for inner in region.ops[:-1]:
-                self.emit_op(inner)
-            for (n, r), y in zip(results, region.ops[-1].operands):
-                self.copy_value(n, r, y)
-            self.indent -= 1
-        self.emit("}")
-
-    def emit_declare_like(self, name: str, v: Value) -> None:
-        ct = C_TYPES[v.ttype.dtype]
-        self.emit(f"{ct} {name}[{self.EV}];" if self.kind(v) == "row" else f"{ct} {name};")
-
-    def copy_value(self, name: str, like: Value, src: Value) -> None:
-        if self.kind(like) == "row":
-            self.loop(f"{name}[i] = {self.elem(src, 'i')};")
-        else:
-            self.emit(f"{name} = {self.name(src)};")
-
     # --- shared memory and bulk copies ----------------------------------------------------------
     def op_SmemAllocOp(self, op: SmemAllocOp) -> None:
         pass  # laid out in dynamic shared memory before the row loop (emit_smem_setup)
@@ -1212,188 +1142,6 @@ class RowKernelEmitter:
         self.emit(f"float {n} = {slot}[0];")
         self.emit("#pragma unroll")
         self.emit(f"for (int c = 1; c < {self.C}; ++c) {n} = {self.combine(op.kind, n, f'{slot}[c]')};")
-
-    # --- (max, sum of exp(x - max)) pairs ------------------------------------------------------
-    @staticmethod
-    def exp_of_difference(op, a: str, b: str) -> str:
-        if op.approx:
-            return f"kfc_ex2_approx(({a} - {b}) * 1.4426950408889634f)"
-        return f"expf({a} - {b})"
-
-    def pair_combine(self, op, m: str, s: str, om: str, os_: str) -> None:
-        """(m, s) ⊕= (om, os): the larger maximum, each sum rescaled to it; an exponent of a
-        maximum of -inf is taken as 0, so lanes without elements add nothing."""
-        self.emit(f"{{ const float nm = {ptx.max_nan(m, om)}; const float at = nm == __int_as_float(0xff800000) ? "
-                  f"0.0f : nm; {s} = {s} * {self.exp_of_difference(op, m, 'at')} + {os_} * "
-                  f"{self.exp_of_difference(op, om, 'at')}; {m} = nm; }}")
-
-    def max_sumexp_chunk(self, op, reg: str, i: str) -> None:
-        """One chunk of V elements into the thread's running pair: the chunk's maximum, the
-        running sum rescaled to the new maximum once, then the chunk's exponentials added."""
-        m, s = (self.name(r) for r in op.results)
-        x = self.elem(op.operands[0], i)
-        guard = "" if self.exact else f"if {self.row.register_in_row_c(reg, 'kfc_g', self.N)} "
-        self.emit("{")
-        self.indent += 1
-        self.emit(f"float cm = {self.identity(ReduceKind.MAX)};")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int {i} = 0; {i} < {self.V}; ++{i}) {{ {guard}{{ cm = {ptx.max_nan('cm', x)}; }} }}")
-        self.emit(f"const float nm = {ptx.max_nan(m, 'cm')};")
-        self.emit("const float at = nm == __int_as_float(0xff800000) ? 0.0f : nm;")
-        self.emit(f"{s} = {m} == nm ? {s} : {s} * {self.exp_of_difference(op, m, 'at')};")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int {i} = 0; {i} < {self.V}; ++{i}) {{ {guard}{{ {s} += "
-                  f"{self.exp_of_difference(op, x, 'at')}; }} }}")
-        self.emit(f"{m} = nm;")
-        self.indent -= 1
-        self.emit("}")
-
-    def op_ThreadMaxSumExpOp(self, op: ThreadMaxSumExpOp) -> None:
-        """The thread's whole share in registers: its maximum, then the sum against it."""
-        m, s = (self.name(r) for r in op.results)
-        x = self.elem(op.operands[0], "i")
-        guard = "" if self.exact else f"if {self.row.register_in_row_c('i', 'kfc_g', self.N)} "
-        self.emit(f"float {m} = {self.identity(ReduceKind.MAX)}, {s} = 0.0f;")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {guard}{{ {m} = {ptx.max_nan(m, x)}; }} }}")
-        at = self.fresh("kfc_at")
-        self.emit(f"const float {at} = {m} == __int_as_float(0xff800000) ? 0.0f : {m};")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {guard}{{ {s} += {self.exp_of_difference(op, x, at)}; }} }}")
-
-    def op_WarpMaxSumExpOp(self, op: WarpMaxSumExpOp) -> None:
-        m, s = (self.name(r) for r in op.results)
-        self.emit(f"float {m} = {self.name(op.operands[0])}, {s} = {self.name(op.operands[1])};")
-        k = op.width // 2
-        while k >= 1:
-            om, os_ = self.fresh("kfc_om"), self.fresh("kfc_os")
-            self.emit(f"const float {om} = {ptx.shfl_bfly(m, k)}, {os_} = {ptx.shfl_bfly(s, k)};")
-            self.pair_combine(op, m, s, om, os_)
-            k //= 2
-
-    def op_CtaMaxSumExpOp(self, op: CtaMaxSumExpOp) -> None:
-        warps = self.T // 32
-        k = self.fresh("kfc_red")
-        self.smem_decls.append(f"__shared__ float {k}[2][{self.R}][2][{warps}];")
-        self.smem_bytes += 2 * self.R * 2 * warps * 4
-        xm, xs = (self.name(v) for v in op.operands)
-        m, s = (self.name(r) for r in op.results)
-        slot = f"{k}[kfc_phase][kfc_r]"
-        self.emit(f"if (kfc_lane == 0) {{ {ptx.st_shared_f32(ptx.smem_addr(f'{slot}[0][kfc_t / 32]'), xm)} "
-                  f"{ptx.st_shared_f32(ptx.smem_addr(f'{slot}[1][kfc_t / 32]'), xs)} }}")
-        self.emit(ptx.bar_sync(0))
-        self.emit(f"float {m} = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[0][0]'))}, "
-                  f"{s} = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[1][0]'))};")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int w = 1; w < {warps}; ++w) {{")
-        self.indent += 1
-        self.emit(f"const float om = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[0][w]'))}, "
-                  f"os = {ptx.ld_shared_f32(ptx.smem_addr(f'{slot}[1][w]'))};")
-        self.pair_combine(op, m, s, "om", "os")
-        self.indent -= 1
-        self.emit("}")
-
-    def op_ClusterMaxSumExpOp(self, op: ClusterMaxSumExpOp) -> None:
-        slot, C = self.cluster_exchange(op), self.C
-        m, s = (self.name(r) for r in op.results)
-        self.emit(f"float {m} = {slot}[0], {s} = {slot}[{C}];")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int c = 1; c < {C}; ++c) {{")
-        self.indent += 1
-        self.emit(f"const float om = {slot}[c], os = {slot}[{C} + c];")
-        self.pair_combine(op, m, s, "om", "os")
-        self.indent -= 1
-        self.emit("}")
-
-    # --- scans --------------------------------------------------------------------------------
-    INT_COMBINE = {ReduceKind.SUM: "({a} + {b})", ReduceKind.PROD: "({a} * {b})", ReduceKind.MAX: "max({a}, {b})",
-                   ReduceKind.MIN: "min({a}, {b})"}
-    INT_IDENTITY = {ReduceKind.SUM: "0", ReduceKind.PROD: "1", ReduceKind.MAX: "(-2147483647 - 1)",
-                    ReduceKind.MIN: "2147483647"}
-
-    def op_ScanOp(self, op: ScanOp) -> None:
-        """A prefix reduction along the row, in the row's order (chunk e of every lane before
-        chunk e + 1), or a suffix one with reverse: each thread scans its chunks' elements, a
-        segmented shuffle scan of the chunk totals runs across a warp's lanes, shared memory
-        carries the warps' totals across the CTA, and a running carry crosses the chunks.
-        Elements past the row's end come after every real one: a forward scan needs nothing
-        of them, a reverse one, which meets them first, reads them as the identity."""
-        x, r = op.operands[0], op.result
-        if self.kind(r) != "row":
-            raise CodegenError("codegen scans whole rows (a #row tile)", op.loc)
-        if self.C > 1:
-            raise CodegenError("a scan over a row split across a cluster", op.loc,
-                               "leave tile's cluster at 0: a row with a scan stays in one CTA")
-        d = x.ttype.dtype
-        if d not in (DType.F32, DType.I32):
-            raise CodegenError(f"codegen scans f32 or i32 rows, not {d}", op.loc, "cast the row first: cumsum(f32(x))")
-        ct = C_TYPES[d]
-        if d is DType.F32:
-            def comb(a, b):
-                return self.combine(op.kind, a, b)
-            ident = self.identity(op.kind)
-        else:
-            def comb(a, b):
-                return self.INT_COMBINE[op.kind].format(a=a, b=b)
-            ident = self.INT_IDENTITY[op.kind]
-        rev = op.reverse
-        n = self.declare(r)
-        E, V, T, R = self.E, self.V, self.T, self.R
-        seg, warps = min(T, 32), max(1, T // 32)
-        lane = f"(kfc_lane % {seg})"
-        u = self.fresh("kfc_scan")
-        x_at = self.elem(x, f"e * {V} + k")
-        if rev and not self.exact:
-            x_at = f"({self.row.register_in_row_c(f'(e * {V} + k)', 'kfc_g', self.N)} ? {x_at} : ({ct})({ident}))"
-        step = (f"{n}[e * {V} + k] = run; run = {comb('run', x_at)};" if op.exclusive
-                else f"run = {comb('run', x_at)}; {n}[e * {V} + k] = run;")
-        ks = f"int k = {V - 1}; k >= 0; --k" if rev else f"int k = 0; k < {V}; ++k"
-        es = f"int e = {E - 1}; e >= 0; --e" if rev else f"int e = 0; e < {E}; ++e"
-        shfl = ptx.shfl_down if rev else ptx.shfl_up
-        self.emit(f"{ct} {u}_inc[{E}];  // each chunk's total {'from' if rev else 'up to'} this lane, in its warp")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int e = 0; e < {E}; ++e) {{")
-        self.emit(f"  {ct} run = {ident};")
-        self.emit("  #pragma unroll")
-        self.emit(f"  for ({ks}) {{ {step} }}")
-        self.emit(f"  {ct} v = run;")
-        off = 1
-        while off < seg:
-            ok = f"{lane} + {off} < {seg}" if rev else f"{lane} >= {off}"
-            self.emit(f"  {{ const {ct} y = {shfl('v', off, seg, ct)}; if ({ok}) v = {comb('y', 'v')}; }}")
-            off *= 2
-        self.emit(f"  {u}_inc[e] = v;")
-        self.emit("}")
-        if warps > 1:  # a warp's total sits in its first lane (reverse) or its last
-            self.smem_decls.append(f"__shared__ {ct} {u}_w[2][{R}][{E}][{warps}];")
-            self.smem_bytes += 2 * R * E * warps * d.itemsize
-            self.emit(f"if (kfc_lane == {0 if rev else 31}) {{ for (int e = 0; e < {E}; ++e) "
-                      f"{u}_w[kfc_phase][kfc_r][e][kfc_t / 32] = {u}_inc[e]; }}")
-            self.emit(ptx.bar_sync(0))
-        self.emit(f"{ct} {u}_carry = {ident};  // the chunks {'after' if rev else 'before'}")
-        self.emit("#pragma unroll")
-        self.emit(f"for ({es}) {{")
-        self.indent += 1
-        self.emit(f"{ct} lanes_past = {shfl(f'{u}_inc[e]', 1, seg, ct)};")
-        self.emit(f"if ({lane} == {seg - 1 if rev else 0}) lanes_past = {ident};")
-        if warps > 1:
-            past = "w > kfc_t / 32" if rev else "w < kfc_t / 32"
-            self.emit(f"{ct} warps_past = {ident}, total = {ident};")
-            # unrolled whole, ptxas hoists every chunk's reads of every warp's total (E x warps
-            # registers): suffix_scans spilled at rows of 16384
-            self.emit("#pragma unroll 4")
-            self.emit(f"for (int w = 0; w < {warps}; ++w) {{ const {ct} t = {u}_w[kfc_phase][kfc_r][e][w]; "
-                      f"if ({past}) warps_past = {comb('warps_past', 't')}; total = {comb('total', 't')}; }}")
-            past_all = comb(f"{u}_carry", comb("warps_past", "lanes_past"))
-        else:
-            self.emit(f"const {ct} total = {ptx.shfl_idx(f'{u}_inc[e]', 0 if rev else seg - 1, seg, ct)};")
-            past_all = comb(f"{u}_carry", "lanes_past")
-        self.emit(f"const {ct} past = {past_all};")
-        self.emit("#pragma unroll")
-        self.emit(f"for (int k = 0; k < {V}; ++k) {n}[e * {V} + k] = {comb('past', f'{n}[e * {V} + k]')};")
-        self.emit(f"{u}_carry = {comb(f'{u}_carry', 'total')};")
-        self.indent -= 1
-        self.emit("}")
 
     def op_UniformOp(self, op: UniformOp) -> None:
         self.emit(f"const float {self.name(op.result)} = {self.name(op.operands[0])};")
