@@ -1177,5 +1177,4 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, La
     name = kernel_name or c_kernel(func.sym_name)
     emitter = RowKernelEmitter(func, name)
     code, plan = emitter.generate()
-    used = ptx.device_functions_used(code) + ptx.device_functions_used(code, INTEGER_HELPERS)
-    return HEADER + "\n" + used + "\n" + code, plan
+    return HEADER + "\n" + ptx.device_functions_used(code, {**ptx.DEVICE_FUNCTIONS, **INTEGER_HELPERS}) + "\n" + code, plan

@@ -205,8 +205,8 @@ def cluster_wait() -> str:
     return 'asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");'
 
 
-# Device functions for the instructions used as expressions; a .cu holds those its code calls
-# (device_functions_used), once each, at its top.
+# Device functions for the instructions used as expressions (the last six: the segmented shuffles
+# of scans); a .cu holds those its code calls (device_functions_used), once each, at its top.
 PRELUDE = r"""
 static __device__ __forceinline__ float kfc_shfl_bfly(float v, int lane_mask) {
   float r; asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(lane_mask)); return r;
@@ -238,10 +238,6 @@ static __device__ __forceinline__ unsigned kfc_cluster_ctarank() {
 static __device__ __forceinline__ unsigned kfc_mapa(unsigned addr, unsigned rank) {
   unsigned r; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank)); return r;
 }
-"""
-
-# The segmented shuffles scans use.
-SCAN_PRELUDE = r"""
 static __device__ __forceinline__ float kfc_shfl_up_f32(float v, int delta, int c) {
   float r; asm volatile("shfl.sync.up.b32 %0, %1, %2, %3, 0xffffffff;" : "=f"(r) : "f"(v), "r"(delta), "r"(c)); return r;
 }
@@ -272,7 +268,7 @@ def definitions(text: str) -> dict[str, str]:
     return {name: text[start:end] for (start, name), end in zip(starts, ends)}
 
 
-DEVICE_FUNCTIONS = definitions(PRELUDE.lstrip("\n") + SCAN_PRELUDE.lstrip("\n"))
+DEVICE_FUNCTIONS = definitions(PRELUDE.lstrip("\n"))
 
 
 def device_functions_used(code: str, functions: dict[str, str] = DEVICE_FUNCTIONS) -> str:

@@ -30,7 +30,7 @@ import attrs
 from ..ir.core import Block
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
-from ..ir.tile_ops import BroadcastOp, MaxSumExpOp, ParallelOp, ReduceKind, ReduceOp
+from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, MaxSumExpOp, ParallelOp, ReduceKind, ReduceOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, register_pass
 
@@ -50,10 +50,10 @@ def _pairs(block: Block) -> dict[int, ReduceOp]:
         if not _row_reduce(op, ReduceKind.SUM):
             continue
         exp = defs.get(op.operands[0])
-        if exp is None or exp.NAME != "tile.exp":
+        if not isinstance(exp, UNARY_CLASSES["exp"]):
             continue
         sub = defs.get(exp.operands[0])
-        if sub is None or sub.NAME != "tile.sub":
+        if not isinstance(sub, BINARY_CLASSES["sub"]):
             continue
         a, b = sub.operands
         bcast = defs.get(b)
