@@ -108,11 +108,28 @@ def test_ptx_templates_are_pinned():
     assert ptx.mbarrier_arrive_expect_tx("m", 16) == \
         'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 16;" :: "r"(m) : "memory");'
     assert ptx.cluster_arrive() == 'asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");'
+    assert ptx.cluster_arrive(relaxed=True) == 'asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");'
     assert ptx.shfl_bfly("x", 8) == "kfc_shfl_bfly(x, 8)"
     for fn in ("kfc_shfl_bfly", "kfc_rsqrt_approx", "kfc_ex2_approx", "kfc_cvt_pack_bf16", "kfc_mapa"):
         assert f"kfc_{fn[4:]}(" in ptx.PRELUDE
     assert "cvt.rn.bf16x2.f32 %0, %1, %2" in ptx.PRELUDE
     assert "shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff" in ptx.PRELUDE
+
+
+@pytest.mark.parametrize("pipeline", [None, "canonicalize,cse,dce,stage-rows,tile{persistent=true},lower-reductions,"
+                                      "fuse-reductions,lower-ptx,canonicalize,cse,dce"])
+def test_a_cluster_publishes_its_mbarrier_inits_with_a_relaxed_arrive_and_orders_its_slots_with_a_release(pipeline):
+    """A release arrive before the first row would cost each CTA a GPU-wide membar (SASS
+    MEMBAR.ALL.GPU + ERRBAR): after fence.mbarrier_init a relaxed one publishes the inits. The
+    arrive between rows still releases, so a peer's next values never overwrite unread slots."""
+    r = compile_op(load_kfc("kernels/softmax.kfc"), parse_target("sm_90a"), pipeline=pipeline, shape={"N": 65536})
+    cu = r.kernel.cu
+    loop = cu.index("for (long long kfc_base")
+    setup, body = cu[:loop], cu[loop:]
+    assert setup.count("barrier.cluster.arrive") == 1
+    assert setup.index("fence.mbarrier_init.release.cluster") < setup.index("barrier.cluster.arrive.relaxed.aligned")
+    assert body.count("barrier.cluster.arrive.release.aligned") == 1
+    assert body.index("barrier.cluster.wait.acquire.aligned") < body.index("barrier.cluster.arrive.release.aligned")
 
 
 def test_a_kernel_defines_the_device_functions_it_calls_and_no_others(compiled):

@@ -221,12 +221,21 @@ def test_min_bytes_is_a_ranged_option():
     assert str(parse_pipeline("stage-rows{min_bytes=0}")) == "stage-rows{min_bytes=0}"
 
 
-@pytest.mark.parametrize("n, cluster, threads", [(4096, 1, 256), (16384, 1, 512), (32768, 1, 512), (65536, 2, 512),
-                                                (262144, 8, 512), (256, 1, 32)])
-def test_a_staged_row_is_split_so_each_cta_holds_64_kb(n, cluster, threads):
+@pytest.mark.parametrize("n, cluster, threads", [(4096, 1, 256), (16384, 1, 512), (32768, 2, 256), (65536, 4, 256),
+                                                (131072, 8, 256), (262144, 8, 512), (256, 1, 32)])
+def test_a_staged_row_is_split_into_32_kb_a_cta_in_clusters_of_up_to_8_else_64_kb(n, cluster, threads):
     spec, f = kernel("rmsnorm", n)
     g, ctx = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}"), check=spec.check)
     (launch,) = [op for op in g.body.ops if op.NAME == "gpu.launch"]
+    assert (launch.cluster, launch.threads) == (cluster, threads)
+
+
+@pytest.mark.parametrize("n, cluster, threads", [(16384, 1, 512), (32768, 2, 512), (65536, 4, 512)])
+def test_two_staged_rows_keep_64_kb_a_cta(n, cluster, threads):
+    spec, f = kernel("rmsnorm_residual", n)
+    g, ctx = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}"), check=spec.check)
+    (launch,) = [op for op in g.body.ops if op.NAME == "gpu.launch"]
+    assert len(ops_of(g, SmemAllocOp)) == 2
     assert (launch.cluster, launch.threads) == (cluster, threads)
 
 
@@ -323,7 +332,7 @@ def test_staged_kernels_use_the_bulk_copy_engine(name, target):
     g, _ = run_pipeline(f, ROW_PIPELINE, check=spec.check)
     code, plan = generate_cuda(g)
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in code
-    assert plan.smem_dynamic == 64 * 1024 and plan.cluster == 2
+    assert plan.smem_dynamic == 32 * 1024 and plan.cluster == 4  # SPLIT_BYTES_PER_CTA
     k = compile_cuda(code, target)
     assert k.report.spills == 0 and k.report.registers <= 64
     text = disassemble(k.cubin)

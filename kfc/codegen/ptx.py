@@ -11,7 +11,8 @@ Golden tests pin the exact text. Facts (operand order, qualifiers) are from the 
   segment's last lane), .idx reads lane b of the segment;
 - `st.async` to a peer CTA's shared memory completes `bytes` of transaction count on the peer's
   mbarrier; `mapa` turns a local shared address into the same variable's address in CTA `rank`;
-- `barrier.cluster.arrive.release` / `wait.acquire` order shared-memory traffic across the cluster.
+- `barrier.cluster.arrive.release` / `wait.acquire` order shared-memory traffic across the cluster;
+  `fence.mbarrier_init.release.cluster` then a `.relaxed` arrive publishes mbarrier inits.
 """
 
 from __future__ import annotations
@@ -197,8 +198,12 @@ def mbarrier_wait_parity(mbar_u32: str, parity: str) -> str:
             f':: "r"({mbar_u32}), "r"({parity}) : "memory");')
 
 
-def cluster_arrive() -> str:
-    return 'asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");'
+def cluster_arrive(relaxed: bool = False) -> str:
+    """Arrive on the cluster barrier. A release arrive orders every prior access of the thread,
+    global stores included (SASS: MEMBAR.ALL.GPU, then ERRBAR, which waits for them); relaxed
+    orders none, which suffices after `fence.mbarrier_init.release.cluster`."""
+    sem = "relaxed" if relaxed else "release"
+    return f'asm volatile("barrier.cluster.arrive.{sem}.aligned;" ::: "memory");'
 
 
 def cluster_wait() -> str:

@@ -66,6 +66,17 @@ MAX_CLUSTER = LARGEST_CLUSTER
 STAGED_BYTES_PER_CTA = 64 * 1024
 STAGED_ELEMS_PER_THREAD = 32
 STAGED_THREADS = (256, 512)
+# A row split across a cluster is split finer once CTAs start cheaply (a relaxed cluster arrive
+# after the mbarrier inits; a release arrive had each CTA wait on a GPU-wide membar): 32 KB per
+# CTA in 256 threads, while that takes at most 8 CTAs (a cluster of 16 must find a whole GPC
+# free at once). Measured on the H200 (bf16, eager do_bench, kfc alone; bench/results/
+# staged_split_sweep-20261202T0735Z.json), against 64 KB in 512 threads at rows of 32768, 65536
+# and 131072: layernorm +17%, +3%, +8%; softmax +2%, +1%, 0; rmsnorm 0, +1%, +3%. At rows of
+# 262144 (16 CTAs) softmax lost 3% and rmsnorm 1%. Measured with one staged row (not x and dy of
+# softmax_bwd, nor x and the residual), so taken for one.
+SPLIT_BYTES_PER_CTA = 32 * 1024
+SPLIT_THREADS = 256
+SPLIT_MAX_CLUSTER = 8
 # A thread's share of a row lives in registers (255 at most): beyond this many elements it
 # spills, and the fully unrolled code takes nvcc minutes to build. Refused before codegen.
 MAX_ELEMS_PER_THREAD = 128
@@ -107,14 +118,14 @@ def _pow2_ceil(x: int) -> int:
 
 
 def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster: int, has_cluster: bool,
-           row_inputs: int = 1, staged_bytes: int = 0, sums: bool = False):
+           row_inputs: int = 1, staged_bytes: int = 0, sums: bool = False, staged_rows: int = 1):
     """Fill in the options left at 0 and fit the given ones to the row: `vec` is halved until
     it divides n, `rows` shrinks to fit 1024 threads (and to 1 when a cluster holds a row).
     `row_inputs` rows of input live in registers at once (x and dy in a backward pass): each
     thread then holds a proportionally smaller share of the row, so they fit as one does.
     `staged_bytes` of each row sit in shared memory (stage-rows): the cluster is sized so each
     CTA holds at most STAGED_BYTES_PER_CTA of them (STAGED_BYTES_PER_CTA_WITH_SUMS when the loop
-    also sums across rows)."""
+    also sums across rows; SPLIT_BYTES_PER_CTA for `staged_rows` = 1 without sums)."""
     if vec == 0:
         vec = max(1, 16 // min_itemsize)
     while n % vec:
@@ -132,6 +143,11 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
         if has_cluster and staged_bytes:
             budget = STAGED_BYTES_PER_CTA_WITH_SUMS if sums else STAGED_BYTES_PER_CTA
             cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(staged_bytes / budget)))
+            split = _pow2_ceil(math.ceil(staged_bytes / SPLIT_BYTES_PER_CTA))
+            if not sums and staged_rows == 1 and 1 < split <= SPLIT_MAX_CLUSTER:
+                cluster = split
+                if threads == 0:
+                    threads = min(SPLIT_THREADS, max(WARP, _pow2_ceil(math.ceil(n / cluster / vec))))
         elif has_cluster:
             cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(n / (AUTO_MAX_THREADS * per_thread))))
             # a row that does not split evenly adds a bounds predicate per chunk: with the share
@@ -280,8 +296,8 @@ class Tile(Pass):
         tensors = [op.operands[0] if isinstance(op, LoadOp) else op.operands[1]
                    for op in ops if isinstance(op, (LoadOp, StoreOp))]
         itemsizes = [t.ttype.dtype.itemsize for t in tensors if t.ttype.rank >= 1] or [4]
-        staged = sum(op.result.ttype.numel() * op.result.ttype.dtype.itemsize
-                     for op in loop.body.ops if isinstance(op, SmemAllocOp))
+        buffers = [op for op in loop.body.ops if isinstance(op, SmemAllocOp)]
+        staged = sum(op.result.ttype.numel() * op.result.ttype.dtype.itemsize for op in buffers)
         fors = [op for op in ops if isinstance(op, ForOp)]
         scans = [op for op in ops if isinstance(op, ScanOp)]
         # a branch that synchronises the row's threads (a reduction, a scan) must be taken by
@@ -297,7 +313,7 @@ class Tile(Pass):
             want_rows = 1
         rows, threads, vec, cluster = choose(n, min(itemsizes), want_rows, self.threads, want_vec, self.cluster,
                                              ctx.target.has("cluster") and not one_cta,
-                                             per_row_inputs(loop), staged, bool(loop.results))
+                                             per_row_inputs(loop), staged, bool(loop.results), len(buffers))
         if one_row and rows > 1:  # a short row: one a CTA all the same, in a warp at least
             rows, threads = 1, max(threads, WARP)
         for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
