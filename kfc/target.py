@@ -27,6 +27,8 @@ _FEATURES = {
 KNOWN = ("sm_90", "sm_90a", "sm_100", "sm_100a")
 # CTAs in a cluster launched with the non-portable cluster size attribute (Hopper, Blackwell)
 LARGEST_CLUSTER = 16
+# Threads resident on one SM at once (Hopper, Blackwell): what CTAs that must share an SM share
+SM_THREADS = 2048
 # The most threads a row kernel's CTA takes when the passes choose: at 1024 a thread has 64
 # registers (65536 an SM), too few for a share of 64 fp32 row elements (ptxas spills).
 ROW_CTA_THREADS = 512

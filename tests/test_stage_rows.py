@@ -404,6 +404,7 @@ def test_ctas_an_sm_reach_the_compiler_as_the_minimum_of_launch_bounds(target):
     g, _ = run_pipeline(f, ROW_PIPELINE, target=parse_target(target), check=spec.check)
     code, plan = generate_cuda(g)
     assert "__launch_bounds__(256, 3)" in code and plan.block == 256
+    assert plan.min_ctas_per_sm == 3 and plan.contract()["min_ctas_per_sm"] == 3
     k = compile_cuda(code, target)
     assert k.report.spills == 0 and k.report.registers <= 80
     g2, _ = run_pipeline(f, ROW_PIPELINE.replace(",tile,", ",tile{ctas_per_sm=1},"), target=parse_target(target),

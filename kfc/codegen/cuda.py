@@ -57,6 +57,7 @@ class LaunchPlan:
     # dims the launch defines for the kernels after it: expressions of the dims and kfc_grid_x
     defines: tuple[tuple[str, str], ...] = ()
     followers: tuple[dict, ...] = ()  # the contract entries of the kernels launched after this one
+    min_ctas_per_sm: int = 0  # CTAs the kernel was compiled to fit on an SM (__launch_bounds__); 0: ptxas's choice
 
     @property
     def grid(self) -> tuple[str, str, str]:
@@ -73,6 +74,8 @@ class LaunchPlan:
                  "rows": self.rows_expr, "rows_per_cta": self.rows_per_cta}
         if self.defines:
             entry["defines"] = dict(self.defines)
+        if self.min_ctas_per_sm:
+            entry["min_ctas_per_sm"] = self.min_ctas_per_sm
         return entry
 
     def contracts(self) -> list[dict]:
@@ -247,7 +250,8 @@ class RowKernelEmitter(ControlRules, PairRules, ScanRules):
             defines = ((row_sums.GROUPS_DIM, f"kfc_grid_x // {self.C} * {self.R}"),)
             followers = (row_sums.contract(self.sums, self.sums_kernel_name, results),)
         plan = LaunchPlan(self.kernel_name, tuple(params), block, self.C, self.R, self.launch.persistent,
-                          self.rows_expr(), self.smem_bytes, self.smem_dynamic, defines, followers)
+                          self.rows_expr(), self.smem_bytes, self.smem_dynamic, defines, followers,
+                          self.launch.min_ctas_per_sm)
         return code, plan
 
     # --- sums across rows -----------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import ClassVar
 import attrs
 
 from . import layouts
+from ..target import LARGEST_CLUSTER, SM_THREADS
 from .core import Op, register_op
 from .dtypes import DType
 from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, _tt, verify_loop_reductions
@@ -125,15 +126,15 @@ class LaunchOp(Op):
                              f"({self.block_threads}) must be a multiple of 32, in one CTA")
         if self.vec not in (1, 2, 4, 8, 16):
             raise self.error(f"vec must be 1, 2, 4, 8 or 16 elements, not {self.vec}")
-        if self.cluster < 1 or self.cluster > 16 or self.cluster & (self.cluster - 1):
-            raise self.error(f"cluster must be a power of two up to 16, not {self.cluster}")
+        if self.cluster < 1 or self.cluster > LARGEST_CLUSTER or self.cluster & (self.cluster - 1):
+            raise self.error(f"cluster must be a power of two up to {LARGEST_CLUSTER}, not {self.cluster}")
         if self.cluster > 1 and self.rows_per_cta != 1:
             raise self.error("a row split across a cluster takes the whole CTA: rows_per_cta must be 1")
         if self.rows_per_cta < 1:
             raise self.error("rows_per_cta must be positive")
-        if self.min_ctas_per_sm < 0 or self.min_ctas_per_sm * self.block_threads > 2048:
+        if self.min_ctas_per_sm < 0 or self.min_ctas_per_sm * self.block_threads > SM_THREADS:
             raise self.error(f"min_ctas_per_sm={self.min_ctas_per_sm} CTAs of {self.block_threads} threads do not fit "
-                             "the 2048 threads of an SM")
+                             f"the {SM_THREADS} threads of an SM")
         self._check_layouts()
 
     def _check_layouts(self) -> None:

@@ -15,6 +15,8 @@ Each entry of "kernels", launched in order:
                          (tensor maps) are refused by this runtime, by name
     defines              optional: dims this kernel's launch fixes for the kernels after it,
                          expressions of the dims and kfc_grid_x (its grid's x, once capped)
+    min_ctas_per_sm      optional: the CTAs an SM the kernel was compiled to hold (the minimum
+                         of its __launch_bounds__); for reports, the launch does not read it
 
 An op whose rows also sum across rows (a weight gradient) launches a row kernel that leaves
 partials in a workspace, then a kernel that adds them up.
