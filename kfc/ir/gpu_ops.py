@@ -26,7 +26,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import attrs
+import numpy as np
 
+from ..diagnostics import InterpretError
 from . import layouts
 from ..target import LARGEST_CLUSTER, SM_THREADS
 from .core import Op, register_op
@@ -158,6 +160,25 @@ class LaunchOp(Op):
         walk(self.body)
 
 
+# The interpreter's semantics of the reduction steps below (their `interpret` methods) follow
+# the generated code's order of operations exactly, so the interpreter checks the lowering.
+def combine(kind: str):
+    return {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[kind]
+
+
+def identity(kind: str) -> float:
+    return {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}[kind]
+
+
+def combine_pairs(m1, s1, m2, s2):
+    """Two (max, sum of exp(x - max)) pairs as one, as the code generator combines them."""
+    with np.errstate(all="ignore"):
+        big = np.maximum(m1, m2)  # NaN-propagating, as max.NaN
+        at = np.where(big == -np.inf, np.float32(0), big)  # lanes without elements add nothing
+        s = s1 * np.exp((m1 - at).astype(np.float32)) + s2 * np.exp((m2 - at).astype(np.float32))
+    return big.astype(np.float32), s.astype(np.float32)
+
+
 class _LaneReduce(Op):
     """Shared checks: lanes in, lanes out, same dtype."""
 
@@ -207,6 +228,28 @@ class ThreadReduceOp(_LaneReduce):
         if self.kind is ReduceKind.MEAN:
             raise self.error("lower mean to sum and a multiply first")
 
+    def interpret(self, interp, ins, env):
+        row = layouts.of(self.operands[0].ttype.layout)
+        p, v = row.lanes, row.vec
+        n = ins[0].shape[0]
+        e = row.chunks(n)
+        kind = self.kind.value
+        per_thread = row.per_lane  # [thread, its elements in order]
+
+        valid = per_thread(np.ones(n, dtype=np.float32), 0.0) > 0
+        acc = np.full(p, identity(kind), dtype=np.float32)
+        if self.map == "mul":
+            a, b = per_thread(ins[0], 0.0), per_thread(ins[1], 0.0)
+            for i in range(e * v):  # acc = fma(a, b, acc): one rounding, as __fmaf_rn
+                fused = (a[:, i].astype(np.float64) * b[:, i] + acc).astype(np.float32)
+                acc = np.where(valid[:, i], fused, acc)
+        else:
+            x = per_thread(ins[0], identity(kind))
+            f = combine(kind)
+            for i in range(e * v):
+                acc = np.where(valid[:, i], f(acc, x[:, i]), acc).astype(np.float32)
+        return [acc]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -221,6 +264,16 @@ class WarpReduceOp(_LaneReduce):
         if self.width not in (2, 4, 8, 16, 32):
             raise self.error(f"width must be 2..32 and a power of two, not {self.width}")
 
+    def interpret(self, interp, ins, env):
+        x = ins[0].astype(np.float32)
+        f = combine(self.kind.value)
+        idx = np.arange(x.shape[0])
+        k = self.width // 2
+        while k >= 1:  # the xor butterfly of shfl.sync.bfly
+            x = f(x, x[idx ^ k]).astype(np.float32)
+            k //= 2
+        return [x]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -234,6 +287,16 @@ class CtaReduceOp(_LaneReduce):
         if a.layout.get("threads") <= 32:
             raise self.error("a row of at most 32 threads needs no CTA step")
 
+    def interpret(self, interp, ins, env):
+        lanes = layouts.of(self.operands[0].ttype.layout)
+        t = lanes.threads
+        x = lanes.per_cta(ins[0]).reshape(lanes.cluster, t // 32, 32)[:, :, 0]  # lane 0 of each warp, per CTA
+        f = combine(self.kind.value)
+        acc = x[:, 0]
+        for w in range(1, t // 32):  # read back from shared memory in warp order
+            acc = f(acc, x[:, w]).astype(np.float32)
+        return [np.repeat(acc, t).astype(np.float32)]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -246,6 +309,16 @@ class ClusterReduceOp(_LaneReduce):
         a = self._same_lanes()
         if a.layout.get("cluster") <= 1:
             raise self.error("a row held by one CTA needs no cluster step")
+
+    def interpret(self, interp, ins, env):
+        lanes = layouts.of(self.operands[0].ttype.layout)
+        t, c = lanes.threads, lanes.cluster
+        x = lanes.per_cta(ins[0])[:, 0]
+        f = combine(self.kind.value)
+        acc = x[0]
+        for r in range(1, c):  # the slots in cluster-rank order
+            acc = f(acc, x[r])
+        return [np.full(c * t, acc, dtype=np.float32)]
 
 
 @attrs.frozen(eq=False, kw_only=True)
@@ -291,6 +364,17 @@ class ThreadMaxSumExpOp(_MaxSumExp):
         if r.shape != (p,) or r.layout != lanes_layout(a.layout.get("threads"), a.layout.get("cluster")):
             raise self.error(f"results must be f32[{p}] with the row's lanes layout")
 
+    def interpret(self, interp, ins, env):
+        row = layouts.of(self.operands[0].ttype.layout)
+        n = ins[0].shape[0]
+        valid = row.per_lane(np.ones(n, dtype=np.float32), 0.0) > 0
+        x = row.per_lane(ins[0].astype(np.float32), -np.inf)
+        with np.errstate(all="ignore"):
+            m = np.where(valid, x, -np.inf).max(axis=1).astype(np.float32)
+            at = np.where(m == -np.inf, np.float32(0), m)
+            s = np.where(valid, np.exp((x - at[:, None]).astype(np.float32)), 0).sum(axis=1, dtype=np.float32)
+        return [m, s]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -304,6 +388,15 @@ class WarpMaxSumExpOp(_MaxSumExp):
         if self.width not in (2, 4, 8, 16, 32):
             raise self.error(f"width must be 2..32 and a power of two, not {self.width}")
 
+    def interpret(self, interp, ins, env):
+        m, s = (v.astype(np.float32) for v in ins)
+        idx = np.arange(m.shape[0])
+        k = self.width // 2
+        while k >= 1:  # the xor butterfly of shfl.sync.bfly, both values
+            m, s = combine_pairs(m, s, m[idx ^ k], s[idx ^ k])
+            k //= 2
+        return [m, s]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -315,6 +408,15 @@ class CtaMaxSumExpOp(_MaxSumExp):
         if self._same_pairs().layout.get("threads") <= 32:
             raise self.error("a row of at most 32 threads needs no CTA step")
 
+    def interpret(self, interp, ins, env):
+        lanes = layouts.of(self.operands[0].ttype.layout)
+        t = lanes.threads
+        m, s = (lanes.per_cta(v).reshape(lanes.cluster, t // 32, 32)[:, :, 0] for v in ins)
+        am, as_ = m[:, 0], s[:, 0]
+        for w in range(1, t // 32):  # warp order
+            am, as_ = combine_pairs(am, as_, m[:, w], s[:, w])
+        return [np.repeat(am, t).astype(np.float32), np.repeat(as_, t).astype(np.float32)]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -325,6 +427,15 @@ class ClusterMaxSumExpOp(_MaxSumExp):
     def verify_(self) -> None:
         if self._same_pairs().layout.get("cluster") <= 1:
             raise self.error("a row held by one CTA needs no cluster step")
+
+    def interpret(self, interp, ins, env):
+        lanes = layouts.of(self.operands[0].ttype.layout)
+        t, c = lanes.threads, lanes.cluster
+        m, s = (lanes.per_cta(v)[:, 0] for v in ins)
+        am, as_ = m[:1], s[:1]
+        for r in range(1, c):  # cluster-rank order
+            am, as_ = combine_pairs(am, as_, m[r:r + 1], s[r:r + 1])
+        return [np.full(c * t, am[0], dtype=np.float32), np.full(c * t, as_[0], dtype=np.float32)]
 
 
 MAX_SUMEXP_STEPS = (ThreadMaxSumExpOp, WarpMaxSumExpOp, CtaMaxSumExpOp, ClusterMaxSumExpOp)
@@ -347,3 +458,10 @@ class UniformOp(Op):
             raise self.error(f"operand must be a #lanes tile, not {a}")
         if r != TensorType(a.dtype):
             raise self.error(f"result must be the scalar {a.dtype}, not {r}")
+
+    def interpret(self, interp, ins, env):
+        x = ins[0]
+        if not (np.all(x == x[0]) or np.all(np.isnan(x))):
+            raise InterpretError("gpu.uniform: the lanes hold different values; the reduction steps above do "
+                                 "not reach every lane", self.loc)
+        return [np.asarray(x[0]).astype(self.result.ttype.dtype.np)]

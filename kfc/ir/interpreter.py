@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..diagnostics import InterpretError, KfcError
-from . import constexpr, layouts
+from . import constexpr
 from .core import Block, Op, Value
 from .dtypes import DType
 from .func import FuncOp
@@ -27,6 +27,7 @@ from .tile_ops import (
 )
 from .signature import bind_dims
 from . import smem_ops
+from .gpu_ops import combine
 from .smem_ops import HazardError, SharedBuffer
 from .types import MemSpace, SymDim, TensorType, bind_dim
 
@@ -452,7 +453,7 @@ class Interpreter:
 
     def accumulate(self, op, acc: list, contributions) -> None:
         for k, (kind, c) in enumerate(zip(op.reduce, contributions or ())):
-            acc[k] = self._combine(kind)(acc[k], np.asarray(c, dtype=acc[k].dtype)).astype(acc[k].dtype)
+            acc[k] = combine(kind)(acc[k], np.asarray(c, dtype=acc[k].dtype)).astype(acc[k].dtype)
 
     def op_IfOp(self, op, ins, env):
         return self.exec_block(op.regions[0 if bool(ins[0]) else 1], env)
@@ -472,8 +473,8 @@ class Interpreter:
             i += step
         return carried
 
-    # --- gpu dialect: the mapping does not change meaning; reductions follow the generated
-    # code's order of operations exactly ------------------------------------------------------
+    # --- gpu dialect: the mapping does not change meaning (the reduction steps carry their
+    # semantics, in the generated code's order of operations: kfc.ir.gpu_ops) --------------
     def op_LaunchOp(self, op, ins, env):
         body = op.body
         acc = self.loop_accumulators(op)
@@ -495,117 +496,3 @@ class Interpreter:
             return yielded
         finally:
             self.barriers = outer
-
-    @staticmethod
-    def _combine(kind: str):
-        return {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[kind]
-
-    @staticmethod
-    def _identity(kind: str) -> float:
-        return {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}[kind]
-
-    def op_ThreadReduceOp(self, op, ins, env):
-        row = layouts.of(op.operands[0].ttype.layout)
-        p, v = row.lanes, row.vec
-        n = ins[0].shape[0]
-        e = row.chunks(n)
-        kind = op.kind.value
-        per_thread = row.per_lane  # [thread, its elements in order]
-
-        valid = per_thread(np.ones(n, dtype=np.float32), 0.0) > 0
-        acc = np.full(p, self._identity(kind), dtype=np.float32)
-        if op.map == "mul":
-            a, b = per_thread(ins[0], 0.0), per_thread(ins[1], 0.0)
-            for i in range(e * v):  # acc = fma(a, b, acc): one rounding, as __fmaf_rn
-                fused = (a[:, i].astype(np.float64) * b[:, i] + acc).astype(np.float32)
-                acc = np.where(valid[:, i], fused, acc)
-        else:
-            x = per_thread(ins[0], self._identity(kind))
-            f = self._combine(kind)
-            for i in range(e * v):
-                acc = np.where(valid[:, i], f(acc, x[:, i]), acc).astype(np.float32)
-        return [acc]
-
-    def op_WarpReduceOp(self, op, ins, env):
-        x = ins[0].astype(np.float32)
-        f = self._combine(op.kind.value)
-        idx = np.arange(x.shape[0])
-        k = op.width // 2
-        while k >= 1:  # the xor butterfly of shfl.sync.bfly
-            x = f(x, x[idx ^ k]).astype(np.float32)
-            k //= 2
-        return [x]
-
-    def op_CtaReduceOp(self, op, ins, env):
-        lanes = layouts.of(op.operands[0].ttype.layout)
-        t = lanes.threads
-        x = lanes.per_cta(ins[0]).reshape(lanes.cluster, t // 32, 32)[:, :, 0]  # lane 0 of each warp, per CTA
-        f = self._combine(op.kind.value)
-        acc = x[:, 0]
-        for w in range(1, t // 32):  # read back from shared memory in warp order
-            acc = f(acc, x[:, w]).astype(np.float32)
-        return [np.repeat(acc, t).astype(np.float32)]
-
-    def op_ClusterReduceOp(self, op, ins, env):
-        lanes = layouts.of(op.operands[0].ttype.layout)
-        t, c = lanes.threads, lanes.cluster
-        x = lanes.per_cta(ins[0])[:, 0]
-        f = self._combine(op.kind.value)
-        acc = x[0]
-        for r in range(1, c):  # the slots in cluster-rank order
-            acc = f(acc, x[r])
-        return [np.full(c * t, acc, dtype=np.float32)]
-
-    # (max, sum of exp(x - max)) pairs: combined as the code generator does, in its order
-    @staticmethod
-    def _pair(m1, s1, m2, s2):
-        with np.errstate(all="ignore"):
-            big = np.maximum(m1, m2)  # NaN-propagating, as max.NaN
-            at = np.where(big == -np.inf, np.float32(0), big)  # lanes without elements add nothing
-            s = s1 * np.exp((m1 - at).astype(np.float32)) + s2 * np.exp((m2 - at).astype(np.float32))
-        return big.astype(np.float32), s.astype(np.float32)
-
-    def op_ThreadMaxSumExpOp(self, op, ins, env):
-        row = layouts.of(op.operands[0].ttype.layout)
-        n = ins[0].shape[0]
-        valid = row.per_lane(np.ones(n, dtype=np.float32), 0.0) > 0
-        x = row.per_lane(ins[0].astype(np.float32), -np.inf)
-        with np.errstate(all="ignore"):
-            m = np.where(valid, x, -np.inf).max(axis=1).astype(np.float32)
-            at = np.where(m == -np.inf, np.float32(0), m)
-            s = np.where(valid, np.exp((x - at[:, None]).astype(np.float32)), 0).sum(axis=1, dtype=np.float32)
-        return [m, s]
-
-    def op_WarpMaxSumExpOp(self, op, ins, env):
-        m, s = (v.astype(np.float32) for v in ins)
-        idx = np.arange(m.shape[0])
-        k = op.width // 2
-        while k >= 1:  # the xor butterfly of shfl.sync.bfly, both values
-            m, s = self._pair(m, s, m[idx ^ k], s[idx ^ k])
-            k //= 2
-        return [m, s]
-
-    def op_CtaMaxSumExpOp(self, op, ins, env):
-        lanes = layouts.of(op.operands[0].ttype.layout)
-        t = lanes.threads
-        m, s = (lanes.per_cta(v).reshape(lanes.cluster, t // 32, 32)[:, :, 0] for v in ins)
-        am, as_ = m[:, 0], s[:, 0]
-        for w in range(1, t // 32):  # warp order
-            am, as_ = self._pair(am, as_, m[:, w], s[:, w])
-        return [np.repeat(am, t).astype(np.float32), np.repeat(as_, t).astype(np.float32)]
-
-    def op_ClusterMaxSumExpOp(self, op, ins, env):
-        lanes = layouts.of(op.operands[0].ttype.layout)
-        t, c = lanes.threads, lanes.cluster
-        m, s = (lanes.per_cta(v)[:, 0] for v in ins)
-        am, as_ = m[:1], s[:1]
-        for r in range(1, c):  # cluster-rank order
-            am, as_ = self._pair(am, as_, m[r:r + 1], s[r:r + 1])
-        return [np.full(c * t, am[0], dtype=np.float32), np.full(c * t, as_[0], dtype=np.float32)]
-
-    def op_UniformOp(self, op, ins, env):
-        x = ins[0]
-        if not (np.all(x == x[0]) or np.all(np.isnan(x))):
-            raise InterpretError("gpu.uniform: the lanes hold different values; the reduction steps above do "
-                                 "not reach every lane", op.loc)
-        return [np.asarray(x[0]).astype(op.result.ttype.dtype.np)]
