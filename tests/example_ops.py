@@ -5,4 +5,4 @@ from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 OPS = {p.stem: p.read_text() for p in sorted(EXAMPLES.glob("*.kfc"))}
-CHUNKED = ("rowsum_chunked", "rmsnorm_chunked", "fold", "segsum")
+CHUNKED = ("rowsum_chunked", "rmsnorm_chunked", "fold", "segsum", "group_max_sum")

@@ -2,7 +2,7 @@
 compiles for sm_90a and sm_100a with the interpreter checking every pass (--verify-each), with
 no spills; the generated code keeps every chunk's access inside its tensor (a chunk past the
 end, a start read from memory, a limit), alternates the reduction slots per iteration, and
-refuses what it cannot run (a cluster or several rows a CTA, nested loops, a step of 0)."""
+refuses what it cannot run (a cluster or several rows a CTA, a step of 0)."""
 
 import re
 
@@ -18,7 +18,8 @@ from tests.example_ops import CHUNKED, OPS
 SHAPES = {"rowsum_chunked": [{"N": 4096}, {"N": 1000}, {"N": 7}],
           "rmsnorm_chunked": [{"N": 4096}, {"N": 1000}, {"N": 65537}],
           "fold": [{"N": 4096}, {"N": 1000}, {"N": 7}],
-          "segsum": [{"T": 1000}, {"T": 7}]}
+          "segsum": [{"T": 1000}, {"T": 7}],
+          "group_max_sum": [{"N": 16384}, {"N": 5000}, {"N": 7}]}
 
 
 def compile_text(tmp_path, name, text, target="sm_90a", dtypes=None, pipeline=None, verify_each=True, **shape):
@@ -90,23 +91,43 @@ def test_a_tile_the_loop_cannot_run_is_refused(tmp_path, opts, message):
         compile_text(tmp_path, "rowsum_chunked", OPS["rowsum_chunked"], pipeline=pipe, N=4096)
 
 
-def test_a_for_loop_inside_a_for_loop_is_a_clear_error(tmp_path):
-    text = """
-op nested(x: f32[M, N]) -> (y: f32[M]) {
+def test_a_for_loop_inside_a_for_loop_runs_from_the_outer_index(tmp_path):
+    """The inner loop starts at the outer one's index: its chunks are aligned as the outer
+    steps are (vectors of 8), and each loop is a loop in the kernel."""
+    r = compile_text(tmp_path, "group_max_sum", OPS["group_max_sum"], N=16384)
+    cu = r.kernel.cu
+    outer, inner = re.findall(r"for \(long long (kfc_k\d+) = \(long long\)\((\w+)\)", cu)[:2]
+    assert inner[1] == outer[0], "the inner loop starts at the outer loop's index"
+    assert "ld.global.cs.v4.b32" in cu
+
+
+SYNCED_IN_LOOP = """
+op capped(x: f32[M, N]) -> (y: f32[M]) {
   parallel m in 0..M {
     acc = 0.0
-    for j in 0..N step 1024 carry (acc) {
-      for k in 0..1024 step 256 carry (acc) {
-        acc = acc + sum(x[m, j + k:j + k + 256])
-      }
+    for k in 0..N step 8192 carry (acc) {
+      s = sum(x[m, k:k+8192])
+      acc = acc + s
     }
     y[m] = acc
   }
 }
 """
-    with pytest.raises(KfcError, match="a for loop inside a for loop") as info:
-        compile_text(tmp_path, "nested", text, verify_each=False, N=4096)
-    assert info.value.span is not None
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_loop_that_synchronises_ends_with_a_barrier(tmp_path, persistent):
+    """The loop's reduction alternates its slots per iteration, but the next row (a persistent
+    CTA's) or the enclosing loop's next iteration starts in a phase fixed by how many times the
+    loop ran: the barrier after the loop ends every read of the slots before any is written again."""
+    pipe = ROW_PIPELINE.replace("tile", "tile{persistent=true}", 1) if persistent else None
+    r = compile_text(tmp_path, "capped", SYNCED_IN_LOOP, pipeline=pipe, verify_each=False, N=65536)
+    cu = r.kernel.cu
+    assert r.plan.block >= 64, "a CTA step, through shared slots"
+    start = cu.index("for (long long kfc_k")
+    end = cu.index("\n    }\n", start)
+    assert "kfc_phase ^= 1;" in cu[start:end]
+    assert cu[end:].lstrip("\n }").startswith('asm volatile("bar.sync 0;"')
 
 
 def test_verify_each_without_a_check_block_samples_a_few_rows(tmp_path):

@@ -9,8 +9,12 @@ from __future__ import annotations
 from ..ir.core import Value, walk_block
 from ..ir.gpu_ops import ClusterMaxSumExpOp, ClusterReduceOp, CtaMaxSumExpOp, CtaReduceOp
 from ..ir.tile_ops import ConstOp, ForOp, IfOp, ScanOp
+from . import ptx
 from .c_names import C_TYPES
 from .errors import CodegenError
+
+# the steps that exchange values through shared slots indexed by kfc_phase
+SYNCED_STEPS = (CtaReduceOp, ClusterReduceOp, CtaMaxSumExpOp, ClusterMaxSumExpOp, ScanOp)
 
 
 class ControlRules:
@@ -21,8 +25,6 @@ class ControlRules:
         body's arguments and the loop's results share. Every thread of the CTA runs every
         iteration (tile gives a CTA one row), so reductions in the body synchronise as they
         do in the row loop; their shared slots alternate per iteration with kfc_phase."""
-        if any(isinstance(o, ForOp) for o in op.body.ops):
-            raise CodegenError("a for loop inside a for loop in a row kernel", op.loc)
         lo, hi, step = (self.name(v) for v in op.operands[:3])
         step_op = next((o for o in walk_block(self.launch.body) if o.results and o.results[0] is op.operands[2]),
                        None)
@@ -55,11 +57,17 @@ class ControlRules:
                 self.loop(f"{n}[i] = {t}[i];")
             else:
                 self.emit(f"{n} = {t};")
-        if any(isinstance(o, (CtaReduceOp, ClusterReduceOp, CtaMaxSumExpOp, ClusterMaxSumExpOp, ScanOp))
-               for o in body.ops):
+        # A step that synchronises the CTA through shared slots (at any depth of the body, in a
+        # branch or an inner loop too) alternates its slots with kfc_phase from one iteration to
+        # the next; after the loop a barrier ends every thread's reads of them, so whatever runs
+        # next (the next row, the enclosing loop's next iteration) may write them in any phase.
+        synced = any(isinstance(o, SYNCED_STEPS) for o in walk_block(body))
+        if synced:
             self.emit("kfc_phase ^= 1;")
         self.indent -= 1
         self.emit("}")
+        if synced:
+            self.emit(ptx.bar_sync(0))
 
     def op_IfOp(self, op: IfOp) -> None:
         """if (c) { then } else { else }, each branch ending with the results' values. The

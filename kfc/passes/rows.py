@@ -60,9 +60,6 @@ def row_length(loop: Op, func: FuncOp) -> int:
     lengths: dict[int, Span | None] = {}
     for op in body_ops(loop.body):
         if isinstance(op, ForOp):
-            if any(isinstance(o, ForOp) for o in body_ops(op.body)):
-                raise PassError("a for loop inside a for loop in a row program", op.loc,
-                                "the row passes handle one level of for loops in the row loop")
             continue
         if isinstance(op, IfOp):
             continue

@@ -272,10 +272,24 @@ class Tile(Pass):
         reduction in the body synchronises them), and vectors that never straddle the end of
         the tensor a chunk is sliced from nor start off its alignment."""
         consts = {op.result: op.value for op in (*func.body.ops, *ops) if isinstance(op, ConstOp) and op.results}
+        index_of = {f.body.args[0]: f for f in fors}
+
+        def multiple(v) -> int:
+            """A multiple every value of v is known to be: a constant, or a loop index that
+            starts at such a multiple and steps by a constant (an inner loop from an outer one's
+            index); 1 when nothing is known."""
+            c = consts.get(v)
+            if isinstance(c, int):
+                return abs(c)
+            f = index_of.get(v)
+            if f is None:
+                return 1
+            step = consts.get(f.operands[2])
+            return math.gcd(multiple(f.operands[0]), step if isinstance(step, int) else 1)
+
         multiples = [n]
         for f in fors:
-            lo, step = consts.get(f.operands[0]), consts.get(f.operands[2])
-            multiples += [lo if isinstance(lo, int) else 1, step if isinstance(step, int) else 1]
+            multiples.append(multiple(f.body.args[0]))
         for op in ops:
             if isinstance(op, (LoadOp, StoreOp)) and slice_starts(op):
                 t = (op.operands[0] if isinstance(op, LoadOp) else op.operands[1]).ttype

@@ -97,3 +97,30 @@ def test_chunk_sums_capped_by_an_if_in_the_loop(tmp_path, n):
         op(x, 2.0, out=y)
         chunks = torch.nn.functional.pad(x.double(), (0, (-n) % 256)).reshape(m, -1, 256).sum(-1)
         close(y, chunks.clamp(max=2.0).sum(-1), 1e-5, f"clipped_sum {m}x{n}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("n", NS + [16384])
+def test_the_largest_group_sum_by_a_loop_inside_a_loop(tmp_path, dtype, n):
+    def want(x, w):
+        groups = torch.nn.functional.pad(x, (0, (-n) % 4096)).reshape(x.shape[0], -1, 4096).sum(-1)
+        return groups.amax(-1)
+    check_rows(tmp_path, "group_max_sum", dtype, n, lambda m: (m,), want, 1e-5)
+
+
+def test_a_persistent_row_loop_over_a_synchronising_for_loop(tmp_path):
+    """Each CTA runs many rows, each a loop of CTA reductions: the barrier after the loop keeps
+    the next row from writing reduction slots a slow warp still reads."""
+    import kfc
+    from kfc.passes import ROW_PIPELINE
+    from tests.test_for_loops import SYNCED_IN_LOOP
+
+    requires_gpu()
+    path = tmp_path / "capped.kfc"
+    path.write_text(SYNCED_IN_LOOP)
+    op = kfc.load(path, pipeline=ROW_PIPELINE.replace("tile", "tile{persistent=true}", 1))
+    for m, n in ((4099, 65536), (257, 24576), (1, 8192)):
+        x = torch.randn(m, n, device="cuda")
+        y = torch.full((m,), float("nan"), device="cuda")
+        op(x, out=y)
+        close(y, x.double().sum(-1), 1e-5, f"capped {m}x{n}")
