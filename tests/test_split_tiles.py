@@ -1,7 +1,8 @@
 """split-tiles on the CPU: a parallel loop over [A, B] tiles becomes a loop over (index, a)
 with [B] tiles, verified against the interpreter (--verify-each), so an op written over a
 token's [heads, dim] tile compiles as rows; vectors along either axis take their role from how
-they are used, not from their sizes; a loop it cannot split keeps its tiles and says why."""
+they are used, not from their sizes; a reduction over the tiles' first axis becomes a loop over
+the rows inside the iteration; a loop it cannot split keeps its tiles and says why."""
 
 import pytest
 
@@ -47,18 +48,60 @@ def test_an_op_over_rank_2_tiles_compiles_under_verify_each(tmp_path, target, h,
 
 
 def test_a_loop_it_cannot_split_keeps_its_tiles_and_says_why(tmp_path):
+    """Centring each token's heads needs their mean before any head's output: a second pass
+    over the heads, which split-tiles does not make."""
     text = """
-op colsum(x: f32[S, H, D]) -> (y: f32[S, D]) {
+op center(x: f32[S, H, D]) -> (y: f32[S, H, D]) {
   parallel t in 0..S {
-    y[t, :] = sum(x[t, :, :], axis=0)
+    xt = x[t, :, :]
+    mu = mean(xt, axis=0)
+    y[t, :, :] = xt - mu
   }
 }
 """
     f, ctx = split(tmp_path, text, {"H": 3, "D": 128})
     assert print_ir(f) == print_ir(specialize(spec_of(tmp_path, text).func, {"H": 3, "D": 128}, partial=True))
-    assert any("a reduction over the tiles' first axis" in m for _, m in ctx.notes)
+    why = "a row's work uses the reduction over the tiles' first axis"
+    assert any(why in m for _, m in ctx.notes)
     report = ctx.stats["split-tiles"]  # what compile reads to say why, not the note's words
-    assert report.split == 0 and len(report.kept) == 1 and "first axis" in report.kept[0]
+    assert report.split == 0 and len(report.kept) == 1 and why in report.kept[0]
     with pytest.raises(KfcError, match="not a row program") as info:
         compile_op(spec_of(tmp_path, text), parse_target("sm_90a"), shape={"H": 3, "D": 128})
-    assert "split-tiles" in info.value.hint and "first axis" in info.value.hint
+    assert "split-tiles" in info.value.hint and why in info.value.hint
+
+
+def test_a_reduction_over_the_first_axis_becomes_a_loop_over_the_rows(tmp_path):
+    """sum, mean and max over a token's heads: one sequential loop over the heads inside the
+    loop over tokens, a [D] accumulator carried for each (bf16 rows summed in f32), the
+    token's output after it; the heads' own output is written inside the loop."""
+    from kfc.ir.tile_ops import ForOp, StoreOp
+
+    f, ctx = split(tmp_path, OPS["head_sums"], {"H": 17, "D": 1000}, {"T": "bf16"})
+    (loop,) = [op for op in f.body.ops if isinstance(op, ParallelOp)]
+    assert loop.rank == 1 and ctx.stats["split-tiles"].split == 1
+    (heads,) = [op for op in loop.body.ops if isinstance(op, ForOp)]
+    assert [str(v.type) for v in heads.results] == ["f32[1000]"] * 3
+    assert all(v.ttype.rank <= 1 for op in f.walk() for v in op.results if hasattr(v.type, "space"))
+    stores = [op for op in f.walk() if isinstance(op, StoreOp)]
+    assert {op.operands[1].name for op in heads.body.ops if isinstance(op, StoreOp)} == {"z"}
+    assert {op.operands[1].name for op in stores} == {"y", "z"}
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_a_reduction_over_the_first_axis_compiles_under_verify_each(tmp_path, target, dtype):
+    spec = spec_of(tmp_path, OPS["head_sums"], {"T": dtype})
+    for h, d in ((17, 1000), (1, 7), (64, 128)):
+        r = compile_op(spec, parse_target(target), shape={"H": h, "D": d}, verify_each=True)
+        assert r.kernel.report.spills == 0
+        assert "for (long long kfc_k" in r.kernel.cu, "the heads are a loop in the kernel"
+
+
+def test_a_wrong_accumulator_start_is_caught_by_verify_each(tmp_path, monkeypatch):
+    from kfc.ir.tile_ops import ReduceKind
+    from kfc.passes import split_tiles
+
+    monkeypatch.setitem(split_tiles.AXIS0_KINDS, ReduceKind.SUM, ("add", 1.0))
+    spec = spec_of(tmp_path, OPS["head_sums"], {"T": "f32"})
+    with pytest.raises(KfcError, match="pass split-tiles changed the results"):
+        compile_op(spec, parse_target("sm_90a"), shape={"H": 17, "D": 1000}, verify_each=True)

@@ -11,10 +11,25 @@ with tiles [B], so it is a loop over rows (linearize then fuses the indices):
 Each value takes a role: [A, B], [A, 1], [1, B] (rank 2), along A or along B (rank 1: a
 [D] weight broadcast over the rows is along B, a [H] vector expanded at axis 1 along A,
 elementwise ops join their operands' roles), or a scalar. Along A a value is one element per
-row a; along B it stays a tile. Ops over the A axis of a tile (a reduction over axis 0, a
-transpose, a dot) keep the loop as it is, as do loops with sums across their iterations and
-loops holding other loops. Semantics do not change: row a of every tile is computed from row a
-of its operands.
+row a; along B it stays a tile. Semantics do not change: row a of every tile is computed from
+row a of its operands.
+
+A sum, mean, max or min over the tiles' first axis (of floats, without keepdims) makes the rows
+a sequential loop inside the iteration instead, carrying one [B] accumulator per reduction (in
+f32 for narrower floats); what uses the reductions runs after that loop:
+
+    parallel t in 0..T {                         parallel t in 0..T {
+      xt = x[t, :, :]                              acc = 0.0                    # [B]
+      z[t, :, :] = xt * 2.0                        for a in 0..A carry (acc) {
+      y[t, :] = sum(xt, axis=0) * w     ->           xt = x[t, a, :]; z[t, a, :] = xt * 2.0
+    }                                                acc = acc + xt
+                                                   }
+                                                   y[t, :] = acc * w
+                                                 }
+
+A row's work that needs such a reduction's result (centring the rows on their mean) would take
+a second pass over the rows, and keeps the loop as it is, as do other ops over the A axis (a
+transpose, a dot), loops with sums across their iterations and loops holding other loops.
 """
 
 from __future__ import annotations
@@ -27,14 +42,18 @@ from ..ir.core import Block, Value
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.tile_ops import (
-    BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, ExpandDimsOp, IndexDim, LoadOp, ParallelOp, ReduceOp,
-    StoreOp, UnaryOp, WhereOp,
+    BINARY_CLASSES, BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, ExpandDimsOp, ForOp, IndexDim, LoadOp,
+    ParallelOp, ReduceKind, ReduceOp, StoreOp, UnaryOp, WhereOp, YieldOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
 from .base import Pass, register_pass
 
 ELEMENTWISE = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp)
 INDEX = TensorType(DType.INDEX)
+# reductions over the tiles' first axis that a loop over the rows carries: how each row joins
+# the accumulator, and where the accumulator starts
+AXIS0_KINDS = {ReduceKind.SUM: ("add", 0.0), ReduceKind.MEAN: ("add", 0.0), ReduceKind.MAX: ("max", float("-inf")),
+               ReduceKind.MIN: ("min", float("inf"))}
 
 
 class NotSplit(Exception):
@@ -98,7 +117,9 @@ class Roles:
         return self.known.get(self.find(v), "?")
 
 
-def assign_roles(body: Block, a_dim, b_dim) -> Roles:
+def assign_roles(body: Block, a_dim, b_dim, axis0: list | None = None) -> Roles:
+    """Every value's role; reductions over the tiles' first axis are refused, or, given a list
+    `axis0`, collected into it (their results run along B)."""
     roles = Roles(a_dim, b_dim)
     for op in body.ops:
         if op.regions:
@@ -124,6 +145,10 @@ def assign_roles(body: Block, a_dim, b_dim) -> Roles:
         elif isinstance(op, ReduceOp):
             src = _reg(op.operands[0])
             if src.rank == 2:
+                if tuple(op.axes) == (0,) and axis0 is not None and not op.keepdims and op.kind in AXIS0_KINDS:
+                    axis0.append(op)
+                    roles.set(op.result, "B")
+                    continue
                 if tuple(op.axes) != (1,):
                     raise NotSplit("a reduction over the tiles' first axis (across the rows)")
                 if outs:
@@ -133,6 +158,72 @@ def assign_roles(body: Block, a_dim, b_dim) -> Roles:
         else:
             raise NotSplit(f"{op.NAME} on the tiles")
     return roles
+
+
+def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
+    """The ops as they run for row a of their [A, B] tiles: [A, B] and [1, B] tiles become [B],
+    [A] and [A, 1] ones scalars, a load or store of an [A, B] tile takes row a of the tensor
+    dim its first axis runs along. `vmap` maps each old value to its new one (filled in)."""
+
+    def new_type(v: Value) -> TensorType:
+        t = _reg(v)
+        role = roles.of(v)
+        if role in ("AB", "1B"):
+            return t.with_shape((t.shape[1],))
+        return t.with_shape(() if role in ("A1", "A", "S") else t.shape)
+
+    def mapped(v: Value) -> Value:
+        return vmap.get(v, v)
+
+    def fresh(v: Value) -> Value:
+        nv = Value(new_type(v), v.name) if _reg(v) is not None else v
+        vmap[v] = nv
+        return nv
+
+    body: list = []
+    for op in ops:
+        operands = tuple(mapped(v) for v in op.operands)
+        if isinstance(op, (LoadOp, StoreOp)):
+            tile = op.result if isinstance(op, LoadOp) else op.operands[0]
+            tensor = op.operands[0] if isinstance(op, LoadOp) else op.operands[1]
+            role = roles.of(tile)
+            first = 1 if isinstance(op, LoadOp) else 2
+            index, idx_ops = list(op.index), list(operands[first:])
+            if role in ("AB", "A"):
+                # the tile's first axis is row a of the tensor dim it runs along
+                dims = _axis_dims(tensor.ttype, index)
+                d = dims[0]
+                while len(index) <= d:
+                    index.append(IndexDim("all"))
+                index[d] = IndexDim("point")
+                pos = sum(1 for ix in index[:d] if ix.kind in ("point", "slice")) + \
+                    sum(1 for ix in index[:d] if ix.limit)
+                idx_ops.insert(pos, a)
+            elif role in ("A1", "1B"):
+                raise NotSplit(f"a {role} tile read or written directly")
+            if isinstance(op, LoadOp):
+                body.append(attrs.evolve(op, operands=(operands[0], *idx_ops), results=(fresh(op.result),),
+                                         index=tuple(index)))
+            else:
+                body.append(attrs.evolve(op, operands=(operands[0], operands[1], *idx_ops), index=tuple(index)))
+            continue
+        if isinstance(op, ReduceOp) and roles.of(op.operands[0]) == "A":
+            raise NotSplit("a reduction along the tiles' first axis (across the rows)")
+        if isinstance(op, ReduceOp) and _reg(op.operands[0]).rank == 2:
+            body.append(ReduceOp(operands=operands, results=(fresh(op.result),), loc=op.loc, kind=op.kind,
+                                 axes=(0,), keepdims=False))
+            continue
+        if isinstance(op, (BroadcastOp, ExpandDimsOp)):
+            src, dst = new_type(op.operands[0]), new_type(op.result)
+            if src.shape == dst.shape:  # along B already, or a scalar that stays one
+                vmap[op.result] = operands[0]
+                continue
+            body.append(BroadcastOp(operands=operands, results=(fresh(op.result),), loc=op.loc))
+            continue
+        if isinstance(op, ConstOp) and op.results and _reg(op.result).rank == 2:
+            raise NotSplit("a rank-2 constant")
+        body.append(attrs.evolve(op, operands=operands, results=tuple(fresh(r) for r in op.results)))
+    return body
 
 
 def _axis_dims(t: TensorType, index) -> list[int]:
@@ -152,7 +243,12 @@ class SplitTiles(Pass):
             if isinstance(op, ParallelOp) and not op.results and any(
                     (t := _reg(v)) is not None and t.rank == 2 for o in op.body.ops for v in o.results):
                 try:
-                    new, pre = self.split(op)
+                    try:
+                        new, pre = self.split(op)
+                    except NotSplit:
+                        new, pre = self.loop_over_rows(op)
+                        if new is None:
+                            raise
                 except NotSplit as why:
                     kept.append(f"loop at {op.loc.line if op.loc else '?'} keeps its rank-2 tiles: {why}")
                     ctx.note(self, kept[-1])
@@ -189,67 +285,98 @@ class SplitTiles(Pass):
         zero = ConstOp(results=(Value(INDEX),), loc=loc, value=0)
         pre += [bound, zero]
         a = Value(INDEX, "a")
-        vmap: dict[Value, Value] = {}
-
-        def new_type(v: Value) -> TensorType:
-            t = _reg(v)
-            role = roles.of(v)
-            if role in ("AB", "1B"):
-                return t.with_shape((t.shape[1],))
-            return t.with_shape(() if role in ("A1", "A", "S") else t.shape)
-
-        def mapped(v: Value) -> Value:
-            return vmap.get(v, v)
-
-        def fresh(v: Value) -> Value:
-            nv = Value(new_type(v), v.name) if _reg(v) is not None else v
-            vmap[v] = nv
-            return nv
-
-        body: list = []
-        for op in loop.body.ops:
-            operands = tuple(mapped(v) for v in op.operands)
-            if isinstance(op, (LoadOp, StoreOp)):
-                tile = op.result if isinstance(op, LoadOp) else op.operands[0]
-                tensor = op.operands[0] if isinstance(op, LoadOp) else op.operands[1]
-                role = roles.of(tile)
-                first = 1 if isinstance(op, LoadOp) else 2
-                index, idx_ops = list(op.index), list(operands[first:])
-                if role in ("AB", "A"):
-                    # the tile's first axis is row a of the tensor dim it runs along
-                    dims = _axis_dims(tensor.ttype, index)
-                    d = dims[0]
-                    while len(index) <= d:
-                        index.append(IndexDim("all"))
-                    index[d] = IndexDim("point")
-                    pos = sum(1 for ix in index[:d] if ix.kind in ("point", "slice")) + \
-                        sum(1 for ix in index[:d] if ix.limit)
-                    idx_ops.insert(pos, a)
-                elif role in ("A1", "1B"):
-                    raise NotSplit(f"a {role} tile read or written directly")
-                if isinstance(op, LoadOp):
-                    body.append(attrs.evolve(op, operands=(operands[0], *idx_ops), results=(fresh(op.result),),
-                                             index=tuple(index)))
-                else:
-                    body.append(attrs.evolve(op, operands=(operands[0], operands[1], *idx_ops), index=tuple(index)))
-                continue
-            if isinstance(op, ReduceOp) and roles.of(op.operands[0]) == "A":
-                raise NotSplit("a reduction along the tiles' first axis (across the rows)")
-            if isinstance(op, ReduceOp) and _reg(op.operands[0]).rank == 2:
-                body.append(ReduceOp(operands=operands, results=(fresh(op.result),), loc=op.loc, kind=op.kind,
-                                     axes=(0,), keepdims=False))
-                continue
-            if isinstance(op, (BroadcastOp, ExpandDimsOp)):
-                src, dst = new_type(op.operands[0]), new_type(op.result)
-                if src.shape == dst.shape:  # along B already, or a scalar that stays one
-                    vmap[op.result] = operands[0]
-                    continue
-                body.append(BroadcastOp(operands=operands, results=(fresh(op.result),), loc=op.loc))
-                continue
-            if isinstance(op, ConstOp) and op.results and _reg(op.result).rank == 2:
-                raise NotSplit("a rank-2 constant")
-            body.append(attrs.evolve(op, operands=operands, results=tuple(fresh(r) for r in op.results)))
+        body = rows_of(loop.body.ops, roles, a, {})
         args = loop.body.args
         new = ParallelOp(operands=(*loop.lowers, zero.result, *loop.uppers, bound.result), results=(),
                          regions=(Block((*args, a), tuple(body)),), loc=loc)
         return new, pre
+
+    @staticmethod
+    def axes(loop: ParallelOp):
+        shapes = [t.shape for o in loop.body.ops for v in o.results if (t := _reg(v)) is not None and t.rank == 2]
+        return next((s[0] for s in shapes if s[0] != 1), 1), next((s[1] for s in shapes if s[1] != 1), 1)
+
+    def loop_over_rows(self, loop: ParallelOp):
+        """A loop whose [A, B] tiles are reduced over their first axis (a sum over heads per
+        token): each iteration runs a sequential loop over the A rows, carrying one [B]
+        accumulator per reduction (in f32 for narrower floats), and what uses the reductions
+        runs after it. (None, None) when the loop has no such reduction; NotSplit when a row's
+        work needs a reduction's result (that would take a second pass over the rows)."""
+        a_dim, b_dim = self.axes(loop)
+        axis0: list = []
+        roles = assign_roles(loop.body, a_dim, b_dim, axis0)
+        if not axis0 or b_dim == 1:
+            return None, None
+        loc = loop.loc
+        if isinstance(a_dim, SymDim):
+            if a_dim.offset:
+                raise NotSplit(f"the tiles' first axis is {a_dim}")
+            bound = DimOp(results=(Value(INDEX),), loc=loc, sym=a_dim.name)
+        else:
+            bound = ConstOp(results=(Value(INDEX),), loc=loc, value=int(a_dim))
+        zero = ConstOp(results=(Value(INDEX),), loc=loc, value=0)
+        one = ConstOp(results=(Value(INDEX),), loc=loc, value=1)
+        reduced = {r.result for r in axis0}
+        per_row, after_values = set(), set(reduced)
+        before, inner, after = [], [], []
+        for op in loop.body.ops:
+            if op in axis0:
+                continue
+            uses_rows = any(v in per_row for v in op.operands)
+            uses_reduced = any(v in after_values for v in op.operands)
+            rank2 = any(roles.of(v) in ("AB", "A1", "1B", "A") for v in op.results)
+            if uses_reduced:
+                if uses_rows or rank2:
+                    raise NotSplit("a row's work uses the reduction over the tiles' first axis")
+                after.append(op)
+                after_values.update(op.results)
+            elif uses_rows or rank2:
+                inner.append(op)
+                per_row.update(op.results)
+            else:
+                before.append(op)
+        a = Value(INDEX, "a")
+        vmap: dict[Value, Value] = {}
+        body = rows_of(inner, roles, a, vmap)
+        inits, args, nexts = [], [], []
+        for r in axis0:
+            t = _reg(r.result)
+            if not t.dtype.is_float:
+                raise NotSplit(f"a {r.kind.value} of {t.dtype} over the tiles' first axis (floats only)")
+            acc_t = t.with_dtype(DType.F32) if t.dtype.itemsize < 4 else t
+            name, start = AXIS0_KINDS[r.kind]
+            init = Value(acc_t, f"{r.result.name or 'acc'}0")
+            inits.append(ConstOp(results=(init,), loc=r.loc, value=start))
+            arg = Value(acc_t, r.result.name or "acc")
+            args.append(arg)
+            row = vmap.get(r.operands[0], r.operands[0])
+            if row.type != acc_t:
+                cast = CastOp(operands=(row,), results=(Value(acc_t),), loc=r.loc)
+                body.append(cast)
+                row = cast.result
+            step = BINARY_CLASSES[name](operands=(arg, row), results=(Value(acc_t),), loc=r.loc)
+            body.append(step)
+            nexts.append(step.result)
+        results = tuple(Value(v.type, v.name) for v in args)
+        for_op = ForOp(operands=(zero.result, bound.result, one.result, *(i.result for i in inits)), results=results,
+                       regions=(Block((a, *args), (*body, YieldOp(operands=tuple(nexts), loc=loc))),), loc=loc)
+        post: list = []
+        for r, total in zip(axis0, results):
+            value = total
+            if r.kind is ReduceKind.MEAN:
+                count = Value(TensorType(DType.F32))
+                post.append(CastOp(operands=(bound.result,), results=(count,), loc=r.loc))
+                wide = Value(total.type)
+                post.append(BroadcastOp(operands=(count,), results=(wide,), loc=r.loc))
+                mean = Value(total.type)
+                post.append(BINARY_CLASSES["div"](operands=(total, wide), results=(mean,), loc=r.loc))
+                value = mean
+            if value.type != r.result.type:
+                back = Value(r.result.type)
+                post.append(CastOp(operands=(value,), results=(back,), loc=r.loc))
+                value = back
+            vmap[r.result] = value
+        after = [attrs.evolve(op, operands=tuple(vmap.get(v, v) for v in op.operands)) for op in after]
+        ops = (*before, *inits, for_op, *post, *after)
+        new = ParallelOp(operands=loop.operands, results=(), regions=(Block(loop.body.args, ops),), loc=loc)
+        return new, [bound, zero, one]
