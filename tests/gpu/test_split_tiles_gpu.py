@@ -1,6 +1,7 @@
-"""An op over rank-2 tiles (examples/headscale.kfc: a norm per token and head over a token's
-[H, D] tile, split into rows by split-tiles) on the H200, against torch on fresh random inputs
-with NaN-poisoned outputs, at odd sizes. Run with `pytest -m gpu`."""
+"""Ops over rank-2 tiles on the H200, against torch on fresh random inputs with NaN-poisoned
+outputs, at odd sizes: examples/headscale.kfc (a norm per token and head over a token's [H, D]
+tile, split into rows by split-tiles) and examples/head_sums.kfc (reductions over the heads, a
+loop over them inside each token's iteration). Run with `pytest -m gpu`."""
 
 import pytest
 
@@ -30,3 +31,27 @@ def test_a_norm_over_a_tokens_heads(tmp_path, dtype, s, h, d):
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
     err = float(((y.double() - want).abs() / (want.abs() + want.abs().mean())).max())
     assert torch.isfinite(y.float()).all() and err < tol, err
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("s, h, d", [(1, 1, 7), (7, 3, 128), (257, 17, 1000), (33, 64, 4095)])
+def test_statistics_over_a_tokens_heads(tmp_path, dtype, s, h, d):
+    """examples/head_sums.kfc: sums, a mean and a maximum over each token's heads (a loop over
+    the heads inside the token's iteration), and the heads written out scaled on the way."""
+    if not torch.cuda.is_available():
+        pytest.fail("no CUDA GPU: GPU tests run on the device machine (pytest -m gpu)")
+    import kfc
+
+    path = tmp_path / "head_sums.kfc"
+    path.write_text(OPS["head_sums"])
+    op = kfc.load(path)
+    x = torch.randn(s, h, d, device="cuda").to(dtype)
+    w = torch.randn(d, device="cuda")
+    y = torch.full((s, d), float("nan"), device="cuda")
+    z = torch.full_like(x, float("nan"))
+    op(x, w, out=(y, z))
+    xd = x.double()
+    want = xd.pow(2).sum(1) * w.double() + xd.mean(1) - xd.amax(1)
+    err = float(((y.double() - want).abs() / (want.abs() + want.abs().mean())).max())
+    assert torch.isfinite(y).all() and err < 1e-5, err
+    assert torch.equal(z, (x.float() * 2).to(dtype))
