@@ -268,22 +268,13 @@ class SplitTiles(Pass):
         return attrs.evolve(func, regions=(Block(func.body.args, tuple(ops)),))
 
     def split(self, loop: ParallelOp) -> tuple[ParallelOp, list]:
-        shapes = [t.shape for o in loop.body.ops for v in o.results if (t := _reg(v)) is not None and t.rank == 2]
-        a_dim = next((s[0] for s in shapes if s[0] != 1), 1)
-        b_dim = next((s[1] for s in shapes if s[1] != 1), 1)
+        a_dim, b_dim = self.axes(loop)
         if b_dim == 1:
             raise NotSplit("tiles whose last axis has one element")
         roles = assign_roles(loop.body, a_dim, b_dim)
         loc = loop.loc
-        pre: list = []
-        if isinstance(a_dim, SymDim):
-            if a_dim.offset:
-                raise NotSplit(f"the tiles' first axis is {a_dim}")
-            bound = DimOp(results=(Value(INDEX),), loc=loc, sym=a_dim.name)
-        else:
-            bound = ConstOp(results=(Value(INDEX),), loc=loc, value=int(a_dim))
-        zero = ConstOp(results=(Value(INDEX),), loc=loc, value=0)
-        pre += [bound, zero]
+        bound, zero = self.rows_bound(a_dim, loc), ConstOp(results=(Value(INDEX),), loc=loc, value=0)
+        pre: list = [bound, zero]
         a = Value(INDEX, "a")
         body = rows_of(loop.body.ops, roles, a, {})
         args = loop.body.args
@@ -293,8 +284,18 @@ class SplitTiles(Pass):
 
     @staticmethod
     def axes(loop: ParallelOp):
+        """(A, B): the sizes of the loop's rank-2 tiles (1 where every tile has one there)."""
         shapes = [t.shape for o in loop.body.ops for v in o.results if (t := _reg(v)) is not None and t.rank == 2]
         return next((s[0] for s in shapes if s[0] != 1), 1), next((s[1] for s in shapes if s[1] != 1), 1)
+
+    @staticmethod
+    def rows_bound(a_dim, loc):
+        """The op giving the number of rows a, before the loop."""
+        if isinstance(a_dim, SymDim):
+            if a_dim.offset:
+                raise NotSplit(f"the tiles' first axis is {a_dim}")
+            return DimOp(results=(Value(INDEX),), loc=loc, sym=a_dim.name)
+        return ConstOp(results=(Value(INDEX),), loc=loc, value=int(a_dim))
 
     def loop_over_rows(self, loop: ParallelOp):
         """A loop whose [A, B] tiles are reduced over their first axis (a sum over heads per
@@ -308,12 +309,7 @@ class SplitTiles(Pass):
         if not axis0 or b_dim == 1:
             return None, None
         loc = loop.loc
-        if isinstance(a_dim, SymDim):
-            if a_dim.offset:
-                raise NotSplit(f"the tiles' first axis is {a_dim}")
-            bound = DimOp(results=(Value(INDEX),), loc=loc, sym=a_dim.name)
-        else:
-            bound = ConstOp(results=(Value(INDEX),), loc=loc, value=int(a_dim))
+        bound = self.rows_bound(a_dim, loc)
         zero = ConstOp(results=(Value(INDEX),), loc=loc, value=0)
         one = ConstOp(results=(Value(INDEX),), loc=loc, value=1)
         reduced = {r.result for r in axis0}
