@@ -138,16 +138,15 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
         # the share fits (argmax by iota, bf16 rows of 65537: 33 elements a thread spilled at
         # 512 threads, 17 did not)
         per_thread = max(1, per_thread // 2)
+    split_threads = 0  # a staged row split finely across a cluster: its threads a CTA
     if cluster == 0:
         cluster = 1
-        if has_cluster and staged_bytes:
+        split = _pow2_ceil(math.ceil(staged_bytes / SPLIT_BYTES_PER_CTA))
+        if has_cluster and staged_bytes and not sums and staged_rows == 1 and 1 < split <= SPLIT_MAX_CLUSTER:
+            cluster, split_threads = split, SPLIT_THREADS
+        elif has_cluster and staged_bytes:
             budget = STAGED_BYTES_PER_CTA_WITH_SUMS if sums else STAGED_BYTES_PER_CTA
             cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(staged_bytes / budget)))
-            split = _pow2_ceil(math.ceil(staged_bytes / SPLIT_BYTES_PER_CTA))
-            if not sums and staged_rows == 1 and 1 < split <= SPLIT_MAX_CLUSTER:
-                cluster = split
-                if threads == 0:
-                    threads = min(SPLIT_THREADS, max(WARP, _pow2_ceil(math.ceil(n / cluster / vec))))
         elif has_cluster:
             cluster = min(MAX_CLUSTER, _pow2_ceil(math.ceil(n / (AUTO_MAX_THREADS * per_thread))))
             # a row that does not split evenly adds a bounds predicate per chunk: with the share
@@ -157,7 +156,8 @@ def choose(n: int, min_itemsize: int, rows: int, threads: int, vec: int, cluster
                 cluster = min(MAX_CLUSTER, cluster * 2)
     if threads == 0 and staged_bytes:
         per_cta = math.ceil(n / cluster)
-        threads = min(STAGED_THREADS[1], max(STAGED_THREADS[0], _pow2_ceil(math.ceil(per_cta / STAGED_ELEMS_PER_THREAD))))
+        threads = split_threads or min(STAGED_THREADS[1], max(STAGED_THREADS[0],
+                                                              _pow2_ceil(math.ceil(per_cta / STAGED_ELEMS_PER_THREAD))))
         threads = min(threads, max(WARP, _pow2_ceil(math.ceil(per_cta / vec))))  # no thread without a chunk
     if threads == 0:
         per_cta = math.ceil(n / cluster)

@@ -12,16 +12,20 @@ from tests.example_ops import OPS  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("s, h, d", [(1, 1, 7), (7, 3, 128), (257, 8, 64), (33, 5, 4095), (3, 64, 64)])
-def test_a_norm_over_a_tokens_heads(tmp_path, dtype, s, h, d):
+def load_example(tmp_path, name):
     if not torch.cuda.is_available():
         pytest.fail("no CUDA GPU: GPU tests run on the device machine (pytest -m gpu)")
     import kfc
 
-    path = tmp_path / "headscale.kfc"
-    path.write_text(OPS["headscale"])
-    op = kfc.load(path)
+    path = tmp_path / f"{name}.kfc"
+    path.write_text(OPS[name])
+    return kfc.load(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("s, h, d", [(1, 1, 7), (7, 3, 128), (257, 8, 64), (33, 5, 4095), (3, 64, 64)])
+def test_a_norm_over_a_tokens_heads(tmp_path, dtype, s, h, d):
+    op = load_example(tmp_path, "headscale")
     x = torch.randn(s, h, d, device="cuda").to(dtype)
     w, g = torch.randn(d, device="cuda"), torch.randn(s, h, device="cuda")
     y = torch.full_like(x, float("nan"))
@@ -38,13 +42,7 @@ def test_a_norm_over_a_tokens_heads(tmp_path, dtype, s, h, d):
 def test_statistics_over_a_tokens_heads(tmp_path, dtype, s, h, d):
     """examples/head_sums.kfc: sums, a mean and a maximum over each token's heads (a loop over
     the heads inside the token's iteration), and the heads written out scaled on the way."""
-    if not torch.cuda.is_available():
-        pytest.fail("no CUDA GPU: GPU tests run on the device machine (pytest -m gpu)")
-    import kfc
-
-    path = tmp_path / "head_sums.kfc"
-    path.write_text(OPS["head_sums"])
-    op = kfc.load(path)
+    op = load_example(tmp_path, "head_sums")
     x = torch.randn(s, h, d, device="cuda").to(dtype)
     w = torch.randn(d, device="cuda")
     y = torch.full((s, d), float("nan"), device="cuda")
