@@ -5,6 +5,8 @@ contract lists it."""
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from ..ir.dtypes import DType
@@ -79,3 +81,25 @@ def from_float(expr: str, dtype: DType) -> str:
     if dtype is DType.F16:
         return f"__float2half_rn({expr})"
     return expr
+
+
+def _f32_literal(v: float) -> str:
+    """A C float literal that rounds to the same f32 as numpy does (repr is exact for doubles)."""
+    if math.isnan(v):
+        return "__int_as_float(0x7fc00000)"
+    if math.isinf(v):
+        return "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
+    return f"{float(v)!r}f"
+
+
+def literal(value, dtype: DType) -> str:
+    if dtype.is_float:
+        text = _f32_literal(float(value))
+        if dtype is DType.F32:
+            return text
+        if dtype is DType.F64:
+            return text[:-1] if text.endswith("f") else f"(double){text}"
+        return f"({C_TYPES[dtype]})({text})"
+    if dtype.is_bool:
+        return "true" if value else "false"
+    return f"({C_TYPES[dtype]})({int(value)}LL)"
