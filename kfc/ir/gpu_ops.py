@@ -159,6 +159,14 @@ class LaunchOp(Op):
 
         walk(self.body)
 
+    def interpret(self, interp, ins, env):
+        body = self.body
+        acc = interp.loop_accumulators(self)
+        for i in range(int(ins[0]), int(ins[1])):
+            env[body.args[0]] = np.asarray(i, dtype=np.int64)
+            interp.accumulate(self, acc, interp.exec_iteration(body, env))
+        return acc or None
+
 
 # The interpreter's semantics of the reduction steps below (their `interpret` methods) follow
 # the generated code's order of operations exactly, so the interpreter checks the lowering.

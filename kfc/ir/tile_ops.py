@@ -9,12 +9,16 @@ attributes declared on each class.
 from __future__ import annotations
 
 import enum
+import itertools
 from typing import ClassVar
 
 import attrs
+import numpy as np
 
+from ..diagnostics import InterpretError
 from .core import Op, Value, register_op
 from .dtypes import DType
+from .elementwise_fns import BINARY_FNS, CMP_FNS, UNARY_FNS
 from .types import Dim, MemSpace, TensorType, bare_type
 
 
@@ -95,6 +99,10 @@ class ConstOp(Op):
         if t.dtype.is_float and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise self.error(f"a {t.dtype} constant needs a number, not {v!r}")
 
+    def interpret(self, interp, ins, env):
+        t = self.result.ttype
+        return [np.full(interp.shape_of(t), self.value, dtype=t.dtype.np)]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -113,6 +121,11 @@ class DimOp(Op):
         _check_operands(self, 0)
         _check_results(self, 1)
 
+    def interpret(self, interp, ins, env):
+        if self.sym not in interp.dims:
+            raise InterpretError(f"shape symbol {self.sym} is not bound", self.loc)
+        return [np.asarray(interp.dims[self.sym], dtype=np.int64)]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -128,6 +141,10 @@ class IotaOp(Op):
         t = _reg(self, self.result, "result")
         if t.rank != 1 or not t.dtype.is_int:
             raise self.error(f"result must be a 1-D integer tile, not {t}")
+
+    def interpret(self, interp, ins, env):
+        t = self.result.ttype
+        return [np.arange(interp.shape_of(t)[0]).astype(t.dtype.np)]
 
 
 @register_op
@@ -146,6 +163,11 @@ class TriOp(Op):
         t = _reg(self, self.result, "result")
         if t.rank != 2 or t.dtype is not DType.BOOL:
             raise self.error(f"result must be a 2-D bool tile, not {t}")
+
+    def interpret(self, interp, ins, env):
+        r, c = interp.shape_of(self.result.ttype)
+        ones = np.ones((r, c), dtype=bool)
+        return [np.tril(ones, self.k) if self.lower else np.triu(ones, self.k)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +218,12 @@ class UnaryOp(Op):
         if self.result.type != t:
             raise self.error(f"result type {self.result.type} differs from operand type {t}")
 
+    def interpret(self, interp, ins, env):
+        ct = self.operands[0].ttype.dtype.compute_np
+        with np.errstate(all="ignore"):
+            fn = getattr(self, "FN", None) or self.NAME.split(".")[1]
+            return [interp.result_array(self, UNARY_FNS[fn](ins[0].astype(ct, copy=False)))]
+
 
 @attrs.frozen(eq=False, kw_only=True)
 class BinaryOp(Op):
@@ -219,6 +247,12 @@ class BinaryOp(Op):
             raise self.error(f"needs {_KIND_WORDS[self.OPERAND_KIND]} operands, not {a.dtype}")
         if self.result.type != a:
             raise self.error(f"result type {self.result.type} differs from operand type {a}")
+
+    def interpret(self, interp, ins, env):
+        ct = self.operands[0].ttype.dtype.compute_np
+        with np.errstate(all="ignore"):
+            a, b = (x.astype(ct, copy=False) for x in ins)
+            return [interp.result_array(self, BINARY_FNS[self.NAME.split(".")[1]](a, b))]
 
 
 # name -> operand kind; declared as data, one class each
@@ -280,6 +314,11 @@ class CmpOp(Op):
         if self.result.type != a.with_dtype(DType.BOOL):
             raise self.error(f"result must be {a.with_dtype(DType.BOOL)}, not {self.result.type}")
 
+    def interpret(self, interp, ins, env):
+        ct = self.operands[0].ttype.dtype.compute_np
+        a, b = (x.astype(ct, copy=False) for x in ins)
+        return [np.asarray(CMP_FNS[self.pred.value](a, b))]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -308,6 +347,10 @@ class WhereOp(Op):
         if self.result.type != a:
             raise self.error(f"result type {self.result.type} differs from {a}")
 
+    def interpret(self, interp, ins, env):
+        c, a, b = ins
+        return [interp.result_array(self, np.where(c, a, b))]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -324,6 +367,18 @@ class CastOp(Op):
         r = _reg(self, self.result, "result")
         if not _same_shape(a.shape, r.shape):
             raise self.error(f"a cast keeps the shape: {_shape_str(a.shape)} became {_shape_str(r.shape)}")
+
+    def interpret(self, interp, ins, env):
+        src = self.operands[0].ttype.dtype
+        dst = self.result.ttype.dtype
+        x = ins[0]
+        if src.is_float and (dst.is_int):
+            with np.errstate(invalid="ignore"):
+                x = np.trunc(x.astype(np.float64))
+        if dst.is_float and not src.is_float:
+            x = x.astype(np.float64)
+        with np.errstate(all="ignore"):
+            return [np.asarray(x).astype(dst.np)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +411,9 @@ class BroadcastOp(Op):
         if not broadcast_compatible(a.shape, r.shape):
             raise self.error(f"cannot broadcast {_shape_str(a.shape)} to {_shape_str(r.shape)}")
 
+    def interpret(self, interp, ins, env):
+        return [np.broadcast_to(ins[0], interp.shape_of(self.result.ttype))]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -385,6 +443,9 @@ class ExpandDimsOp(Op):
         if bare_type(self.result.type) != bare_type(self.infer_result_types([a], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} does not match the inserted axes")
 
+    def interpret(self, interp, ins, env):
+        return [np.expand_dims(ins[0], tuple(self.axes))]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -407,6 +468,9 @@ class ReshapeOp(Op):
             raise self.error(f"a symbolic reshape may only add or drop size-1 dims: "
                              f"{_shape_str(a.shape)} to {_shape_str(r.shape)}")
 
+    def interpret(self, interp, ins, env):
+        return [np.reshape(ins[0], interp.shape_of(self.result.ttype))]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -428,6 +492,9 @@ class TransposeOp(Op):
             raise self.error(f"perm {list(self.perm)} is not a permutation of {a.rank} axes")
         if bare_type(self.result.type) != bare_type(self.infer_result_types([a], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} does not match the permutation")
+
+    def interpret(self, interp, ins, env):
+        return [np.transpose(ins[0], self.perm)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,6 +551,27 @@ class ReduceOp(Op):
         if bare_type(self.result.type) != bare_type(self.infer_result_types([a], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} does not match reducing {a} over {list(self.axes)}")
 
+    def interpret(self, interp, ins, env):
+        x = ins[0]
+        d = self.operands[0].ttype.dtype
+        acc = np.float32 if d.is_float and d.bits <= 32 else (np.float64 if d.is_float else np.int64)
+        if d.is_bool:
+            acc = np.bool_
+        x = x.astype(acc, copy=False)
+        axes = tuple(self.axes)
+        kind = self.kind.value
+        if kind == "sum":
+            r = np.sum(x, axis=axes, keepdims=self.keepdims, dtype=acc)
+        elif kind == "mean":
+            r = np.mean(x, axis=axes, keepdims=self.keepdims, dtype=acc)
+        elif kind == "prod":
+            r = np.prod(x, axis=axes, keepdims=self.keepdims, dtype=acc)
+        elif kind == "max":
+            r = np.max(x, axis=axes, keepdims=self.keepdims) if x.size else interp.empty_reduction(self, -np.inf)
+        else:
+            r = np.min(x, axis=axes, keepdims=self.keepdims) if x.size else interp.empty_reduction(self, np.inf)
+        return [interp.result_array(self, r)]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -505,6 +593,14 @@ class MaxSumExpOp(Op):
             t = _reg(self, r, name)
             if bare_type(t) != TensorType(DType.F32):
                 raise self.error(f"its {name} is an f32 scalar, not {t}")
+
+    def interpret(self, interp, ins, env):
+        # as max(x), then sum(exp(x - max(x))) compute it: f32 differences, exponentials, sum
+        x = ins[0].astype(np.float32, copy=False)
+        m = np.max(x) if x.size else np.float32(-np.inf)
+        with np.errstate(all="ignore"):
+            s = np.sum(np.exp((x - m).astype(np.float32)), dtype=np.float32)
+        return [interp.result_array(self, m, 0), interp.result_array(self, s, 1)]
 
 
 @register_op
@@ -533,6 +629,30 @@ class ScanOp(Op):
             raise self.error("a scan cannot take the mean")
         if self.result.type != a:
             raise self.error(f"result type {self.result.type} differs from {a}")
+
+    def interpret(self, interp, ins, env):
+        x = ins[0]
+        d = self.operands[0].ttype.dtype
+        acc = np.float32 if d.is_float and d.bits <= 32 else (np.float64 if d.is_float else np.int64)
+        x = x.astype(acc, copy=False)
+        axis = self.axis
+        if self.reverse:
+            x = np.flip(x, axis)
+        kind = self.kind.value
+        if kind == "sum":
+            r, ident = np.cumsum(x, axis=axis, dtype=acc), 0
+        elif kind == "prod":
+            r, ident = np.cumprod(x, axis=axis, dtype=acc), 1
+        elif kind == "max":  # identities of the operand's own type (the accumulator's would wrap)
+            r, ident = np.maximum.accumulate(x, axis=axis), (-np.inf if d.is_float else False if d.is_bool else np.iinfo(d.np).min)
+        else:
+            r, ident = np.minimum.accumulate(x, axis=axis), (np.inf if d.is_float else True if d.is_bool else np.iinfo(d.np).max)
+        if self.exclusive:
+            pad = np.full_like(np.take(r, [0], axis=axis), ident)
+            r = np.concatenate([pad, np.take(r, np.arange(r.shape[axis] - 1), axis=axis)], axis=axis)
+        if self.reverse:
+            r = np.flip(r, axis)
+        return [interp.result_array(self, r)]
 
 
 @register_op
@@ -576,6 +696,18 @@ class DotOp(Op):
                              f"{_shape_str(b.shape)}{'ᵀ' if self.trans_b else ''})")
         if bare_type(self.result.type) != bare_type(self.infer_result_types([a, b], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} must be {self.infer_result_types([a, b], self.attributes())[0]}")
+
+    def interpret(self, interp, ins, env):
+        a, b = ins
+        if self.operands[0].ttype.dtype.is_int:
+            a, b = a.astype(np.int64), b.astype(np.int64)
+        else:
+            a, b = a.astype(np.float32), b.astype(np.float32)
+        if self.trans_a:
+            a = a.T
+        if self.trans_b:
+            b = b.T
+        return [interp.result_array(self, np.matmul(a, b))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -676,6 +808,15 @@ class LoadOp(Op):
             raise self.error(f"result type {self.result.type} must be "
                              f"{self.infer_result_types([t], self.attributes())[0]}")
 
+    def interpret(self, interp, ins, env):
+        arr = ins[0]
+        rt = self.result.ttype
+        out_shape = interp.shape_of(rt)
+        if arr is None:  # an absent optional tensor reads as `other`
+            return [np.full(out_shape, self.other, dtype=rt.dtype.np)]
+        arr = interp.readable(self, arr)
+        return [interp.gather(self, self.operands[0].ttype, self.index, ins[1:], arr, self.other, out_shape, rt.dtype.np)]
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -696,6 +837,24 @@ class StoreOp(Op):
         want = TensorType(t.dtype, tuple(indexed_shape(t, self.index)))
         if bare_type(v) != want:
             raise self.error(f"stores {v} where the indexed region is {want}")
+
+    def interpret(self, interp, ins, env):
+        value, arr = ins[0], ins[1]
+        if arr is None:  # an absent optional output is not written
+            return None
+        t = self.operands[1].ttype
+        plan = interp.gather_plan(self, t, self.index, ins[2:], arr.shape)
+        dst = [pos[valid] for _, pos, valid in plan]
+        if any(len(d) == 0 for d in dst):
+            return None
+        # positions inside the value tile: point dims are absent from it
+        src = [np.nonzero(valid)[0] for kind, _, valid in plan if kind != "point"]
+        v = np.asarray(value)
+        block = v[np.ix_(*src)] if src else v
+        target_shape = tuple(len(d) for d in dst)
+        arr[np.ix_(*dst)] = np.reshape(block, target_shape)
+        interp.record_write(self, dst)
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -778,6 +937,17 @@ class ParallelOp(Op):
             if a.type != TensorType(DType.INDEX):
                 raise self.error(f"index argument must be index, not {a.type}")
 
+    def interpret(self, interp, ins, env):
+        n = self.rank
+        ranges = [range(int(lo), int(hi)) for lo, hi in zip(ins[:n], ins[n:])]
+        body = self.body
+        acc = interp.loop_accumulators(self)
+        for point in itertools.product(*ranges):
+            for a, i in zip(body.args, point):
+                env[a] = np.asarray(i, dtype=np.int64)
+            interp.accumulate(self, acc, interp.exec_iteration(body, env))
+        return acc or None
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -824,6 +994,21 @@ class ForOp(Op):
                                  f"yields {y.type}",
                                  "a carried value must keep its dtype and shape; cast it back")
 
+    def interpret(self, interp, ins, env):
+        lo, hi, step = (int(x) for x in ins[:3])
+        if step <= 0:
+            raise InterpretError(f"tile.for: step must be positive, got {step}", self.loc)
+        carried = list(ins[3:])
+        body = self.body
+        i = lo
+        while i < hi:
+            env[body.args[0]] = np.asarray(i, dtype=np.int64)
+            for a, c in zip(body.args[1:], carried):
+                env[a] = c
+            carried = interp.exec_block(body, env)
+            i += step
+        return carried
+
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
@@ -856,6 +1041,9 @@ class IfOp(Op):
                 if y.type != r.type:
                     raise self.error(f"result {i} is {r.type} but the {name} region yields {y.type}",
                                      "both branches must give a name the same dtype and shape")
+
+    def interpret(self, interp, ins, env):
+        return interp.exec_block(self.regions[0 if bool(ins[0]) else 1], env)
 
 
 @register_op
