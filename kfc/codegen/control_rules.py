@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..ir.core import walk_block
+from ..ir.core import Value, walk_block
 from ..ir.gpu_ops import ClusterMaxSumExpOp, ClusterReduceOp, CtaMaxSumExpOp, CtaReduceOp
 from ..ir.tile_ops import ConstOp, ForOp, IfOp, ScanOp
 from . import ptx
+from .c_names import C_TYPES
 from .errors import CodegenError
 from .rules import rule
 
@@ -29,7 +30,7 @@ def emit_for(em, op: ForOp) -> None:
     carried = []
     for init, arg, res in zip(op.inits, body.args[1:], op.results):
         n = em.declare(res)
-        em.copy_value(n, res, init)
+        copy_value(em, n, res, init)
         em.names[arg] = n
         carried.append((n, res))
     k = em.fresh("kfc_k")
@@ -44,8 +45,8 @@ def emit_for(em, op: ForOp) -> None:
     nexts = []
     for (n, res), y in zip(carried, body.ops[-1].operands):
         t = em.fresh("kfc_next")
-        em.emit_declare_like(t, res)
-        em.copy_value(t, res, y)
+        emit_declare_like(em, t, res)
+        copy_value(em, t, res, y)
         nexts.append((n, t, res))
     for n, t, res in nexts:
         if em.kind(res) == "row":
@@ -77,6 +78,18 @@ def emit_if(em, op: IfOp) -> None:
         for inner in region.ops[:-1]:
             em.emit_op(inner)
         for (n, r), y in zip(results, region.ops[-1].operands):
-            em.copy_value(n, r, y)
+            copy_value(em, n, r, y)
         em.indent -= 1
     em.emit("}")
+
+
+def emit_declare_like(em, name: str, v: Value) -> None:
+    ct = C_TYPES[v.ttype.dtype]
+    em.emit(f"{ct} {name}[{em.EV}];" if em.kind(v) == "row" else f"{ct} {name};")
+
+
+def copy_value(em, name: str, like: Value, src: Value) -> None:
+    if em.kind(like) == "row":
+        em.loop(f"{name}[i] = {em.elem(src, 'i')};")
+    else:
+        em.emit(f"{name} = {em.name(src)};")

@@ -14,7 +14,7 @@ from . import ptx
 # the rule modules register their rules on import
 from . import control_rules, elementwise_rules, memory_rules, pair_rules, reduction_rules  # noqa: F401
 from . import row_launch, scan_rules, smem_rules  # noqa: F401
-from .c_names import c_dim, c_kernel, c_param, literal  # noqa: F401  (kfc.codegen.cuda's names)
+from .c_names import c_dim, c_kernel, c_param  # noqa: F401  (kfc.codegen.cuda's names)
 from .emitter import KernelEmitter, LaunchPlan
 from .errors import CodegenError  # noqa: F401
 from .rules import rule_for

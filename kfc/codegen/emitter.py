@@ -22,7 +22,7 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import ClusterMaxSumExpOp, ClusterReduceOp, LaunchOp
 from ..ir import layouts
 from ..ir.ptx_ops import LdOp
-from ..ir.smem_ops import CopyAsyncOp, MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
+from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
 from ..ir.tile_ops import BinaryOp, CastOp, ConstOp, DimOp, IndexDim, ReduceKind
 from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
@@ -225,12 +225,6 @@ class KernelEmitter:
     def sums_kernel_name(self) -> str:
         return f"{self.kernel_name}_sums"
 
-    def acc(self, k: int, i: str) -> str:
-        """Element i of the thread's part of sum k (in registers or in its shared words)."""
-        if self.launch.sums_in == "shared":
-            return f"kfc_sums[({k * self.R * self.EV} + ({i})) * {self.T}]"
-        return f"kfc_acc{k}[{i}]"
-
     def params(self) -> list[KernelParam]:
         out = []
         outputs = set(self.func.outputs)
@@ -270,10 +264,6 @@ class KernelEmitter:
         if isinstance(d, CastOp):
             return self._py_expr(d.operands[0])
         raise CodegenError("the row loop's bounds must be dims and constants", self.launch.loc)
-
-    def cta_part_bytes(self, buffer: TensorType) -> int:
-        """The bytes of one staged row this CTA holds: its spans, the last one padded."""
-        return self.E * self.row.span * buffer.dtype.itemsize
 
     @contextlib.contextmanager
     def chunk_loop(self, unroll: int = 0):
@@ -361,71 +351,12 @@ class KernelEmitter:
                     next(it)
         return " + ".join(terms) if terms else "0"
 
-    def slice_conds(self, tensor: Value, index: tuple[IndexDim, ...], idx_operands, elem_offset: str) -> list[str]:
-        """What must hold for the element at `elem_offset` of a sliced access (x[m, k:k+64],
-        with or without a limit) to lie inside the tensor and below the limit: the tile has its
-        own length, the tensor may end inside it."""
-        it = iter(idx_operands)
-        conds = []
-        for ix, d in zip(index, tensor.ttype.shape):
-            if ix.kind == "point":
-                next(it)
-            elif ix.kind == "slice":
-                at = f"(long long)({self.name(next(it))}) + ({elem_offset})"
-                # unsigned: a start read from memory may be negative, and must not reach below the tensor
-                conds.append(f"(unsigned long long)({at}) < (unsigned long long)({self._dim(d)})")
-                if ix.limit:
-                    conds.append(f"{at} < (long long)({self.name(next(it))})")
-        return conds
-
     def _dim(self, d) -> str:
         if isinstance(d, int):
             return f"{d}LL"
         if isinstance(d, SymDim):
             return f"({c_dim(d.name)} + {d.offset}LL)" if d.offset else c_dim(d.name)
         raise CodegenError(f"bad dim {d}")
-
-    def _chunk_pred(self, e: str) -> str | None:
-        """Whether chunk e of this thread lies inside the row (None when it always does)."""
-        if self.exact:
-            return None
-        return self.row.in_row_c(e, "kfc_g", self.N)
-
-    def with_slice(self, pred: str | None, tensor: Value, index, idx_operands, at: str) -> str | None:
-        """An access's predicate with its slices' bounds at element `at` (a vector of the
-        tile pass's width never straddles them: the tensor's dim and the slice's start are
-        multiples of it)."""
-        conds = ([pred] if pred else []) + self.slice_conds(tensor, index, idx_operands, at)
-        return " && ".join(conds) if conds else None
-
-    def scalar_access_conds(self, op, tensor: Value, index: tuple[IndexDim, ...], idx_operands,
-                            guard: str | None) -> list[str]:
-        """What must hold for one element's load or store to stay inside its tensor: the row is
-        one of the op's (the last CTA may hold fewer rows than it has slots), the optional
-        tensor is present, and every point index lies in its dim (an index read from memory,
-        such as a label, can be anything)."""
-        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
-        if guard:
-            conds.append(f"({guard})")
-        it = iter(idx_operands)
-        for ix, d in zip(index, tensor.ttype.shape):
-            if ix.kind == "point":
-                conds.append(f"(unsigned long long)({self.name(next(it))}) < (unsigned long long)({self._dim(d)})")
-        return conds or ["true"]
-
-    def access_plan(self, op, d: DType, guard: str | None):
-        """How a chunk of `vec` elements moves: 32-bit words (16-bit for 2-byte accesses), words
-        per access, elements per word, accesses per chunk, and the predicate of chunk e."""
-        acc_bytes = op.vec * d.itemsize
-        word = 4 if acc_bytes >= 4 else 2
-        nwords = max(1, acc_bytes // word)
-        per_word = word // d.itemsize if d.itemsize < word else 1
-        conds = ["kfc_rowvalid"] if self.row_dependent(op) else []
-        if (p := self._chunk_pred("e")) is not None:
-            conds.append(p)
-        if guard:
-            conds.append(f"({guard})")
-        return word, nwords, per_word, self.V // op.vec, " && ".join(conds) if conds else None
 
     def open_chunks(self) -> None:
         """A loop over the thread's chunks e, unless the fused tail's loop already provides e."""
@@ -446,9 +377,6 @@ class KernelEmitter:
         dep = self._deps
         return any(v in dep for v in idx)
 
-    def copies_on(self, bar: Value) -> list[CopyAsyncOp]:
-        return [o for o in self.launch.body.ops if isinstance(o, CopyAsyncOp) and o.operands[2] is bar]
-
     def combine(self, kind: ReduceKind, a: str, b: str) -> str:
         return {ReduceKind.SUM: f"({a} + {b})", ReduceKind.PROD: f"({a} * {b})",
                 ReduceKind.MAX: ptx.max_nan(a, b), ReduceKind.MIN: ptx.min_nan(a, b)}[kind]
@@ -463,12 +391,3 @@ class KernelEmitter:
             raise CodegenError(f"row reductions run in f32; this one is {op.operands[0].ttype.dtype}", op.loc,
                                "convert the row to f32 before reducing it")
 
-    def emit_declare_like(self, name: str, v: Value) -> None:
-        ct = C_TYPES[v.ttype.dtype]
-        self.emit(f"{ct} {name}[{self.EV}];" if self.kind(v) == "row" else f"{ct} {name};")
-
-    def copy_value(self, name: str, like: Value, src: Value) -> None:
-        if self.kind(like) == "row":
-            self.loop(f"{name}[i] = {self.elem(src, 'i')};")
-        else:
-            self.emit(f"{name} = {self.name(src)};")

@@ -6,8 +6,10 @@ anything).
 
 from __future__ import annotations
 
+from ..ir.core import Value
 from ..ir.dtypes import DType
 from ..ir.ptx_ops import LdOp, StOp
+from ..ir.tile_ops import IndexDim
 from ..ir.types import MemSpace
 from . import ptx
 from .c_names import BITS_TO, TO_BITS, literal
@@ -26,18 +28,18 @@ def emit_ld(em, op: LdOp) -> None:
     guard = f"{em.name(tensor)} != nullptr" if t.optional else None
     if em.kind(r) != "row":
         addr = em._address(op, tensor, op.index, op.operands[1:], "0")
-        conds = em.scalar_access_conds(op, tensor, op.index, op.operands[1:], guard)
+        conds = scalar_access_conds(em, op, tensor, op.index, op.operands[1:], guard)
         em.emit(f"{n} = {other};")
         em.emit(f"if ({' && '.join(conds)}) {n} = {em.name(tensor)}[{addr}];")
         return
     shared = t.space is MemSpace.SHARED
-    word, nwords, per_word, accesses, pred = em.access_plan(op, d, guard)
+    word, nwords, per_word, accesses, pred = access_plan(em, op, d, guard)
     em.open_chunks()
     base = em.row.chunk_start_c("e", "kfc_g")
     for a in range(accesses):
         words = [em.fresh("w") for _ in range(nwords)]
         wt = "unsigned" if word == 4 else "unsigned short"
-        fill = _other_bits(em, op.other, d, word)
+        fill = _other_bits(op.other, d, word)
         em.emit(f"{wt} {', '.join(f'{w} = {fill}' for w in words)};")
         if shared:  # this CTA's part of a staged row: its spans one after another
             offset = f"({em.row.cta_offset_c('e', 'kfc_t')} + {a * op.vec})"
@@ -46,15 +48,15 @@ def emit_ld(em, op: LdOp) -> None:
         else:
             at = f"{base} + {a * op.vec}"
             addr = f"{em.name(tensor)} + {em._address(op, tensor, op.index, op.operands[1:], at)}"
-            em.emit(ptx.ld_global(words, addr, em.with_slice(pred, tensor, op.index, op.operands[1:], at),
+            em.emit(ptx.ld_global(words, addr, with_slice(em, pred, tensor, op.index, op.operands[1:], at),
                                     op.cache, word))
         for wi, w in enumerate(words):
             for k in range(per_word):
-                em.emit(f"{em.chunk_elem(r, a * op.vec + wi * per_word + k)} = {_from_bits(em, w, d, k, word)};")
+                em.emit(f"{em.chunk_elem(r, a * op.vec + wi * per_word + k)} = {_from_bits(w, d, k, word)};")
     em.close_chunks()
 
 
-def _other_bits(em, value, d: DType, word: int) -> str:
+def _other_bits(value, d: DType, word: int) -> str:
     import numpy as np
 
     raw = np.asarray(value).astype(d.np).tobytes()
@@ -63,7 +65,7 @@ def _other_bits(em, value, d: DType, word: int) -> str:
     return f"{bits}u"
 
 
-def _from_bits(em, w: str, d: DType, k: int, word: int) -> str:
+def _from_bits(w: str, d: DType, k: int, word: int) -> str:
     if d in (DType.BF16, DType.F16):
         part = f"(unsigned short)(({w} >> {16 * k}) & 0xffffu)" if word == 4 else w
         return f"{BITS_TO[d]}({part})"
@@ -74,7 +76,7 @@ def _from_bits(em, w: str, d: DType, k: int, word: int) -> str:
     raise CodegenError(f"row loads of {d} are not supported yet")
 
 
-def _to_bits(em, x: str, d: DType) -> str:
+def _to_bits(x: str, d: DType) -> str:
     if d in (DType.BF16, DType.F16):
         return f"(unsigned){TO_BITS[d]}({x})"
     if d is DType.F32:
@@ -92,11 +94,11 @@ def emit_st(em, op: StOp) -> None:
     guard = f"{em.name(tensor)} != nullptr" if t.optional else None
     if em.kind(value) != "row":
         addr = em._address(op, tensor, op.index, op.operands[2:], "0")
-        cond = ["kfc_t == 0", "kfc_crank == 0"] + em.scalar_access_conds(op, tensor, op.index, op.operands[2:],
+        cond = ["kfc_t == 0", "kfc_crank == 0"] + scalar_access_conds(em, op, tensor, op.index, op.operands[2:],
                                                                            guard)
         em.emit(f"if ({' && '.join(cond)}) {em.name(tensor)}[{addr}] = {em.name(value)};")
         return
-    word, nwords, per_word, accesses, pred = em.access_plan(op, d, guard)
+    word, nwords, per_word, accesses, pred = access_plan(em, op, d, guard)
     em.open_chunks()
     base = em.row.chunk_start_c("e", "kfc_g")
     for a in range(accesses):
@@ -104,7 +106,7 @@ def emit_st(em, op: StOp) -> None:
         for wi in range(nwords):
             parts = []
             for k in range(per_word):
-                bits = _to_bits(em, em.chunk_elem(value, a * op.vec + wi * per_word + k), d)
+                bits = _to_bits(em.chunk_elem(value, a * op.vec + wi * per_word + k), d)
                 parts.append(f"({bits} << {16 * k})" if per_word > 1 else bits)
             w = em.fresh("s")
             wt = "unsigned" if word == 4 else "unsigned short"
@@ -112,6 +114,70 @@ def emit_st(em, op: StOp) -> None:
             words.append(w)
         at = f"{base} + {a * op.vec}"
         addr = f"{em.name(tensor)} + {em._address(op, tensor, op.index, op.operands[2:], at)}"
-        em.emit(ptx.st_global(words, addr, em.with_slice(pred, tensor, op.index, op.operands[2:], at),
+        em.emit(ptx.st_global(words, addr, with_slice(em, pred, tensor, op.index, op.operands[2:], at),
                                 op.cache, word))
     em.close_chunks()
+
+
+def slice_conds(em, tensor: Value, index: tuple[IndexDim, ...], idx_operands, elem_offset: str) -> list[str]:
+    """What must hold for the element at `elem_offset` of a sliced access (x[m, k:k+64],
+    with or without a limit) to lie inside the tensor and below the limit: the tile has its
+    own length, the tensor may end inside it."""
+    it = iter(idx_operands)
+    conds = []
+    for ix, d in zip(index, tensor.ttype.shape):
+        if ix.kind == "point":
+            next(it)
+        elif ix.kind == "slice":
+            at = f"(long long)({em.name(next(it))}) + ({elem_offset})"
+            # unsigned: a start read from memory may be negative, and must not reach below the tensor
+            conds.append(f"(unsigned long long)({at}) < (unsigned long long)({em._dim(d)})")
+            if ix.limit:
+                conds.append(f"{at} < (long long)({em.name(next(it))})")
+    return conds
+
+
+def _chunk_pred(em, e: str) -> str | None:
+    """Whether chunk e of this thread lies inside the row (None when it always does)."""
+    if em.exact:
+        return None
+    return em.row.in_row_c(e, "kfc_g", em.N)
+
+
+def with_slice(em, pred: str | None, tensor: Value, index, idx_operands, at: str) -> str | None:
+    """An access's predicate with its slices' bounds at element `at` (a vector of the
+    tile pass's width never straddles them: the tensor's dim and the slice's start are
+    multiples of it)."""
+    conds = ([pred] if pred else []) + slice_conds(em, tensor, index, idx_operands, at)
+    return " && ".join(conds) if conds else None
+
+
+def scalar_access_conds(em, op, tensor: Value, index: tuple[IndexDim, ...], idx_operands,
+                        guard: str | None) -> list[str]:
+    """What must hold for one element's load or store to stay inside its tensor: the row is
+    one of the op's (the last CTA may hold fewer rows than it has slots), the optional
+    tensor is present, and every point index lies in its dim (an index read from memory,
+    such as a label, can be anything)."""
+    conds = ["kfc_rowvalid"] if em.row_dependent(op) else []
+    if guard:
+        conds.append(f"({guard})")
+    it = iter(idx_operands)
+    for ix, d in zip(index, tensor.ttype.shape):
+        if ix.kind == "point":
+            conds.append(f"(unsigned long long)({em.name(next(it))}) < (unsigned long long)({em._dim(d)})")
+    return conds or ["true"]
+
+
+def access_plan(em, op, d: DType, guard: str | None):
+    """How a chunk of `vec` elements moves: 32-bit words (16-bit for 2-byte accesses), words
+    per access, elements per word, accesses per chunk, and the predicate of chunk e."""
+    acc_bytes = op.vec * d.itemsize
+    word = 4 if acc_bytes >= 4 else 2
+    nwords = max(1, acc_bytes // word)
+    per_word = word // d.itemsize if d.itemsize < word else 1
+    conds = ["kfc_rowvalid"] if em.row_dependent(op) else []
+    if (p := _chunk_pred(em, "e")) is not None:
+        conds.append(p)
+    if guard:
+        conds.append(f"({guard})")
+    return word, nwords, per_word, em.V // op.vec, " && ".join(conds) if conds else None

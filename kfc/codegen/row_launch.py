@@ -24,7 +24,7 @@ def emit_sum_accumulators(em) -> None:
         if em.launch.sums_in == "registers":
             em.emit(f"float kfc_acc{k}[{em.EV}];")
         em.emit("#pragma unroll")
-        em.emit(f"for (int i = 0; i < {em.EV}; ++i) {em.acc(k, 'i')} = 0.0f;")
+        em.emit(f"for (int i = 0; i < {em.EV}; ++i) {acc(em, k, 'i')} = 0.0f;")
 
 
 @rule(YieldOp)
@@ -34,7 +34,7 @@ def emit_yield(em, op) -> None:
     ptxas spill the accumulators)."""
     at = f"e * {em.V} + i" if em.chunk_local is not None else "i"
     for k, v in enumerate(op.operands):
-        em.loop(f"{em.acc(k, at)} += kfc_rowvalid ? {em.elem(v, 'i')} : 0.0f;")
+        em.loop(f"{acc(em, k, at)} += kfc_rowvalid ? {em.elem(v, 'i')} : 0.0f;")
 
 
 def emit_partials(em) -> None:
@@ -45,7 +45,7 @@ def emit_partials(em) -> None:
         j = em.row.register_element_c("i", "kfc_g")
         em.emit("#pragma unroll")
         em.emit(f"for (int i = 0; i < {em.EV}; ++i) {{ if ({j} < {em.N}) "
-                  f"{row_sums.workspace_name(k)}[kfc_group * {em.N}LL + {j}] = {em.acc(k, 'i')}; }}")
+                  f"{row_sums.workspace_name(k)}[kfc_group * {em.N}LL + {j}] = {acc(em, k, 'i')}; }}")
 
 
 @rule(LaunchOp)
@@ -191,3 +191,10 @@ def emit_fused_tail(em, tail) -> None:
     with em.chunk_loop():
         for op in row_ops:
             em.emit_op(op)
+
+
+def acc(em, k: int, i: str) -> str:
+    """Element i of the thread's part of sum k (in registers or in its shared words)."""
+    if em.launch.sums_in == "shared":
+        return f"kfc_sums[({k * em.R * em.EV} + ({i})) * {em.T}]"
+    return f"kfc_acc{k}[{i}]"

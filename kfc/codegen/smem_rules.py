@@ -5,7 +5,9 @@ bytes, the bulk copies of its spans of a row, and the phase waits.
 
 from __future__ import annotations
 
+from ..ir.core import Value
 from ..ir.smem_ops import CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copy_bytes
+from ..ir.types import TensorType
 from . import ptx
 from .errors import CodegenError
 from .rules import rule
@@ -26,7 +28,7 @@ def emit_smem_setup(em) -> None:
         if t.rank != 1 or t.shape[0] != em.N:
             raise CodegenError(f"a shared-memory buffer of {t} in a row kernel of rows of {em.N}", op.loc,
                                "stage whole rows: buffers have the row's length")
-        part = em.cta_part_bytes(t)
+        part = cta_part_bytes(em, t)
         name = f"kfc_sbuf{k}"
         em.emit(f"const unsigned {name} = {ptx.smem_addr('kfc_dsmem[0]')} + {offset}u + "
                   f"(unsigned)kfc_r * {part}u;")
@@ -117,7 +119,7 @@ def emit_stage_copies(em, expect: ExpectTxOp, valid: str, stage: str, row: str) 
     saved = em.names[row_value]
     em.names[row_value] = row
     try:
-        for c in em.copies_on(bar):
+        for c in copies_on(em, bar):
             buf = c.operands[1]
             emit_copy(em, c, valid, f"({em.stage_base[buf]} + ({stage}) * {em.stage_bytes[buf]}u)", bar_at)
     finally:
@@ -125,11 +127,11 @@ def emit_stage_copies(em, expect: ExpectTxOp, valid: str, stage: str, row: str) 
 
 
 def announce_tx(em, op: ExpectTxOp, valid: str, bar: str) -> None:
-    copies = em.copies_on(op.operands[0])
+    copies = copies_on(em, op.operands[0])
     if op.bytes != sum(copy_bytes(c.operands[1].ttype) for c in copies):
         raise CodegenError(f"gpu.expect_tx announces {op.bytes} bytes; the copies on its barrier carry "
                            f"{sum(copy_bytes(c.operands[1].ttype) for c in copies)}", op.loc)
-    per_cta = sum(em.cta_part_bytes(c.operands[1].ttype) for c in copies)
+    per_cta = sum(cta_part_bytes(em, c.operands[1].ttype) for c in copies)
     if per_cta >= 1 << 20:
         raise CodegenError(f"a CTA's part of the staged rows is {per_cta} bytes; an mbarrier phase counts at most "
                            f"2^20-1", op.loc, "split the row over a larger cluster")
@@ -191,3 +193,12 @@ def emit_mbarrier_wait(em, op: MbarrierWaitOp) -> None:
     # one phase per iteration; with two stages each barrier completes every other iteration
     parity = "kfc_phase" if em.S == 1 else f"((kfc_it / {em.S}) & 1u)"
     em.emit(ptx.mbarrier_wait_parity(em.name(op.operands[0]), parity))
+
+
+def cta_part_bytes(em, buffer: TensorType) -> int:
+    """The bytes of one staged row this CTA holds: its spans, the last one padded."""
+    return em.E * em.row.span * buffer.dtype.itemsize
+
+
+def copies_on(em, bar: Value) -> list[CopyAsyncOp]:
+    return [o for o in em.launch.body.ops if isinstance(o, CopyAsyncOp) and o.operands[2] is bar]
