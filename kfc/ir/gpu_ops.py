@@ -140,8 +140,10 @@ class LaunchOp(Op):
         self._check_layouts()
 
     def _check_layouts(self) -> None:
-        """Every #row and #lanes tile inside says what this launch does: the code generator
-        maps tiles by the launch, so a layout that disagrees would be silently wrong."""
+        """Every tile inside whose layout is one of the layout core's kinds asks of this launch
+        only what it gives (a #row its threads, vec and cluster; an MMA layout whole warpgroups):
+        the code generator maps tiles by the launch, so a layout that disagrees would be silently
+        wrong."""
         def walk(block):
             for op in block.ops:
                 for v in (*op.results, *(a for r in op.regions for a in r.args)):

@@ -5,6 +5,7 @@ Every message carries the op's source span. Runs after the front end and after e
 
 from __future__ import annotations
 
+from . import layouts
 from .barriers import check_barriers
 from .core import Block, Op
 from .func import FuncOp
@@ -18,6 +19,16 @@ def _dims_known(op: Op, t, symbols: set[str], what: str) -> None:
             if isinstance(d, SymDim) and d.name not in symbols:
                 raise op.error(f"{what} type {t} uses symbol {d.name!r}, which no argument of the function declares",
                                "shape symbols come from the signature")
+
+
+def _layout_fits(op: Op, t, what: str) -> None:
+    if isinstance(t, TensorType):
+        try:
+            problem = layouts.misfit(t)
+        except ValueError as e:
+            problem = str(e)
+        if problem:
+            raise op.error(f"{what} type {t}: {problem}")
 
 
 def verify(func: FuncOp) -> FuncOp:
@@ -36,6 +47,8 @@ class _Verifier:
         self.tensors = {id(v) for v in func.args if v.ttype.space is not MemSpace.REG}
 
     def run(self) -> None:
+        for a in self.func.args:
+            _layout_fits(self.func, a.type, f"argument %{a.name}")
         self.block(self.func.body, [set(id(a) for a in self.func.args)], owner=self.func)
 
     def block(self, block: Block, scopes: list[set[int]], owner: Op) -> None:
@@ -61,12 +74,14 @@ class _Verifier:
                 raise op.error(f"result type {got} should be {want}")
             for r in op.results:
                 _dims_known(op, r.type, self.symbols, "result")
+                _layout_fits(op, r.type, "result")
                 if id(r) in scope or any(id(r) in s for s in scopes):
                     raise op.error(f"value %{r.name or '?'} is defined twice")
             self.op_rules(op)
             for region in op.regions:
                 for a in region.args:
                     _dims_known(op, a.type, self.symbols, "region argument")
+                    _layout_fits(op, a.type, "region argument")
                 self.block(region, scopes, owner=op)
             scope.update(id(r) for r in op.results)
         check_barriers(block)
