@@ -79,6 +79,21 @@ def cp_async_bulk_to_shared(dst_u32: str, src: str, nbytes: str, mbar_u32: str) 
             f':: "r"({dst_u32}), "l"({src}), "r"({nbytes}), "r"({mbar_u32}) : "memory");')
 
 
+def cp_async_to_shared(dst_u32: str, src: str, nbytes: int) -> str:
+    """Copy `nbytes` (4, 8 or 16, both addresses aligned to it) from global `src` into this
+    CTA's shared memory in the background, this thread's copy (cp.async); 16-byte copies skip
+    L1 (.cg), smaller ones cannot (.ca)."""
+    cache = "cg" if nbytes == 16 else "ca"
+    return (f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes};" '
+            f':: "r"({dst_u32}), "l"({src}) : "memory");')
+
+
+def cp_async_mbarrier_arrive(mbar_u32: str) -> str:
+    """Arrive on the mbarrier once this thread's earlier cp.async copies have landed; the
+    arrival is one of those its init counted (.noinc)."""
+    return f'asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"({mbar_u32}) : "memory");'
+
+
 def fence_proxy_async_shared() -> str:
     """Order this thread's earlier shared-memory accesses (and those a barrier made visible to
     it) before later accesses of the async proxy (bulk copies)."""

@@ -1,12 +1,16 @@
-"""Emission rules for shared memory and bulk copies: the buffers and mbarriers laid out before
+"""Emission rules for shared memory and async copies: the buffers and mbarriers laid out before
 the row loop (one part per row slot, each stage after the other), the announcement of a CTA's
-bytes, the bulk copies of its spans of a row, and the phase waits.
+bytes, the bulk copies of its spans of a row or the threads' copies of their chunks, and the
+phase waits.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from ..ir.core import Value
-from ..ir.smem_ops import CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp, copy_bytes
+from ..ir.smem_ops import CopyAsyncArriveOp, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp
+from ..ir.smem_ops import copy_bytes
 from ..ir.types import TensorType
 from . import ptx
 from .errors import CodegenError
@@ -46,9 +50,8 @@ def emit_smem_setup(em) -> None:
     em.smem_dynamic = offset
     if not em.staged and not bars:
         return
+    counts = [barrier_count(em, op) for op in bars]
     for k, op in enumerate(bars):
-        if op.arrivals != 1:
-            raise CodegenError(f"row kernels arrive once per mbarrier phase, not {op.arrivals} times", op.loc)
         em.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_mbar{k}[{em.S * em.R}];")
         em.smem_bytes += 8 * em.S * em.R
         em.stage_base[op.result] = f"kfc_mbar_addr{k}"
@@ -58,7 +61,7 @@ def emit_smem_setup(em) -> None:
     em.indent += 1
     em.emit(f"for (int r = 0; r < {em.S * em.R}; ++r) {{")
     for k in range(len(bars)):
-        em.emit("  " + ptx.mbarrier_init(ptx.smem_addr(f"kfc_mbar{k}[r]"), 1))
+        em.emit("  " + ptx.mbarrier_init(ptx.smem_addr(f"kfc_mbar{k}[r]"), counts[k]))
     em.emit("}")
     em.emit(ptx.fence_mbarrier_init())
     em.emit(ptx.fence_proxy_async_shared())
@@ -67,6 +70,22 @@ def emit_smem_setup(em) -> None:
     em.emit(ptx.bar_sync(0))
     for k in range(len(bars)):
         em.emit(f"const unsigned kfc_mbar_addr{k} = {ptx.smem_addr(f'kfc_mbar{k}[kfc_r]')};")
+
+
+def barrier_count(em, op: MbarrierAllocOp) -> int:
+    """The arrivals the hardware counts in a phase of `op`'s barrier: one announcement of the
+    bulk copies' bytes, or every thread of the row slot once for each copy made by the threads."""
+    copies = copies_on(em, op.result)
+    by_threads = [c for c in copies if c.ARRIVES]
+    if by_threads:
+        if len(by_threads) != len(copies) or op.arrivals != len(by_threads):
+            raise CodegenError(f"a barrier of {op.arrivals} arrival(s) with {len(by_threads)} copies made by the threads "
+                               f"and {len(copies) - len(by_threads)} bulk copies", op.loc,
+                               "row kernels put either kind of copy on a barrier, each threads' copy an arrival")
+        return em.T * len(by_threads)
+    if op.arrivals != 1:
+        raise CodegenError(f"row kernels arrive once per mbarrier phase, not {op.arrivals} times", op.loc)
+    return 1
 
 
 @rule(SmemAllocOp)
@@ -88,11 +107,17 @@ def emit_expect_tx(em, op: ExpectTxOp) -> None:
     if em.S == 1:
         announce_tx(em, op, "kfc_rowvalid", em.name(op.operands[0]))
         return
+    emit_next_row(em, lambda *where: emit_stage_copies(em, op, *where))
+
+
+def emit_next_row(em, emit_copies) -> None:
+    """With two stages: the next row's copies, into the other stage, if the CTA has a next row
+    (emit_copies(valid, stage, row) emits them)."""
     em.emit("if (kfc_base + kfc_stride < kfc_rows) {")
     em.indent += 1
     em.emit("const bool kfc_valid_next = kfc_base + kfc_stride + kfc_r < kfc_rows;")
     em.emit(f"const unsigned kfc_sn = (kfc_s + 1) % {em.S};")
-    emit_stage_copies(em, op, "kfc_valid_next", "kfc_sn", "(kfc_m + kfc_stride)")
+    emit_copies("kfc_valid_next", "kfc_sn", "(kfc_m + kfc_stride)")
     em.indent -= 1
     em.emit("}")
 
@@ -106,6 +131,8 @@ def emit_first_copies(em, lo: str) -> None:
     for op in em.launch.body.ops:
         if isinstance(op, ExpectTxOp):
             emit_stage_copies(em, op, "kfc_valid0", "0u", first)
+        elif isinstance(op, CopyAsyncArriveOp):
+            emit_stage_thread_copy(em, op, "kfc_valid0", "0u", first)
     em.indent -= 1
     em.emit("}")
 
@@ -115,13 +142,20 @@ def emit_stage_copies(em, expect: ExpectTxOp, valid: str, stage: str, row: str) 
     bar = expect.operands[0]
     bar_at = f"({em.stage_base[bar]} + ({stage}) * {8 * em.R}u)"
     announce_tx(em, expect, valid, bar_at)
+    with row_named(em, row):
+        for c in copies_on(em, bar):
+            buf = c.operands[1]
+            emit_copy(em, c, valid, f"({em.stage_base[buf]} + ({stage}) * {em.stage_bytes[buf]}u)", bar_at)
+
+
+@contextlib.contextmanager
+def row_named(em, row: str):
+    """Emit with the row loop's index read as `row` (the row a copy issued ahead addresses)."""
     row_value = em.launch.body.args[0]
     saved = em.names[row_value]
     em.names[row_value] = row
     try:
-        for c in copies_on(em, bar):
-            buf = c.operands[1]
-            emit_copy(em, c, valid, f"({em.stage_base[buf]} + ({stage}) * {em.stage_bytes[buf]}u)", bar_at)
+        yield
     finally:
         em.names[row_value] = saved
 
@@ -186,6 +220,56 @@ def emit_copy(em, op: CopyAsyncOp, valid: str, buf: str, bar: str) -> None:
     em.emit("}")
     em.indent -= 1
     em.emit("}")
+
+
+@rule(CopyAsyncArriveOp)
+def emit_copy_async_arrive(em, op: CopyAsyncArriveOp) -> None:
+    """Every thread copies its chunks and arrives; with two stages, the next row's chunks into
+    the other stage (the first row's precede the loop)."""
+    if em.S == 1:
+        emit_thread_copy(em, op, "kfc_rowvalid", em.name(op.operands[1]), em.name(op.operands[2]))
+        return
+    emit_next_row(em, lambda *where: emit_stage_thread_copy(em, op, *where))
+
+
+def emit_stage_thread_copy(em, op: CopyAsyncArriveOp, valid: str, stage: str, row: str) -> None:
+    bar, buf = op.operands[2], op.operands[1]
+    with row_named(em, row):
+        emit_thread_copy(em, op, valid, f"({em.stage_base[buf]} + ({stage}) * {em.stage_bytes[buf]}u)",
+                         f"({em.stage_base[bar]} + ({stage}) * {8 * em.R}u)")
+
+
+def emit_thread_copy(em, op: CopyAsyncArriveOp, valid: str, buf: str, bar: str) -> None:
+    """Each thread copies its chunks of the row (its CTA's part) to where it will read them, 16
+    bytes at a time where a chunk allows, and arrives on the barrier once they have landed (a
+    thread of a slot without a row arrives at once)."""
+    src = op.operands[0]
+    isz = src.ttype.dtype.itemsize
+    if [ix.kind for ix in op.index] != ["point"] * (src.ttype.rank - 1) + ["all"]:
+        raise CodegenError("row kernels copy whole rows (x[m, :]) into shared memory", op.loc)
+    chunk = em.V * isz
+    piece = 16 if chunk % 16 == 0 else chunk
+    if piece not in (4, 8, 16) or (em.N * isz) % piece:
+        raise CodegenError(f"cp.async copies 4, 8 or 16 aligned bytes; chunks of {em.V} x {isz} bytes in rows of "
+                           f"{em.N} do not split so", op.loc, "copy the row in bulk: stage-rows{copy=bulk}")
+    per = piece // isz
+    em.emit(f"if ({valid}) {{")
+    em.indent += 1
+    em.emit("#pragma unroll")
+    em.emit(f"for (int e = 0; e < {em.E}; ++e) {{")
+    em.indent += 1
+    em.emit(f"const long long j = {em.row.chunk_start_c('e', 'kfc_g')};")
+    for p in range(chunk // piece):
+        at = f"(j + {p * per})" if p else "j"
+        addr = f"{em.name(src)} + {em._address(op, src, op.index, op.operands[3:], at)}"
+        dst = f"{buf} + (unsigned)({em.row.cta_offset_c('e', 'kfc_t')} + {p * per}) * {isz}u"
+        copy = ptx.cp_async_to_shared(dst, addr, piece)
+        em.emit(copy if em.exact else f"if ({at} < {em.N}) {copy}")
+    em.indent -= 1
+    em.emit("}")
+    em.indent -= 1
+    em.emit("}")
+    em.emit(ptx.cp_async_mbarrier_arrive(bar))
 
 
 @rule(MbarrierWaitOp)

@@ -1,5 +1,5 @@
 """The space a tuner searches for a row op: whether rows are staged through shared memory
-(`stage-rows`), the options of `tile`, `lower-ptx` and whether `fuse-reductions` runs. A configuration is a dict of choices; it maps to one pipeline string,
+(`stage-rows`) and who copies them there, the options of `tile`, `lower-ptx` and whether `fuse-reductions` runs. A configuration is a dict of choices; it maps to one pipeline string,
 and a pipeline string of that form maps back (others, e.g. from an agent, stay opaque).
 """
 
@@ -29,7 +29,10 @@ APPROX = ("auto", "off")
 # variations of one kernel shape
 GEOMETRY = ("threads", "vec", "cluster", "persistent", "stage")
 # what a configuration recorded before a choice existed meant by leaving it out
-ADDED_CHOICES = {"stage": False}
+ADDED_CHOICES = {"stage": False, "copy": "bulk"}
+# who copies a staged row into shared memory (stage-rows{copy}); measured on the H200 neither wins
+# everywhere (bench/results/staging_copy_ab-20261202T1700Z.json, copy_ab)
+COPY = ("bulk", "threads")
 
 
 def completed(config: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +56,7 @@ class SearchSpace:
         threads = tuple(t for t in THREADS if t * 1 <= max(self.n, 32) and t <= 1024)
         clusters = tuple(c for c in CLUSTERS if c == 1 or (self.has_cluster and self.n >= 8192 * c // 2))
         stage = (False, True) if self.stageable else (False,)
-        return {"stage": stage, "threads": threads, "cluster": clusters, "rows": ROWS, "persistent": (False, True),
+        return {"stage": stage, "copy": COPY if self.stageable else COPY[:1], "threads": threads, "cluster": clusters, "rows": ROWS, "persistent": (False, True),
                 "vec": tuple(v for v in (1, 2, 4, 8, 16) if v <= vec_max), "stream": STREAM, "store": STORE,
                 "fuse": (True, False), "approx": APPROX}
 
@@ -74,8 +77,8 @@ class SearchSpace:
         """The configuration the default pipeline's heuristics pick."""
         stage = self.stages(StageRows())
         rows, threads, vec, cluster = self._choose(stage)
-        return {"stage": stage, "threads": threads, "cluster": cluster, "rows": 0, "persistent": False, "vec": vec,
-                "stream": "cs", "store": "cs", "fuse": True, "approx": "auto"}
+        return {"stage": stage, "copy": StageRows().copy, "threads": threads, "cluster": cluster, "rows": 0,
+                "persistent": False, "vec": vec, "stream": "cs", "store": "cs", "fuse": True, "approx": "auto"}
 
     def valid(self, c: dict[str, Any]) -> bool:
         if c["cluster"] > 1 and c["threads"] < 32:
@@ -86,6 +89,8 @@ class SearchSpace:
         if c["rows"] and c["rows"] * c["threads"] > 1024:
             return False
         c = completed(c)
+        if not c["stage"] and c["copy"] != ADDED_CHOICES["copy"]:
+            return False  # nothing is copied: one spelling per kernel
         return all(c[k] in v for k, v in self.choices().items())
 
     def pipeline(self, c: dict[str, Any]) -> str:
@@ -101,7 +106,9 @@ class SearchSpace:
             ptx.append(f"stream={c['stream']}")
         if c["store"] != "cs":
             ptx.append(f"store={c['store']}")
-        steps = ["canonicalize", "cse", "dce"] + (["stage-rows{min_bytes=0}"] if completed(c)["stage"] else []) + \
+        c = completed(c)
+        staging = "stage-rows{min_bytes=0" + ("" if c["copy"] == "bulk" else f",copy={c['copy']}") + "}"
+        steps = ["canonicalize", "cse", "dce"] + ([staging] if c["stage"] else []) + \
             ["tile{" + ",".join(tile) + "}", "lower-reductions"]
         if c["fuse"]:
             steps.append("fuse-reductions")
@@ -125,14 +132,16 @@ class SearchSpace:
         stage = len(staging) == 1 and self.stages(staging[0])
         tile = passes[at]
         _, threads, vec, cluster = self._choose(stage, tile.rows, tile.threads, tile.vec, tile.cluster)
-        c = {"stage": stage, "threads": threads, "cluster": cluster, "rows": tile.rows, "persistent": tile.persistent,
+        copy = staging[0].copy if stage else ADDED_CHOICES["copy"]
+        c = {"stage": stage, "copy": copy, "threads": threads, "cluster": cluster, "rows": tile.rows,
+             "persistent": tile.persistent,
              "vec": vec, "stream": ptx.stream, "store": ptx.store, "approx": ptx.approx,
              "fuse": any(isinstance(p, FuseReductions) for p in passes)}
         if not self.valid(c):
             return None
         passes[at] = attrs.evolve(tile, threads=threads, vec=vec, cluster=cluster)
         # stage-rows as this row sees it: staging (spelled with min_bytes=0) or absent
-        passes = [StageRows(min_bytes=0) if isinstance(p, StageRows) else p for p in passes
+        passes = [StageRows(min_bytes=0, copy=copy) if isinstance(p, StageRows) else p for p in passes
                   if not isinstance(p, StageRows) or stage]
         return c if self.pipeline(c) == ",".join(str(p) for p in passes) else None
 

@@ -1,8 +1,9 @@
 """The barrier check: a static proof, per block, that the shared-memory protocol of
 kfc.ir.smem_ops is followed, so a program that would deadlock or race never reaches codegen.
 
-In program order, for every mbarrier: each wait is reached with all its arrivals counted and
-the announced bytes equal to the bytes of the copies on it; no arrival overshoots a phase. For
+In program order, for every mbarrier: each wait is reached with all its arrivals counted (an
+announcement or a copy that arrives) and the announced bytes equal to the bytes of the copies
+that complete bytes on it; no arrival overshoots a phase. For
 every buffer: it is read only after the copy into it was waited for, and never copied into
 while an earlier copy is in flight; every copy is waited for before the block ends. The
 interpreter checks the same dynamically (kfc.ir.smem_ops), for the inputs it runs.
@@ -64,7 +65,12 @@ def check_barriers(block: Block) -> None:
             t: TensorType = buf.ttype
             if not t.is_static:
                 raise op.error(f"the buffer {t} needs a static shape to count its bytes", "specialise the dims first")
-            p.delivered += copy_bytes(t)
+            if op.ARRIVES:
+                if p.arrived == p.arrivals:
+                    raise op.error(m.overshoot(name(bar), p.arrivals))
+                p.arrived += 1
+            else:
+                p.delivered += copy_bytes(t)
             p.copies.append(buf)
             in_flight[buf] = bar
         elif isinstance(op, MbarrierWaitOp):

@@ -11,6 +11,9 @@
         copy x[m, :] into s in the background (cp.async.bulk); elements past the tensor's bounds
         land as zeros; the copy's bytes count against b's announced bytes; s holds the data only
         once b's phase completed
+    gpu.copy_async_arrive %x, %s, %b, %m {index = [point, all]}
+        the same copy made by the threads, each its share (cp.async); its landing is one of b's
+        arrivals and announces no bytes
     gpu.mbarrier_wait %b
         wait for b's current phase to complete; the copies on it become visible
 
@@ -217,6 +220,8 @@ class CopyAsyncOp(Op):
 
     NAME: ClassVar[str] = "gpu.copy_async"
     TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory", "reads_memory"})
+    # whether the copy's landing is an arrival on its barrier (else its bytes complete announced ones)
+    ARRIVES: ClassVar[bool] = False
     index: tuple[IndexDim, ...] = attrs.field(converter=_index_tuple)
 
     def verify_(self) -> None:
@@ -247,10 +252,28 @@ class CopyAsyncOp(Op):
         else:
             data = interp.gather(self, self.operands[0].ttype, self.index, ins[3:], src, 0, buf.data.shape,
                                  t.dtype.np)
+        if self.ARRIVES:
+            if bar.arrived == bar.arrivals:
+                raise HazardError(f"{self.NAME}: {overshoot(bar.name, bar.arrivals)}; this copy's arrival belongs "
+                                  "to no phase anyone waits for", self.loc)
+            bar.arrived += 1
+        else:
+            bar.delivered += copy_bytes(t.bind(interp.dims))
         buf.pending = bar
         bar.copies.append((buf, data))
-        bar.delivered += copy_bytes(t.bind(interp.dims))
         return None
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class CopyAsyncArriveOp(CopyAsyncOp):
+    """gpu.copy_async made by the threads, each copying its share of the region (cp.async), and
+    arriving on the barrier once its share landed: the whole copy counts as one arrival of the
+    barrier's phase (the code generator initialises the barrier with an arrival per thread) and
+    announces no bytes. No copy engine is involved and no thread issues the whole row."""
+
+    NAME: ClassVar[str] = "gpu.copy_async_arrive"
+    ARRIVES: ClassVar[bool] = True
 
 
 @register_op
@@ -281,4 +304,4 @@ class MbarrierWaitOp(Op):
         return None
 
 
-SMEM_OPS = (SmemAllocOp, MbarrierAllocOp, ExpectTxOp, CopyAsyncOp, MbarrierWaitOp)
+SMEM_OPS = (SmemAllocOp, MbarrierAllocOp, ExpectTxOp, CopyAsyncOp, CopyAsyncArriveOp, MbarrierWaitOp)

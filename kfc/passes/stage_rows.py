@@ -12,6 +12,12 @@ per row and waited for before the first read:
                                             %x1 = tile.load %sx[:]   ... reduce(%x1) ...
                                             %x2 = tile.load %sx[:]   ... %x2 * %r ...
 
+Who copies the row is the option `copy`: `bulk` (the default) has one thread issue the CTA's
+spans as bulk copies (cp.async.bulk) whose bytes complete the barrier's announced ones, as above;
+`threads` has every thread copy its own chunks (cp.async) in a gpu.copy_async_arrive, each copy
+an arrival of the barrier and nothing announced. Measured on the H200 neither wins everywhere
+(bench/results/staging_copy_ab-20261202T1700Z.json): the factory chooses per shape.
+
 Every stretch of the row program between two reductions reads the row again from shared
 memory, so no thread keeps its share of the row in registers across a reduction: the code
 generator then streams each stretch chunk by chunk, registers stay few, and more CTAs fit on an
@@ -41,7 +47,8 @@ import attrs
 from ..ir.core import Block, Value
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp, row_dependent
-from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp, SmemAllocOp
+from ..ir.smem_ops import BARRIER_TYPE, CopyAsyncArriveOp, CopyAsyncOp, ExpectTxOp, MbarrierAllocOp, MbarrierWaitOp
+from ..ir.smem_ops import SmemAllocOp
 from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, MaxSumExpOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
@@ -171,22 +178,28 @@ class StageRows(Pass):
     min_bytes: int = option(DEFAULT_MIN_BYTES, lo=0, hi=1 << 30)
     # rows too long for registers that cannot be staged are loaded again in each stretch (above)
     reread: bool = option(True, choices=(False, True))
+    # who copies a row: `bulk`, one thread's bulk copies (cp.async.bulk) completing announced bytes;
+    # `threads`, every thread its own 16 bytes at a time (cp.async), each copy an arrival
+    copy: str = option("bulk", choices=("bulk", "threads"))
 
     def copies(self, staged: list, n: int, buffers: dict) -> list:
         """The ops that copy each staged row into its buffer (recorded in `buffers`), every row
-        on one barrier: one announcement, one wait."""
+        on one barrier and one wait: after one announcement of their bytes (bulk), or with each
+        copy an arrival (threads)."""
         loc = staged[0].loc
         bar = Value(BARRIER_TYPE, "bar")
-        ops: list = [MbarrierAllocOp(results=(bar,), loc=loc, arrivals=1)]
+        by_threads = self.copy == "threads"
+        ops: list = [MbarrierAllocOp(results=(bar,), loc=loc, arrivals=len(staged) if by_threads else 1)]
         copies = []
         for op in staged:
             t = op.operands[0].ttype
             buf = Value(TensorType(t.dtype, (n,), MemSpace.SHARED), f"s_{op.operands[0].name or 'row'}")
             ops.append(SmemAllocOp(results=(buf,), loc=op.loc))
-            copies.append(CopyAsyncOp(operands=(op.operands[0], buf, bar, *op.operands[1:]), loc=op.loc,
-                                      index=op.index))
+            kind = CopyAsyncArriveOp if by_threads else CopyAsyncOp
+            copies.append(kind(operands=(op.operands[0], buf, bar, *op.operands[1:]), loc=op.loc, index=op.index))
             buffers[op.result] = buf
-        ops.append(ExpectTxOp(operands=(bar,), loc=loc, bytes=sum(row_bytes(op, n) for op in staged)))
+        if not by_threads:
+            ops.append(ExpectTxOp(operands=(bar,), loc=loc, bytes=sum(row_bytes(op, n) for op in staged)))
         return ops + copies + [MbarrierWaitOp(operands=(bar,), loc=loc)]
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
