@@ -154,7 +154,8 @@ def test_c_expressions_of_the_mma_shared_and_tmem_layouts_compute_what_numpy_doe
     src = tmp_path / "layouts.cpp"
     src.write_text("\n".join(lines))
     subprocess.run([cxx, "-O0", str(src), "-o", str(tmp_path / "layouts")], check=True)
-    out = iter(subprocess.run([str(tmp_path / "layouts")], capture_output=True, text=True, check=True).stdout.split("\n"))
+    ran = subprocess.run([str(tmp_path / "layouts")], capture_output=True, text=True, check=True)
+    out = iter(ran.stdout.split("\n"))
     for t in range(256):
         for r in range(32):
             assert list(map(int, next(out).split())) == [*acc.element(t, r), *a.element(t, r)], (t, r)
@@ -192,7 +193,8 @@ def test_a_layout_that_does_not_fit_its_type_says_why(layout, ttype, message):
 def test_mma_layouts_ask_whole_warpgroups_of_their_launch():
     acc = layouts.WgmmaAccumulator(2).as_layout()
     assert layouts.disagreement(acc, 256, 8, 1) is None and layouts.disagreement(acc, 384, 8, 1) is None
-    assert "need 256 threads in whole warpgroups; the gpu.launch it is in has 128" in layouts.disagreement(acc, 128, 8, 1)
+    problem = layouts.disagreement(acc, 128, 8, 1)
+    assert "need 256 threads in whole warpgroups; the gpu.launch it is in has 128" in problem
     assert "has 160" in layouts.disagreement(acc, 160, 8, 1)
     assert "whole warpgroups" in layouts.disagreement(layouts.TensorMemory().as_layout(), 96, 8, 1)
     assert layouts.disagreement(layouts.SharedTile(128).as_layout(), 32, 8, 1) is None

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from ..ir.core import Value, walk_block
-from ..ir.gpu_ops import ClusterMaxSumExpOp, ClusterReduceOp, CtaMaxSumExpOp, CtaReduceOp
-from ..ir.tile_ops import ConstOp, ForOp, IfOp, ScanOp
+from ..ir.tile_ops import ConstOp, ForOp, IfOp
 from . import ptx
 from .c_names import C_TYPES
 from .errors import CodegenError
-from .rules import rule
-
-
-# the steps that exchange values through shared slots indexed by kfc_phase
-SYNCED_STEPS = (CtaReduceOp, ClusterReduceOp, CtaMaxSumExpOp, ClusterMaxSumExpOp, ScanOp)
+from .rules import rule, synchronises
 
 
 @rule(ForOp)
@@ -57,7 +52,7 @@ def emit_for(em, op: ForOp) -> None:
     # branch or an inner loop too) alternates its slots with kfc_phase from one iteration to
     # the next; after the loop a barrier ends every thread's reads of them, so whatever runs
     # next (the next row, the enclosing loop's next iteration) may write them in any phase.
-    synced = any(isinstance(o, SYNCED_STEPS) for o in walk_block(body))
+    synced = any(synchronises(o) for o in walk_block(body))
     if synced:
         em.emit("kfc_phase ^= 1;")
     em.indent -= 1

@@ -19,7 +19,7 @@ import attrs
 from ..ir.core import Op, Value, walk_block
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
-from ..ir.gpu_ops import ClusterMaxSumExpOp, ClusterReduceOp, LaunchOp
+from ..ir.gpu_ops import LaunchOp
 from ..ir import layouts
 from ..ir.ptx_ops import LdOp
 from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
@@ -28,7 +28,7 @@ from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
 from .c_names import C_TYPES, KernelParam, as_float, c_dim, c_param, from_float
 from .errors import CodegenError
-from .rules import rule_for
+from .rules import in_cluster, rule_for
 
 
 @attrs.frozen
@@ -92,8 +92,7 @@ class KernelEmitter:
         self.counter = 0
         self.smem_decls: list[str] = []
         self.smem_bytes = 0
-        self.cluster_ops: list[Op] = [op for op in self.launch.body.ops
-                                      if isinstance(op, (ClusterReduceOp, ClusterMaxSumExpOp))]
+        self.cluster_ops: list[Op] = [op for op in self.launch.body.ops if in_cluster(op)]
         L = self.launch
         self.T, self.V, self.C, self.R = L.threads, L.vec, L.cluster, L.rows_per_cta
         self.row = layouts.Blocked1D(L.threads, L.vec, L.cluster)  # every row tile's layout (the verifier agrees)

@@ -73,7 +73,7 @@ def emit_warp_max_sum_exp(em, op: WarpMaxSumExpOp) -> None:
         k //= 2
 
 
-@rule(CtaMaxSumExpOp)
+@rule(CtaMaxSumExpOp, synchronises=True)
 def emit_cta_max_sum_exp(em, op: CtaMaxSumExpOp) -> None:
     warps = em.T // 32
     k = em.fresh("kfc_red")
@@ -97,7 +97,7 @@ def emit_cta_max_sum_exp(em, op: CtaMaxSumExpOp) -> None:
     em.emit("}")
 
 
-@rule(ClusterMaxSumExpOp)
+@rule(ClusterMaxSumExpOp, in_cluster=True)
 def emit_cluster_max_sum_exp(em, op: ClusterMaxSumExpOp) -> None:
     slot, C = reduction_rules.cluster_exchange(em, op), em.C
     m, s = (em.name(r) for r in op.results)

@@ -62,7 +62,7 @@ def emit_warp_reduce(em, op: WarpReduceOp) -> None:
         k //= 2
 
 
-@rule(CtaReduceOp)
+@rule(CtaReduceOp, synchronises=True)
 def emit_cta_reduce(em, op: CtaReduceOp) -> None:
     warps = em.T // 32
     k = em.fresh("kfc_red")
@@ -98,7 +98,7 @@ def cluster_exchange(em, op) -> str:
     return slot
 
 
-@rule(ClusterReduceOp)
+@rule(ClusterReduceOp, in_cluster=True)
 def emit_cluster_reduce(em, op: ClusterReduceOp) -> None:
     slot = cluster_exchange(em, op)
     n = em.name(op.result)

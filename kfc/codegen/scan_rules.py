@@ -18,7 +18,7 @@ INT_IDENTITY = {ReduceKind.SUM: "0", ReduceKind.PROD: "1", ReduceKind.MAX: "(-21
                 ReduceKind.MIN: "2147483647"}
 
 
-@rule(ScanOp)
+@rule(ScanOp, synchronises=True)
 def emit_scan(em, op: ScanOp) -> None:
     """A prefix reduction along the row, in the row's order (chunk e of every lane before
     chunk e + 1), or a suffix one with reverse: each thread scans its chunks' elements, a

@@ -79,9 +79,10 @@ def barrier_count(em, op: MbarrierAllocOp) -> int:
     by_threads = [c for c in copies if c.ARRIVES]
     if by_threads:
         if len(by_threads) != len(copies) or op.arrivals != len(by_threads):
-            raise CodegenError(f"a barrier of {op.arrivals} arrival(s) with {len(by_threads)} copies made by the threads "
-                               f"and {len(copies) - len(by_threads)} bulk copies", op.loc,
-                               "row kernels put either kind of copy on a barrier, each threads' copy an arrival")
+            raise CodegenError(f"a barrier of {op.arrivals} arrival(s) with {len(by_threads)} copies made by the "
+                               f"threads and {len(copies) - len(by_threads)} bulk copies", op.loc,
+                               "put one kind of copy on a barrier: bulk copies after one gpu.expect_tx, or copies "
+                               "by the threads, each an arrival")
         return em.T * len(by_threads)
     if op.arrivals != 1:
         raise CodegenError(f"row kernels arrive once per mbarrier phase, not {op.arrivals} times", op.loc)

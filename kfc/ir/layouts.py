@@ -253,8 +253,8 @@ class _WarpgroupFragment:
 
     def against_launch(self, threads: int, vec: int, cluster: int) -> str | None:
         if threads % WARPGROUP or threads < self.threads:
-            return f"{self.warpgroups} warpgroup(s) need {self.threads} threads in whole warpgroups; the gpu.launch it " \
-                   f"is in has {threads}"
+            return (f"{self.warpgroups} warpgroup(s) need {self.threads} threads in whole warpgroups; "
+                    f"the gpu.launch it is in has {threads}")
         return None
 
     def registers(self, cols: int) -> int:
