@@ -105,7 +105,7 @@ class KernelEmitter:
         # not the thread's whole share of the row
         self.chunk_local: set[Value] | None = None
         self.smem_dynamic = 0
-        self.stage_bytes: dict[Value, int] = {}  # a staged buffer's bytes per stage (all row slots)
+        self.stage_bytes: dict[Value, int] = {}  # a staged buffer's or barrier's bytes per stage (all row slots)
         self.stage_base: dict[Value, str] = {}   # a staged buffer's or barrier's stage-0 address
         self.staged = [op for op in self.launch.body.ops if isinstance(op, SmemAllocOp)]
         self.bars = [op for op in self.launch.body.ops if isinstance(op, MbarrierAllocOp)]

@@ -55,6 +55,7 @@ def emit_smem_setup(em) -> None:
         em.smem_decls.append(f"__shared__ alignas(8) unsigned long long kfc_mbar{k}[{em.S * em.R}];")
         em.smem_bytes += 8 * em.S * em.R
         em.stage_base[op.result] = f"kfc_mbar_addr{k}"
+        em.stage_bytes[op.result] = 8 * em.R
         em.names[op.result] = f"kfc_mbar_addr{k}" if em.S == 1 else \
             f"(kfc_mbar_addr{k} + kfc_s * {8 * em.R}u)"
     em.emit("if (threadIdx.x == 0) {")
@@ -141,12 +142,15 @@ def emit_first_copies(em, lo: str) -> None:
 def emit_stage_copies(em, expect: ExpectTxOp, valid: str, stage: str, row: str) -> None:
     """Announce and issue the copies on `expect`'s barrier for the row `row`, into `stage`."""
     bar = expect.operands[0]
-    bar_at = f"({em.stage_base[bar]} + ({stage}) * {8 * em.R}u)"
-    announce_tx(em, expect, valid, bar_at)
+    announce_tx(em, expect, valid, at_stage(em, bar, stage))
     with row_named(em, row):
         for c in copies_on(em, bar):
-            buf = c.operands[1]
-            emit_copy(em, c, valid, f"({em.stage_base[buf]} + ({stage}) * {em.stage_bytes[buf]}u)", bar_at)
+            emit_copy(em, c, valid, at_stage(em, c.operands[1], stage), at_stage(em, bar, stage))
+
+
+def at_stage(em, v: Value, stage: str) -> str:
+    """The address of a staged buffer or barrier in stage `stage`."""
+    return f"({em.stage_base[v]} + ({stage}) * {em.stage_bytes[v]}u)"
 
 
 @contextlib.contextmanager
@@ -234,10 +238,8 @@ def emit_copy_async_arrive(em, op: CopyAsyncArriveOp) -> None:
 
 
 def emit_stage_thread_copy(em, op: CopyAsyncArriveOp, valid: str, stage: str, row: str) -> None:
-    bar, buf = op.operands[2], op.operands[1]
     with row_named(em, row):
-        emit_thread_copy(em, op, valid, f"({em.stage_base[buf]} + ({stage}) * {em.stage_bytes[buf]}u)",
-                         f"({em.stage_base[bar]} + ({stage}) * {8 * em.R}u)")
+        emit_thread_copy(em, op, valid, at_stage(em, op.operands[1], stage), at_stage(em, op.operands[2], stage))
 
 
 def emit_thread_copy(em, op: CopyAsyncArriveOp, valid: str, buf: str, bar: str) -> None:

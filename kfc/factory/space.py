@@ -56,7 +56,8 @@ class SearchSpace:
         threads = tuple(t for t in THREADS if t * 1 <= max(self.n, 32) and t <= 1024)
         clusters = tuple(c for c in CLUSTERS if c == 1 or (self.has_cluster and self.n >= 8192 * c // 2))
         stage = (False, True) if self.stageable else (False,)
-        return {"stage": stage, "copy": COPY if self.stageable else COPY[:1], "threads": threads, "cluster": clusters, "rows": ROWS, "persistent": (False, True),
+        return {"stage": stage, "copy": COPY if self.stageable else COPY[:1], "threads": threads, "cluster": clusters,
+                "rows": ROWS, "persistent": (False, True),
                 "vec": tuple(v for v in (1, 2, 4, 8, 16) if v <= vec_max), "stream": STREAM, "store": STORE,
                 "fuse": (True, False), "approx": APPROX}
 

@@ -31,6 +31,11 @@ class _Phase:
     delivered: int = 0
     copies: list = attrs.Factory(list)   # the buffers whose copies land in this phase
 
+    def arrive(self, op, bar: Value) -> None:
+        if self.arrived == self.arrivals:
+            raise op.error(m.overshoot(name(bar), self.arrivals))
+        self.arrived += 1
+
 
 def check_barriers(block: Block) -> None:
     """Raise a VerifyError at the first op that breaks the protocol."""
@@ -49,9 +54,7 @@ def check_barriers(block: Block) -> None:
             p = phases.get(bar)
             if p is None:
                 raise op.error(f"{name(bar)} is not an mbarrier allocated in this block")
-            if p.arrived == p.arrivals:
-                raise op.error(m.overshoot(name(bar), p.arrivals))
-            p.arrived += 1
+            p.arrive(op, bar)
             p.announced += op.bytes
         elif isinstance(op, CopyAsyncOp):
             buf, bar = op.operands[1], op.operands[2]
@@ -66,9 +69,7 @@ def check_barriers(block: Block) -> None:
             if not t.is_static:
                 raise op.error(f"the buffer {t} needs a static shape to count its bytes", "specialise the dims first")
             if op.ARRIVES:
-                if p.arrived == p.arrivals:
-                    raise op.error(m.overshoot(name(bar), p.arrivals))
-                p.arrived += 1
+                p.arrive(op, bar)
             else:
                 p.delivered += copy_bytes(t)
             p.copies.append(buf)

@@ -79,6 +79,13 @@ class MBarrier:
     phase: int = 0
     copies: list = attrs.Factory(list)  # (buffer, data) landing when the phase completes
 
+    def arrive(self, op: Op) -> None:
+        """Count one arrival of `op` in the current phase."""
+        if self.arrived == self.arrivals:
+            raise HazardError(f"{op.NAME}: {overshoot(self.name, self.arrivals)}; this arrival belongs to no phase "
+                              "anyone waits for", op.loc)
+        self.arrived += 1
+
     def outstanding(self) -> str | None:
         """What keeps the current phase open, or None when nothing was started in it."""
         if self.copies or self.arrived or self.announced:
@@ -204,10 +211,7 @@ class ExpectTxOp(Op):
 
     def interpret(self, interp, ins, env):
         bar = ins[0]
-        if bar.arrived == bar.arrivals:
-            raise HazardError(f"{self.NAME}: {overshoot(bar.name, bar.arrivals)}; this arrival belongs to no phase "
-                              "anyone waits for", self.loc)
-        bar.arrived += 1
+        bar.arrive(self)
         bar.announced += self.bytes
         return None
 
@@ -253,10 +257,7 @@ class CopyAsyncOp(Op):
             data = interp.gather(self, self.operands[0].ttype, self.index, ins[3:], src, 0, buf.data.shape,
                                  t.dtype.np)
         if self.ARRIVES:
-            if bar.arrived == bar.arrivals:
-                raise HazardError(f"{self.NAME}: {overshoot(bar.name, bar.arrivals)}; this copy's arrival belongs "
-                                  "to no phase anyone waits for", self.loc)
-            bar.arrived += 1
+            bar.arrive(self)
         else:
             bar.delivered += copy_bytes(t.bind(interp.dims))
         buf.pending = bar
