@@ -329,11 +329,8 @@ def cmd_compile(args) -> int:
     print(f"{spec.instance_name} for {target.name} ({target.family}), compiled as {result.arch}: "
           f"dims {dims}; run-time dims {dyn}")
     print(f"  pipeline  {result.pipeline}")
-    print(f"  launch    {result.plan.block} threads/CTA, {result.plan.rows_per_cta} row(s)/CTA, cluster "
-          f"{result.plan.cluster}{', persistent' if result.plan.persistent else ''}"
-          f"{f', {result.plan.smem_dynamic} B dynamic shared' if result.plan.smem_dynamic else ''}"
-          f"{f', {result.plan.min_ctas_per_sm} CTAs an SM' if result.plan.min_ctas_per_sm else ''}")
-    for follower in result.plan.followers:  # sums across rows: the kernel that adds the partials
+    print(f"  launch    {result.plan.describe()}")
+    for follower in result.plan.contracts()[1:]:  # sums across rows: the kernel that adds the partials
         print(f"  then      {follower['name']}: the row kernel's partial sums added in a fixed order")
     print(f"  ptxas     {rep.registers} registers, {rep.spills} spill bytes, {rep.smem_bytes} B shared, "
           f"{rep.stack_bytes} B stack")

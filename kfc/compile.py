@@ -19,7 +19,9 @@ from typing import Any
 import attrs
 
 from . import __version__
+from .codegen.backend import build_arch, kernel_features, program_kind
 from .codegen.cuda import LaunchPlan, generate_cuda
+from .codegen.grid_emitter import GridPlan, unlowered_grid_ops
 from .codegen.resources import check_resources
 from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
 from .diagnostics import KfcError
@@ -28,9 +30,11 @@ from .frontend.spec import OpSpec
 from .ir.func import FuncOp
 from .ir.printer import print_ir
 from .ir.specialize import specialize
+from .ir.mma_ops import GridOp
 from .ir.tile_ops import DimOp, ParallelOp
 from .ir.types import MemSpace, TensorType
-from .passes import PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline, parse_user_pipeline
+from .passes import MATMUL_PIPELINE, PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline
+from .passes import parse_user_pipeline
 from .passes.base import PassError
 from .target import Target
 
@@ -45,7 +49,7 @@ class CompileResult:
     dynamic_dims: tuple[str, ...]
     ir: str
     kernel: CompiledKernel
-    plan: LaunchPlan
+    plan: LaunchPlan | GridPlan
     report: dict[str, Any]
 
 
@@ -88,15 +92,9 @@ def linearize_loops(func: FuncOp, ctx) -> FuncOp:
 
 
 def op_kind(func: FuncOp) -> tuple[str, PassError | None]:
-    """("row", None) for a row program; ("other", why not) for anything else."""
-    from .passes.rows import find_row_loop, row_length
-
-    try:
-        loop = find_row_loop(func)
-        row_length(loop, func)
-        return "row", None
-    except PassError as e:
-        return "other", e
+    """("row", None) for a row program, ("matmul", None) for a matrix product, ("other", why not)
+    for anything else (kfc.codegen.backend.program_kind)."""
+    return program_kind(func)
 
 
 def check_lowered(func: FuncOp, pipe) -> None:
@@ -106,6 +104,12 @@ def check_lowered(func: FuncOp, pipe) -> None:
     from .ir.gpu_ops import LaunchOp
     from .passes import ROW_PIPELINE
 
+    if any(isinstance(op, GridOp) for op in func.body.ops):
+        left = unlowered_grid_ops(func)
+        if left:
+            raise KfcError(f"the pipeline {str(pipe)!r} leaves {left[0].NAME} unlowered in the gpu.grid",
+                           left[0].loc, hint=f"leave out -p for the default pipeline: {MATMUL_PIPELINE}")
+        return
     if not any(isinstance(op, LaunchOp) for op in func.body.ops):
         raise KfcError(f"the pipeline {str(pipe) or '(empty)'!r} maps no loop onto the GPU: it has no tile pass",
                        hint=f"add tile{{...}}, or leave out -p for the default pipeline: {ROW_PIPELINE}")
@@ -172,7 +176,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     t0 = time.perf_counter()
     lowered = PassManager(pipe, ctx).run(special)
     t_passes = time.perf_counter() - t0
-    if kind != "row":
+    if kind not in ("row", "matmul"):
         from .passes.split_tiles import SplitReport
 
         # why the rank-2 tiles the row passes refuse stayed
@@ -184,7 +188,10 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
                        "and lowers it; code generation covers row ops such as rmsnorm, layernorm and softmax")
     check_lowered(lowered, pipe)
     code, plan = generate_cuda(lowered)
-    arch = target.name  # row kernels use no arch-specific ('a') instructions
+    features = kernel_features(lowered)
+    arch, arch_note = build_arch(target, features)
+    if arch_note:
+        ctx.notes.append(("backend", arch_note))
     t1 = time.perf_counter()
     kernel = compile_cuda(code, arch)
     t_nvcc = time.perf_counter() - t1
@@ -199,7 +206,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     tc = find_toolchain()
     report = {
         "op": func.sym_name, "source": spec.path, "kfc_version": __version__,
-        "target": target.name, "arch": arch, "family": target.family,
+        "target": target.name, "arch": arch, "family": target.family, "features": sorted(features),
         "pipeline": str(pipe), "dims": fixed, "dynamic_dims": dynamic, "ir_hash": ir_hash(lowered),
         # the launch contract: the kernels to launch in order (kfc.runtime.contract reads it)
         "kernels": plan.contracts(),

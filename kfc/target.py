@@ -37,6 +37,11 @@ ROW_CTA_THREADS = 512
 ROW_KERNEL_STATIC_SMEM = 4 * 1024
 
 
+def needs_arch_specific(feature: str) -> bool:
+    """Whether the feature's instructions exist only on a family's 'a' variant (sm_90a, sm_100a)."""
+    return _FEATURES[feature][1]
+
+
 @attrs.frozen
 class Target:
     sm: int
@@ -67,9 +72,6 @@ class Target:
         arch-specific one is compiled for its 'a' variant."""
         lo, _, families = _FEATURES[feature]
         return self.sm >= lo and (families is None or self.sm in families)
-
-    def needs_arch_specific(self, feature: str) -> bool:
-        return _FEATURES[feature][1]
 
     def features(self) -> frozenset[str]:
         return frozenset(f for f in _FEATURES if self.has(f))

@@ -174,7 +174,7 @@ def test_c_expressions_of_the_mma_shared_and_tmem_layouts_compute_what_numpy_doe
 @pytest.mark.parametrize("layout, ttype, message", [
     (Layout("wgmma_acc", (("warpgroups", 1),)), "f32[64, 12]", "multiple of 8 from 8 to 256"),
     (Layout("wgmma_acc", (("warpgroups", 2),)), "f32[64, 16]", "2 warpgroup(s) hold 128 rows, not 64"),
-    (Layout("wgmma_acc", (("warpgroups", 1),)), "bf16[64, 16]", "accumulates in f32 or f16"),
+    (Layout("wgmma_acc", (("warpgroups", 1),)), "f32[64, 16] @shared", "lives @reg, not @shared"),
     (Layout("wgmma_a", (("warpgroups", 1),)), "bf16[64, 24]", "not a multiple of 16"),
     (Layout("shared", (("swizzle", 128),)), "bf16[8, 32] @shared", "64 bytes; a 128-byte swizzle takes rows of 128"),
     (Layout("shared", (("swizzle", 48),)), "bf16[8, 24] @shared", "the modes are 0, 32, 64, 128"),

@@ -48,11 +48,14 @@ def c_kernel(op_name: str) -> str:
 class KernelParam:
     name: str        # the parameter's name in the op (a dim's symbol for kind "dim")
     kind: str        # "tensor" | "scalar" | "dim" | "workspace" (global memory the runtime allocates)
+                     # | "tensor_map" (a TMA descriptor of the op's tensor `name`, encoded by the runtime)
     ctype: str
     dtype: str
     optional: bool = False
     is_output: bool = False
     shape: tuple[str, ...] = ()  # a workspace's, as ir/constexpr expressions of the dims
+    box: tuple[int, ...] = ()    # a tensor map's [box_rows, box_cols], outer first
+    swizzle: int = 0             # a tensor map's swizzle in bytes: 0, 32, 64 or 128
 
     @property
     def cname(self) -> str:
@@ -61,8 +64,11 @@ class KernelParam:
         return c_dim(self.name) if self.kind == "dim" else c_param(self.name)
 
     def contract(self) -> dict:
-        return attrs.asdict(self, filter=lambda a, v: a.name != "shape" or self.kind == "workspace",
-                            value_serializer=lambda _, a, v: list(v) if a is not None and a.name == "shape" else v)
+        # each kind lists only its own fields: the other kinds' entries stay as they were
+        only = {"shape": "workspace", "box": "tensor_map", "swizzle": "tensor_map"}
+        return attrs.asdict(self, filter=lambda a, v: only.get(a.name, self.kind) == self.kind,
+                            value_serializer=lambda _, a, v: list(v) if a is not None and a.name in ("shape", "box")
+                            else v)
 
 
 def as_float(expr: str, dtype: DType) -> str:

@@ -39,6 +39,8 @@ def emit_for(em, op: ForOp) -> None:
     # the next carried values, all read before any is written (one may feed another)
     nexts = []
     for (n, res), y in zip(carried, body.ops[-1].operands):
+        if em.name(y) == n:
+            continue  # updated in place (a wgmma's accumulator): nothing to carry over
         t = em.fresh("kfc_next")
         emit_declare_like(em, t, res)
         copy_value(em, t, res, y)

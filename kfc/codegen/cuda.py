@@ -13,9 +13,11 @@ from ..ir.gpu_ops import LaunchOp
 from . import ptx
 # the rule modules register their rules on import
 from . import control_rules, elementwise_rules, memory_rules, pair_rules, reduction_rules  # noqa: F401
-from . import row_launch, scan_rules, smem_rules  # noqa: F401
+from . import mma_rules, row_launch, scan_rules, smem_rules  # noqa: F401
 from .c_names import c_dim, c_kernel, c_param  # noqa: F401  (kfc.codegen.cuda's names)
 from .emitter import KernelEmitter, LaunchPlan
+from .grid_emitter import GridKernelEmitter, GridPlan
+from ..ir.mma_ops import GridOp
 from .errors import CodegenError  # noqa: F401
 from .rules import rule_for
 
@@ -42,8 +44,16 @@ static __device__ __forceinline__ long long kfc_floormod(long long a, long long 
 """.lstrip("\n"))
 
 
-def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, LaunchPlan]:
+def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, LaunchPlan | GridPlan]:
+    """The kernel's CUDA C++ and launch plan: a row program's (its gpu.launch) or a tile
+    program's (its gpu.grid)."""
     name = kernel_name or c_kernel(func.sym_name)
+    if any(isinstance(op, GridOp) for op in func.body.ops):
+        grid = GridKernelEmitter(func, name)
+        code, plan = grid.generate()
+        functions = {**ptx.DEVICE_FUNCTIONS, **INTEGER_HELPERS, **ptx.MMA_FUNCTIONS, **grid.device_functions}
+        return (HEADER + "\n" + ptx.TENSOR_MAP_TYPE + ptx.device_functions_used(code, functions) + "\n" + code,
+                plan)
     emitter = KernelEmitter(func, name)
     code, plan = emitter.generate()
     return HEADER + "\n" + ptx.device_functions_used(code, {**ptx.DEVICE_FUNCTIONS, **INTEGER_HELPERS}) + "\n" + code, plan

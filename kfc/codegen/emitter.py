@@ -73,6 +73,13 @@ class LaunchPlan:
         """Every kernel of the op, in launch order (the launch contract's "kernels")."""
         return [self.contract(), *self.followers]
 
+    def describe(self) -> str:
+        """The launch in a line, for `kfc compile`'s summary."""
+        return (f"{self.block} threads/CTA, {self.rows_per_cta} row(s)/CTA, cluster {self.cluster}"
+                f"{', persistent' if self.persistent else ''}"
+                f"{f', {self.smem_dynamic} B dynamic shared' if self.smem_dynamic else ''}"
+                f"{f', {self.min_ctas_per_sm} CTAs an SM' if self.min_ctas_per_sm else ''}")
+
 
 class KernelEmitter:
     as_float = staticmethod(as_float)

@@ -295,3 +295,62 @@ def device_functions_used(code: str, functions: dict[str, str] = DEVICE_FUNCTION
     """The definitions of the `functions` that `code` calls, in their order: no unused helper
     text in a kernel's source."""
     return "".join(text for name, text in functions.items() if re.search(rf"\b{name}\(", code))
+
+
+# --- TMA and warpgroup MMA (Hopper, sm_90a) ---------------------------------------------------
+# Facts from the PTX ISA: a tensor copy's coordinates run innermost dim first; its tensor map
+# operand is the generic address of a __grid_constant__ parameter. A wgmma shared-memory
+# descriptor holds the start address >> 4 in bits 0-13, the leading-dimension byte offset >> 4 in
+# 16-29, the stride byte offset >> 4 in 32-45 and the swizzle in 62-63 (1: 128 bytes). For a
+# K-major operand with the 128-byte swizzle the stride offset is the 1024 bytes between groups of
+# 8 rows (the leading offset is unused); for an MN-major one the leading offset is the distance
+# between 64-element chunks of MN and the stride offset the 1024 bytes between groups of 8 rows of K.
+TENSOR_MAP_TYPE = "struct __align__(64) kfc_tensor_map { unsigned long long words[16]; };\n"
+
+MMA_PRELUDE = r"""
+static __device__ __forceinline__ void kfc_tma_load_2d(unsigned dst, const void* map, int inner, int outer, unsigned mbar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(mbar) : "memory");
+}
+static __device__ __forceinline__ unsigned long long kfc_wgmma_desc(unsigned addr, unsigned leading, unsigned stride) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
+         ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+static __device__ __forceinline__ void kfc_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void kfc_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void kfc_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+"""
+MMA_FUNCTIONS = definitions(MMA_PRELUDE.lstrip("\n"))
+
+
+def wgmma_wait(pending: int) -> str:
+    return f'asm volatile("wgmma.wait_group.sync.aligned {pending};" ::: "memory");'
+
+
+def wgmma_function(n: int, dtype: str, trans_b: bool) -> tuple[str, str]:
+    """(name, definition) of the device function issuing one wgmma.m64n{n}k16 with f32
+    accumulators d[n / 2] in place (scale-d a predicate: 0 discards what d held), A and B from
+    shared-memory descriptors."""
+    name = f"kfc_wgmma_m64n{n}k16_{dtype}{'_tb' if trans_b else ''}"
+    regs = n // 2
+    acc = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    text = (f"static __device__ __forceinline__ void {name}(float (&d)[{regs}], unsigned long long a, "
+            f"unsigned long long b, int scale_d) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{acc}}}, %{regs}, '
+            f'%{regs + 1}, p, 1, 1, 0, {int(trans_b)};\\n}}"\n'
+            f'               : {outs}\n               : "l"(a), "l"(b), "r"(scale_d));\n}}\n')
+    return name, text
+
+
+def fence_registers(array: str, n: int) -> str:
+    """Keep the compiler from moving reads or writes of a register array across this point (an
+    accumulator an asynchronous wgmma writes)."""
+    return f'for (int i = 0; i < {n}; ++i) asm volatile("" : "+f"({array}[i]) :: "memory");'

@@ -195,6 +195,8 @@ class SharedTile:
     def against_type(self, t: TensorType) -> str | None:
         if self.swizzle not in SWIZZLES:
             return f"swizzle = {self.swizzle}; the modes are {', '.join(map(str, SWIZZLES))} bytes"
+        # leading dims (stages, chunks) index whole [rows, cols] tiles, each aligned on its own
+        t = t.with_shape(t.shape[-2:]) if t.rank > 2 else t
         problem = _matrix(t, MemSpace.SHARED, "a #shared tile")
         if problem or not self.swizzle:
             return problem
@@ -222,6 +224,32 @@ class SharedTile:
         return f"({a} ^ ((({a} >> 7) & {self._mask()}) << 4))"
 
 
+# --- TMA tensor maps ---------------------------------------------------------------------------
+@attrs.frozen
+class TensorMapBox:
+    """#tensor_map: a global tensor seen through a TMA descriptor that moves boxes of [rows, cols]
+    elements, landing in shared memory with a swizzle of `swizzle` bytes (#shared's)."""
+
+    rows: int
+    cols: int
+    swizzle: int
+
+    KIND = "tensor_map"
+
+    def as_layout(self) -> Layout:
+        return Layout(self.KIND, (("rows", self.rows), ("cols", self.cols), ("swizzle", self.swizzle)))
+
+    def against_type(self, t: TensorType) -> str | None:
+        if t.space is not MemSpace.GLOBAL or t.rank != 2:
+            return f"a #tensor_map describes a rank-2 global tensor, not {t}"
+        if self.swizzle not in SWIZZLES:
+            return f"swizzle = {self.swizzle}; the modes are {', '.join(map(str, SWIZZLES))} bytes"
+        return None
+
+    def against_launch(self, threads: int, vec: int, cluster: int) -> str | None:
+        return None  # a descriptor: no thread holds it
+
+
 # --- warpgroup MMA (Hopper wgmma) -------------------------------------------------------------
 WARPGROUP = 128
 WGMMA_M = 64
@@ -245,7 +273,7 @@ class _WarpgroupFragment:
         problem = _matrix(t, MemSpace.REG, f"a #{self.KIND} tile")
         if problem:
             return problem
-        if t.dtype not in self.DTYPES:
+        if self.DTYPES and t.dtype not in self.DTYPES:
             return f"{self.ROLE} in {' or '.join(map(str, self.DTYPES))}, not {t.dtype}"
         if t.shape[0] != WGMMA_M * self.warpgroups:
             return f"{self.warpgroups} warpgroup(s) hold {WGMMA_M * self.warpgroups} rows, not {t.shape[0]}"
@@ -287,7 +315,9 @@ class WgmmaAccumulator(_WarpgroupFragment):
     (64q + 16w + 8h + l // 4, 8k + 2·(l % 4) + b)."""
 
     KIND = "wgmma_acc"
-    DTYPES = (DType.F32, DType.F16)
+    # any dtype: an epilogue's values (a bf16 cast of the accumulator) keep its layout; gpu.wgmma
+    # itself checks that it accumulates in f32
+    DTYPES = ()
     ROLE = "a wgmma accumulates"
 
     def columns_problem(self, n: int) -> str | None:
@@ -385,7 +415,8 @@ class TensorMemory:
         return f"((({warp}) % 4) * 32 + ({lane}))"
 
 
-KINDS = {cls.KIND: cls for cls in (Blocked1D, Lanes, SharedTile, WgmmaAccumulator, WgmmaOperandA, TensorMemory)}
+KINDS = {cls.KIND: cls for cls in (Blocked1D, Lanes, SharedTile, TensorMapBox, WgmmaAccumulator, WgmmaOperandA,
+                                   TensorMemory)}
 
 
 def of(layout: Layout | None):

@@ -211,6 +211,10 @@ class Op:
             if self._native is None:
                 self._native = fastcall.module() or False
             launches = contract.kernels_of({"kernels": kernel["kernels"]}, self.name)
+            maps = [p["name"] for launch in launches for p in launch["params"] if p["kind"] == "tensor_map"]
+            if maps:  # encoding them needs cuda-python, which a package does not depend on
+                raise OpError(f"{self.name}: its kernel reads {', '.join(map(repr, maps))} through TMA tensor maps; "
+                              "packages cannot launch TMA kernels yet (call the op through kfc.load)")
             module_key = (kernel["cubin"], index)
             if module_key not in self._modules:
                 context = launcher.primary_context(index)

@@ -11,8 +11,13 @@ Each entry of "kernels", launched in order:
     persistent           the grid's x is capped at one wave of clusters
     params               in order: tensor (a pointer), scalar (a C value), dim (a long long),
                          workspace (a pointer to global memory the runtime allocates for the
-                         call, f32 of its "shape": expressions of the dims); other kinds
-                         (tensor maps) are refused by this runtime, by name
+                         call, f32 of its "shape": expressions of the dims), tensor_map (a
+                         128-byte CUtensorMap by value, `const __grid_constant__`, that the
+                         runtime encodes per call from the op's tensor "name", which may also
+                         be a tensor param: rank 2, [rows, cols] row-major with unit stride on
+                         cols; "box" is [box_rows, box_cols], outer first; "swizzle" is 0, 32,
+                         64 or 128 bytes; reads past the tensor's bounds give zeros); other
+                         kinds are refused by this runtime, by name
     defines              optional: dims this kernel's launch fixes for the kernels after it,
                          expressions of the dims and kfc_grid_x (its grid's x, once capped)
     min_ctas_per_sm      optional: the CTAs an SM the kernel was compiled to hold (the minimum
@@ -34,7 +39,7 @@ except ImportError:  # vendored into a package `kfc package` wrote, which runs w
         def __init__(self, message: str, hint: str | None = None) -> None:
             super().__init__(f"{message}; {hint}" if hint else message)
 
-PARAM_KINDS = ("tensor", "scalar", "dim", "workspace")
+PARAM_KINDS = ("tensor", "scalar", "dim", "workspace", "tensor_map")
 DEFAULT_SMEM_LIMIT = 48 * 1024  # shared memory a kernel may take without raising its limit
 
 

@@ -28,7 +28,7 @@ from ..ir.printer import print_ir
 from ..ir.signature import bind_dims, output_shape
 from ..ir.types import MemSpace
 from ..target import Target, parse_target
-from . import cache, contract, fastcall
+from . import cache, contract, fastcall, tensor_maps
 from .driver import CTYPES, LoadedKernel
 
 
@@ -273,17 +273,25 @@ class KfcKernel:
 
         from ..ir import constexpr
         from .driver import ensure_context
-        from .launcher import PreparedLaunch
+        from .launcher import PreparedLaunch, TensorMapSlot
 
         slot_types, kinds, fixed, tensors, scalars, outputs, workspaces = [], [], {}, [], [], [], []
+        maps = []
         names = self.func.input_names
         for k, p in enumerate(launch["params"]):
-            kinds.append(fastcall.KINDS[p["ctype"] if p["kind"] == "scalar" else "long long" if p["kind"] == "dim"
-                                        else "ptr"])
-            if not first and (p["kind"] == "scalar" or p["kind"] == "tensor" and not p["is_output"]):
+            # a tensor map has no fastcall kind: a call that takes one goes the Python way (can_be_native)
+            kinds.append(None if p["kind"] == "tensor_map" else fastcall.KINDS[
+                p["ctype"] if p["kind"] == "scalar" else "long long" if p["kind"] == "dim" else "ptr"])
+            if not first and (p["kind"] == "scalar" or p["kind"] in ("tensor", "tensor_map") and not p["is_output"]):
                 raise KfcError(f"{self.name}: its kernel {launch['name']} takes the input {p['name']!r}; this "
                                "runtime passes only outputs, workspaces and dims to the kernels after the first")
-            if p["kind"] == "workspace":
+            if p["kind"] == "tensor_map":
+                if p["is_output"]:
+                    raise KfcError(f"{self.name}: its kernel {launch['name']} takes a tensor map of its output "
+                                   f"{p['name']!r}; this runtime encodes tensor maps of inputs only")
+                slot_types.append(TensorMapSlot)
+                maps.append((names.index(p["name"]), k, p, f"{self.name}: {p['name']!r}"))
+            elif p["kind"] == "workspace":
                 slot_types.append(ctypes.c_void_p)
                 workspaces.append((p["name"], k))
             elif p["kind"] == "tensor":
@@ -316,7 +324,7 @@ class KfcKernel:
                                   slot_types, device_index, loaded.name)
         for k, value in fixed.items():
             prepared.slots.values[k].value = value
-        return Stage(prepared, kinds, fixed, tensors, scalars, outputs, workspaces, all(grid)), grid
+        return Stage(prepared, kinds, fixed, tensors, scalars, outputs, workspaces, maps, all(grid)), grid
 
     # --- torch integration --------------------------------------------------------------------
     def as_torch_op(self, name: str | None = None):
@@ -405,6 +413,7 @@ class Stage:
     scalars: list         # (argument index, name, slot, float | int)
     outputs: list         # (name, slot)
     workspaces: list      # (name, slot)
+    maps: list            # (argument index, slot, contract param, what errors call it): encoded per call
     runs: bool            # False when its grid is empty: nothing to launch
 
 
@@ -413,6 +422,8 @@ class PreparedCall:
     allocate (or the given ones to check), and the prepared launches: the op's first kernel,
     then any that follow it (which read the workspaces the call allocates)."""
 
+    maps: list = []  # the first kernel's tensor maps (Stage.maps); a default for calls built bare, as tests do
+
     def __init__(self, first: Stage, allocators, outputs_given: bool) -> None:
         self.launch = first.launch
         self.kinds = first.kinds
@@ -420,6 +431,7 @@ class PreparedCall:
         self.tensors = first.tensors
         self.scalars = first.scalars
         self.outputs = first.outputs
+        self.maps = first.maps
         self.first = first
         self.followers: list[Stage] = []
         self.workspaces: dict[str, tuple[int, ...]] = {}  # name -> shape (f32), allocated per call
@@ -435,14 +447,19 @@ class PreparedCall:
         """The full path's launch: arguments by name (positional or keyword), outputs allocated."""
         ptrs = [0 if bound.get(name) is None else bound[name].data_ptr() for _, name, _ in self.tensors]
         scalars = [bound[name] for _, name, _, _ in self.scalars]
-        self.run(ptrs, scalars, [outs.get(name) for name, _ in self.outputs])
+        self.run(ptrs, scalars, [outs.get(name) for name, _ in self.outputs],
+                 [bound.get(p["name"]) for _, _, p, _ in self.maps])
 
-    def run(self, ptrs: list, scalars: list, outs) -> None:
-        """Write the slots (tensor pointers, scalar values, output pointers) and launch."""
+    def run(self, ptrs: list, scalars: list, outs, maps: list) -> None:
+        """Write the slots (tensor pointers, scalar values, output pointers, the tensor maps of
+        `maps`' tensors) and launch."""
         values = self.values
         with self.lock:
             for (_, _, k), p in zip(self.tensors, ptrs):
                 values[k].value = p
+            if self.runs:  # an empty grid launches nothing, and an empty tensor has no map
+                for (_, k, param, what), t in zip(self.maps, maps):
+                    values[k].fill(None if t is None else tensor_maps.encodings.get(what, t, param))
             for (_, _, k, kind), v in zip(self.scalars, scalars):
                 values[k].value = kind(v)
             for (_, k), o in zip(self.outputs, outs):
@@ -472,8 +489,9 @@ class PreparedCall:
         """Whether a compiled launcher can serve this signature: it launches one kernel and
         allocates no workspace; it checks scalars by value, so a scalar passed as None (its
         default) is not one it can tell apart; and it takes out= only as every output, each a
-        tensor."""
-        if self.followers or self.workspaces:
+        tensor. Tensor maps are encoded per call in Python, which it does not do, so a kernel
+        that takes one always goes the Python way."""
+        if self.followers or self.workspaces or self.maps:
             return False
         if any(i < len(args) and args[i] is None for i in self.scalar_args):
             return False
@@ -523,6 +541,9 @@ class PreparedCall:
             if p & 15 or not t.is_contiguous():
                 return _MISS
             ptrs.append(p)
+        maps = [args[i] if i < n else None for i, _, _, _ in self.maps]
+        if any(t is not None and (t.data_ptr() & 15 or not t.is_contiguous()) for t in maps):
+            return _MISS
         if self.outputs_given:
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             for o in outs:
@@ -530,7 +551,7 @@ class PreparedCall:
                     return _MISS
         else:
             outs = tuple(alloc(args) for alloc in self.allocators)
-        self.run(ptrs, [args[i] for i, _, _, _ in self.scalars], outs)
+        self.run(ptrs, [args[i] for i, _, _, _ in self.scalars], outs, maps)
         return outs[0] if len(outs) == 1 else outs
 
 

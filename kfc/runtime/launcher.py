@@ -93,6 +93,23 @@ def current_stream_getter():
     return lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
+class TensorMapSlot:
+    """A CUtensorMap argument: 128 bytes at a 64-byte aligned address, as cuda.h declares it
+    (ctypes before Python 3.13 aligns a structure to 16 at most, so it is cut out of a larger
+    buffer)."""
+
+    SIZE, ALIGN = 128, 64
+
+    def __init__(self) -> None:
+        self._buffer = (ctypes.c_char * (self.SIZE + self.ALIGN - 1))()
+        base = ctypes.addressof(self._buffer)
+        self.address = base + -base % self.ALIGN
+
+    def fill(self, encoded: bytes | None) -> None:
+        """Write an encoded map; None (an optional tensor left out) writes zeros."""
+        ctypes.memmove(self.address, encoded or bytes(self.SIZE), self.SIZE)
+
+
 class ArgSlots:
     """The kernel's argument array: one C value per parameter and the void* array pointing at
     them, so a call updates values in place."""
@@ -100,7 +117,8 @@ class ArgSlots:
     def __init__(self, ctypes_types: list) -> None:
         self.values = [t() for t in ctypes_types]
         self.array = (ctypes.c_void_p * max(1, len(self.values)))(
-            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.values])
+            *[v.address if isinstance(v, TensorMapSlot) else ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+              for v in self.values])
         self.address = ctypes.addressof(self.array)
 
 

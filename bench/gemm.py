@@ -1,0 +1,144 @@
+"""kfc's GEMM (kernels/gemm.kfc: TMA + wgmma) against cuBLAS (torch.matmul), in one run on one GPU.
+
+    python -m bench.gemm [--shapes 4096x4096x4096,...] [--pipeline P] [--out FILE]
+
+bf16 a [M, K], b [K, N] from a normal distribution, bf16 c, fp32 accumulation. Each shape
+compiles its own kfc kernel (every dim is fixed per compile). Both contenders' outputs are
+checked against a.float() @ b.float() first (max |err| / max |ref| < 1e-2; a wrong contender is
+not timed and the run exits non-zero); then timed eagerly (triton.testing.do_bench, median, L2
+flushed before each call) and by CUDA graph replay (triton.testing.do_bench_cudagraph, median).
+TFLOP/s = 2 M N K / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from . import harness
+from .provenance import save
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 1024, 8192), (16, 8192, 8192)]  # (M, N, K)
+TOL = 1e-2
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'4096x4096x4096,16x8192x8192' -> [(4096, 4096, 4096), (16, 8192, 8192)] (M x N x K)."""
+    out = []
+    for s in text.split(","):
+        m, n, k = (int(v) for v in s.strip().split("x"))
+        out.append((m, n, k))
+    return out
+
+
+def error(out, ref) -> float:
+    """max |out - ref| / max |ref|; inf where out has a non-finite value."""
+    o = out.float()
+    if not bool(o.isfinite().all()):
+        return math.inf
+    return float((o - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def contenders(pipeline: str | None) -> dict:
+    import torch
+
+    import kfc
+
+    k = kfc.load(ROOT / "kernels" / "gemm.kfc", pipeline=pipeline)
+    return {"kfc": lambda a, b: k(a, b), "cublas": torch.matmul}
+
+
+def run(shapes, pipeline: str | None, seed: int = 0) -> tuple[list[dict], list[str]]:
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # an fp32 reference, not a tf32 one
+    fns = contenders(pipeline)
+    gen = torch.Generator(device="cuda")
+    rows, failures = [], []
+    for m, n, k in shapes:
+        gen.manual_seed(seed + m * 31 + n * 7 + k)
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+        ref = a.float() @ b.float()
+        flops = 2 * m * n * k
+        row = {"M": m, "N": n, "K": k}
+        for name, fn in fns.items():
+            r: dict = {}
+            try:
+                r["max_err_rel"] = err = error(fn(a, b), ref)
+                torch.cuda.synchronize()
+                if not err < TOL:
+                    raise AssertionError(f"wrong: max |err| / max |ref| = {err:.3g} (tolerance {TOL})")
+                r["eager_us"] = harness.time_eager(fn, (a, b))
+                r["graph_us"] = do_bench_cudagraph(lambda: fn(a, b), rep=100, return_mode="median") * 1e3
+                r["eager_tflops"] = flops / (r["eager_us"] * 1e-6) / 1e12
+                r["graph_tflops"] = flops / (r["graph_us"] * 1e-6) / 1e12
+                r["ok"] = True
+            except Exception as e:  # noqa: BLE001 - reported, and the run exits non-zero
+                r.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+                failures.append(f"{name} {m}x{n}x{k}: {r['error']}")
+                print(f"FAILED {failures[-1]}", file=sys.stderr, flush=True)
+            row[name] = r
+            print(f"gemm {m}x{n}x{k} {name}: {r}", file=sys.stderr, flush=True)
+        if row["kfc"].get("ok") and row["cublas"].get("ok"):
+            row["eager_ratio_kfc_over_cublas"] = row["kfc"]["eager_tflops"] / row["cublas"]["eager_tflops"]
+            row["graph_ratio_kfc_over_cublas"] = row["kfc"]["graph_tflops"] / row["cublas"]["graph_tflops"]
+        rows.append(row)
+        del a, b, ref
+        torch.cuda.empty_cache()
+    return rows, failures
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    def cell(r: dict, key: str) -> str:
+        return f"{r[key]:9.1f}" if r.get("ok") else f"{'fail':>9}"
+
+    def ratio(row: dict, key: str) -> str:
+        return f"{row[key]:7.3f}" if key in row else f"{'-':>7}"
+
+    print(f"\n{title}")
+    print(f"{'M x N x K':>20} {'kfc eager':>9} {'cuBLAS':>9} {'ratio':>7}   "
+          f"{'kfc graph':>9} {'cuBLAS':>9} {'ratio':>7}")
+    for row in rows:
+        kf, cb = row["kfc"], row["cublas"]
+        print(f"{row['M']:>6}x{row['N']:>6}x{row['K']:<6} {cell(kf, 'eager_tflops')} {cell(cb, 'eager_tflops')} "
+              f"{ratio(row, 'eager_ratio_kfc_over_cublas')}   {cell(kf, 'graph_tflops')} {cell(cb, 'graph_tflops')} "
+              f"{ratio(row, 'graph_ratio_kfc_over_cublas')}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gemm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", help="MxNxK,... (default: " + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
+    ap.add_argument("--pipeline", help="kfc pass pipeline (passed to kfc.load; default: kfc's own)")
+    ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
+    args = ap.parse_args(argv)
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+    rows, failures = run(shapes, args.pipeline)
+    prov = harness.provenance([])
+    eager = [r["eager_ratio_kfc_over_cublas"] for r in rows if "eager_ratio_kfc_over_cublas" in r]
+    graph = [r["graph_ratio_kfc_over_cublas"] for r in rows if "graph_ratio_kfc_over_cublas" in r]
+    payload = {"op": "gemm", "dtype": "bf16 a, b and c; fp32 accumulation", "pipeline": args.pipeline,
+               "metric": "TFLOP/s = 2 M N K / time",
+               "check": f"max |out - a.float() @ b.float()| / max |ref| < {TOL}, before timing",
+               "timing": "eager: triton.testing.do_bench median, L2 flushed before each call; "
+                         "graph: triton.testing.do_bench_cudagraph median",
+               "env": prov, "shapes": rows, "failures": failures,
+               "geomean_eager_ratio_kfc_over_cublas": harness.geomean(eager) if eager else None,
+               "geomean_graph_ratio_kfc_over_cublas": harness.geomean(graph) if graph else None}
+    path = save("gemm", payload, also=args.out)
+    print(f"saved {path}")
+    print_table(f"gemm: TFLOP/s on {prov.get('gpu', '?')} (bf16), eager | CUDA graph; ratio = kfc / cuBLAS", rows)
+    if eager:
+        print(f"geomean kfc / cuBLAS: eager {harness.geomean(eager):.3f}, graph {harness.geomean(graph):.3f}")
+    for f in failures:
+        print(f"FAILED {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

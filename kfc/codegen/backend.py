@@ -1,0 +1,73 @@
+"""The backend's choices that depend on the program and the target: which kind of program it
+is (so which lowering and default pipeline), which target features its final IR uses, and the
+architecture its code is built for.
+
+    tile program ──kind──▶ pipeline (kfc.passes.default_pipeline) ──▶ final IR ──features──▶ arch
+
+A plain target (sm_90, sm_100) becomes its arch-specific variant (sm_90a, sm_100a) exactly
+when the kernel uses an instruction only that variant has (wgmma, setmaxnreg, tcgen05); the
+compile report says so.
+"""
+
+from __future__ import annotations
+
+from ..diagnostics import KfcError
+from ..ir.core import walk_block
+from ..ir.func import FuncOp
+from ..ir.gpu_ops import LaunchOp
+from ..ir.mma_ops import MbarrierArrayOp, TmaLoadOp, WgmmaOp
+from ..ir.smem_ops import CopyAsyncOp, MbarrierAllocOp
+from ..target import Target, needs_arch_specific
+
+
+def program_kind(func: FuncOp) -> tuple[str, Exception | None]:
+    """("row", None) for a row program, ("matmul", None) for a whole-tensor matrix product with
+    an elementwise epilogue, ("other", why it is not a row program) for anything else."""
+    from ..passes.accelerate_matmul import match_matmul
+    from ..passes.base import PassError
+    from ..passes.rows import find_row_loop, row_length
+    from ..ir.tile_ops import DotOp
+
+    try:
+        loop = find_row_loop(func)
+        row_length(loop, func)
+        return "row", None
+    except PassError as e:
+        why = e
+    if any(isinstance(op, DotOp) for op in func.body.ops):
+        try:
+            match_matmul(func)
+            return "matmul", None
+        except PassError as e:
+            why = e
+    return "other", why
+
+
+def kernel_features(func: FuncOp) -> frozenset[str]:
+    """The target features the final IR's kernels use."""
+    used = set()
+    for op in walk_block(func.body):
+        if isinstance(op, WgmmaOp):
+            used.add("wgmma")
+        elif isinstance(op, TmaLoadOp):
+            used.add("tma")
+        elif isinstance(op, (MbarrierArrayOp, MbarrierAllocOp)):
+            used.add("mbarrier")
+        elif isinstance(op, CopyAsyncOp):
+            used.add("cp_async")
+        elif isinstance(op, LaunchOp) and op.cluster > 1:
+            used.add("cluster")
+    return frozenset(used)
+
+
+def build_arch(target: Target, features: frozenset[str]) -> tuple[str, str | None]:
+    """The architecture to build for, and a note when it is not the target's own name."""
+    missing = sorted(f for f in features if not target.has(f))
+    if missing:
+        raise KfcError(f"the kernel uses {', '.join(missing)}, which {target} ({target.family}) does not have",
+                       hint="compile for a target that has it (wgmma: sm_90a; tcgen05: sm_100a)")
+    specific = sorted(f for f in features if needs_arch_specific(f))
+    if specific and not target.arch_specific:
+        arch = f"{target.name}a"
+        return arch, f"built for {arch}, not {target.name}: the kernel uses {', '.join(specific)}, which only {arch} has"
+    return target.name, None

@@ -1,0 +1,222 @@
+"""The kernel emitter of tile programs: a gpu.grid of program ids, each a CTA.
+
+A value's form comes from its type's layout (kfc.ir.layouts), as in the row emitter, so the
+elementwise rules (kfc.codegen.elementwise_rules) serve both: a tile in a fragment layout
+(#wgmma_acc) is a per-thread register array of `registers` elements (element i at the row and
+column the layout's C expressions give for register i of thread kfc_tid), a scalar one variable
+every thread holds alike, a global tensor a pointer parameter, a tensor map a `__grid_constant__`
+parameter, staged shared tiles and mbarrier arrays a shared-memory address. The grid's rule
+(kfc.codegen.mma_rules) names the program ids; every other op is written by its rule.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..ir.core import Op, Value
+from ..ir.func import FuncOp
+from ..ir import layouts
+from ..ir.mma_ops import GridOp, TensorMapOp
+from ..ir.types import MemSpace
+from .c_names import C_TYPES, KernelParam, as_float, c_param, from_float
+from .errors import CodegenError
+from .rules import rule_for
+
+SMEM_ALIGN = 1024  # a 128-byte swizzle's period: every staged tile starts on it
+
+
+@attrs.frozen
+class GridPlan:
+    """The launch contract's entry of a grid kernel: one CTA per program id, the programs of an
+    N-D grid numbered along x (the kernel decodes its raster order from blockIdx.x)."""
+
+    kernel: str
+    params: tuple[KernelParam, ...]
+    programs: int
+    block: int
+    smem_static: int
+    smem_dynamic: int
+    cluster: int = 1
+    persistent: bool = False
+    min_ctas_per_sm: int = 1
+
+    @property
+    def grid(self) -> tuple[str, str, str]:
+        return (str(self.programs), "1", "1")
+
+    def contract(self) -> dict:
+        return {"name": self.kernel, "grid": list(self.grid), "block": [self.block, 1, 1],
+                "cluster": [self.cluster, 1, 1], "smem_static_bytes": self.smem_static,
+                "smem_dynamic_bytes": self.smem_dynamic, "persistent": self.persistent,
+                "params": [p.contract() for p in self.params], "min_ctas_per_sm": self.min_ctas_per_sm}
+
+    def contracts(self) -> list[dict]:
+        return [self.contract()]
+
+    def describe(self) -> str:
+        return (f"{self.programs} CTAs of {self.block} threads, {self.smem_dynamic} B dynamic shared")
+
+
+def tensor_map_cname(v: Value) -> str:
+    """A tensor map parameter's C name: kfc's own, beside the tensor's p_NAME."""
+    return f"kfc_tm_{c_param(v.name)}"
+
+
+class GridKernelEmitter:
+    as_float = staticmethod(as_float)
+    from_float = staticmethod(from_float)
+    chunk_local = None  # no fused chunk loops in a grid kernel
+
+    def __init__(self, func: FuncOp, kernel_name: str) -> None:
+        self.func = func
+        self.kernel_name = kernel_name
+        grids = [op for op in func.body.ops if isinstance(op, GridOp)]
+        if len(grids) != 1:
+            raise CodegenError(f"codegen needs one gpu.grid at the top of {func.sym_name}", func.loc)
+        self.launch = grids[0]
+        self.names: dict[Value, str] = {v: c_param(v.name) for v in func.args}
+        self.lines: list[str] = []
+        self.indent = 1
+        self.counter = 0
+        self.smem_decls: list[str] = []
+        self.smem_dynamic = 0
+        self.smem_static = 0
+        self.device_functions: dict[str, str] = {}
+        self.single_thread = 0  # depth of gpu.single_thread regions around the op being written  # defined once each at the top of the .cu
+        fragments = {layouts.of(r.ttype.layout).registers(r.ttype.shape[1]) for op in self.launch.walk()
+                     for r in op.results if self._is_fragment(r)}
+        if len(fragments) > 1:
+            raise CodegenError("the tiles of a grid kernel share one fragment size", self.launch.loc)
+        self.EV = fragments.pop() if fragments else 0
+        self.uses: dict[Value, list[Op]] = {}
+        for op in self.launch.walk():
+            for v in op.operands:
+                self.uses.setdefault(v, []).append(op)
+
+    @staticmethod
+    def _is_fragment(v: Value) -> bool:
+        t = v.type
+        return getattr(t, "layout", None) is not None and t.space is MemSpace.REG and \
+            t.layout.kind == layouts.WgmmaAccumulator.KIND
+
+    # --- what the rules write through ------------------------------------------------------------
+    def fresh(self, hint: str = "v") -> str:
+        self.counter += 1
+        return f"{hint}{self.counter}"
+
+    def name(self, v: Value) -> str:
+        if v not in self.names:
+            self.names[v] = self.fresh()
+        return self.names[v]
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.indent + line)
+
+    def kind(self, v: Value) -> str:
+        t = v.ttype
+        if t.space is not MemSpace.REG:
+            return "tensor"
+        if self._is_fragment(v):
+            return "row"  # a per-thread register array, as a row value is: the elementwise rules loop over it
+        if t.rank == 0:
+            return "scalar"
+        raise CodegenError(f"a rank-{t.rank} tile {t} without a fragment layout reached codegen", None,
+                           "run accelerate-matmul")
+
+    def elem(self, v: Value, i: str) -> str:
+        return f"{self.name(v)}[{i}]" if self.kind(v) == "row" else self.name(v)
+
+    def operand(self, v: Value, i):
+        return self.elem(v, i) if i is not None else self.name(v)
+
+    @property
+    def span(self) -> int:
+        return self.EV
+
+    def declare(self, v: Value) -> str:
+        n = self.name(v)
+        ct = C_TYPES[v.ttype.dtype]
+        self.emit(f"{ct} {n}[{self.EV}];" if self.kind(v) == "row" else f"{ct} {n};")
+        return n
+
+    def loop(self, body: str) -> None:
+        self.emit("#pragma unroll")
+        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {body} }}")
+
+    def assign(self, op: Op, expr_of_i) -> None:
+        r = op.result
+        n = self.declare(r)
+        if self.kind(r) == "row":
+            self.loop(f"{n}[i] = {expr_of_i('i')};")
+        else:
+            self.emit(f"{n} = {expr_of_i(None)};")
+
+    def emit_op(self, op: Op) -> None:
+        emit = rule_for(op)
+        if emit is None:
+            raise CodegenError(f"codegen has no rule for {op.NAME}", op.loc,
+                               "this op must be lowered by a pass before codegen")
+        emit(self, op)
+
+    def used_after(self, v: Value, op: Op) -> bool:
+        """Whether anything but `op` reads v (a wgmma may then update its accumulator in place)."""
+        return any(u is not op for u in self.uses.get(v, ()))
+
+    def alloc_dynamic(self, nbytes: int) -> int:
+        """A staged tile's offset in the kernel's dynamic shared memory."""
+        offset = -(-self.smem_dynamic // SMEM_ALIGN) * SMEM_ALIGN
+        self.smem_dynamic = offset + nbytes
+        return offset
+
+    # --- the kernel --------------------------------------------------------------------------
+    def params(self) -> list[KernelParam]:
+        out = []
+        outputs = set(self.func.outputs)
+        for v in self.func.args:
+            t = v.ttype
+            if t.space is MemSpace.REG:
+                out.append(KernelParam(v.name, "scalar", C_TYPES[t.dtype], str(t.dtype)))
+            else:
+                out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
+        for op in self.launch.body.ops:
+            if isinstance(op, TensorMapOp):
+                t = op.operands[0].ttype
+                out.append(KernelParam(op.operands[0].name, "tensor_map", "kfc_tensor_map", str(t.dtype),
+                                       box=tuple(op.box), swizzle=op.swizzle))
+        for s in self.func.symbols:
+            out.append(KernelParam(s, "dim", "long long", "index"))
+        return out
+
+    def param_decl(self, p: KernelParam) -> str:
+        if p.kind == "tensor":
+            const = "" if p.is_output else "const "
+            return f"{const}{p.ctype}* __restrict__ {p.cname}"
+        if p.kind == "tensor_map":
+            v = next(a for a in self.func.args if a.name == p.name)
+            return f"const __grid_constant__ kfc_tensor_map {tensor_map_cname(v)}"
+        return f"{p.ctype} {p.cname}"
+
+    def generate(self) -> tuple[str, GridPlan]:
+        params = self.params()
+        sig = ", ".join(self.param_decl(p) for p in params)
+        for op in self.func.body.ops:
+            self.emit_op(op)
+        if self.smem_dynamic:
+            self.smem_dynamic += SMEM_ALIGN  # room to align the dynamic base up to the swizzle period
+        body = "\n".join(self.lines)
+        smem = "\n".join("  " + d for d in self.smem_decls)
+        L = self.launch
+        code = (f'extern "C" __global__ void __launch_bounds__({L.threads}, 1) {self.kernel_name}({sig}) {{\n'
+                f"{smem}\n{body}\n}}\n")
+        programs = 1
+        for g in L.grid:
+            programs *= g
+        return code, GridPlan(self.kernel_name, tuple(params), programs, L.threads, self.smem_static,
+                              self.smem_dynamic)
+
+
+def unlowered_grid_ops(func: FuncOp) -> list[Op]:
+    """Ops of the kernel's gpu.grid that the code generator has no rule for."""
+    return [op for grid in func.body.ops if isinstance(grid, GridOp) for op in grid.walk()
+            if op is not grid and rule_for(op) is None]
+

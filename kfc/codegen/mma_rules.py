@@ -1,0 +1,204 @@
+"""Emission rules for tile programs on tensor cores (kfc.ir.mma_ops), written through the grid
+emitter (kfc.codegen.grid_emitter): the grid's program ids, tensor maps, staged tiles, mbarrier
+arrays, TMA loads and their waits, wgmma and its waits, and the store of a fragment tile.
+
+One elected thread (kfc_tid 0) announces a stage's bytes and issues its TMA loads; every thread
+waits on the stage's barrier. A wgmma is issued by every warpgroup on its own 64 rows of A."""
+
+from __future__ import annotations
+
+from ..ir import layouts
+from ..ir.dtypes import DType
+from ..ir.mma_ops import CHUNK_BYTES, CtaBarrierOp, ExpectTxAtOp, GridOp, MbarrierArrayOp, MbarrierWaitParityOp
+from ..ir.mma_ops import SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp, WgmmaOp, WgmmaWaitOp
+from . import ptx
+from .c_names import C_TYPES, c_dim
+from .errors import CodegenError
+from .grid_emitter import tensor_map_cname
+from .rules import rule
+
+MBARRIER_BYTES = 8
+# a 128-byte swizzle repeats every 8 rows of 128 bytes: the stride between groups of 8 rows
+SWIZZLE_PERIOD = 8 * CHUNK_BYTES
+
+
+@rule(GridOp)
+def emit_grid(em, op: GridOp) -> None:
+    """Program ids from blockIdx.x: programs numbered in groups of `group` rows of the first grid
+    dim, column by column within a group, so CTAs running together share A's and B's tiles in L2."""
+    em.emit("const int kfc_tid = threadIdx.x;")
+    em.emit("const int kfc_wg = kfc_tid / 128;  // this thread's warpgroup")
+    if op.grid and len(op.grid) == 2:
+        gm, gn = op.grid
+        per_group = op.group * gn
+        em.emit(f"const int kfc_group = blockIdx.x / {per_group};")
+        em.emit(f"const int kfc_first = kfc_group * {op.group};")
+        em.emit(f"const int kfc_rows = min({gm} - kfc_first, {op.group});")
+        pm, pn = (em.name(a) for a in op.body.args)
+        em.emit(f"const long long {pm} = kfc_first + (blockIdx.x % {per_group}) % kfc_rows;")
+        em.emit(f"const long long {pn} = (blockIdx.x % {per_group}) / kfc_rows;")
+    else:
+        rest = "blockIdx.x"
+        for arg, g in zip(reversed(op.body.args), reversed(op.grid)):
+            em.emit(f"const long long {em.name(arg)} = ({rest}) % {g};")
+            rest = f"({rest}) / {g}"
+    em.emit("extern __shared__ __align__(1024) unsigned char kfc_smem[];")
+    em.emit(f"const unsigned kfc_smem_base = ({ptx.smem_addr('kfc_smem[0]')} + 1023u) & ~1023u;")
+    for inner in op.body.ops:
+        em.emit_op(inner)
+
+
+@rule(TensorMapOp)
+def emit_tensor_map(em, op: TensorMapOp) -> None:
+    em.names[op.result] = tensor_map_cname(op.operands[0])
+
+
+@rule(StagesAllocOp)
+def emit_stages(em, op: StagesAllocOp) -> None:
+    offset = em.alloc_dynamic(op.nbytes)
+    em.emit(f"const unsigned {em.name(op.result)} = kfc_smem_base + {offset}u;  // {op.result.type}")
+
+
+@rule(MbarrierArrayOp)
+def emit_mbarrier_array(em, op: MbarrierArrayOp) -> None:
+    n = op.result.ttype.shape[0]
+    var = em.fresh("kfc_bars")
+    em.smem_decls.append(f"__shared__ __align__(8) unsigned long long {var}[{n}];")
+    em.smem_static += n * MBARRIER_BYTES
+    name = em.name(op.result)
+    em.emit(f"const unsigned {name} = {ptx.smem_addr(f'{var}[0]')};")
+    em.emit("if (kfc_tid == 0) {")
+    em.emit(f"  for (int s = 0; s < {n}; ++s) {ptx.mbarrier_init(f'{name} + {MBARRIER_BYTES} * s', op.arrivals)}")
+    em.emit(f"  {ptx.fence_mbarrier_init()}")
+    em.emit("  kfc_fence_proxy_async();")
+    em.emit("}")
+    em.emit("__syncthreads();")
+
+
+def _barrier(em, bars, stage) -> str:
+    return f"({em.name(bars)} + {MBARRIER_BYTES}u * (unsigned)({em.name(stage)}))"
+
+
+def _stage_bytes(t) -> int:
+    return t.shape[1] * t.shape[2] * t.shape[3] * t.dtype.itemsize
+
+
+@rule(SingleThreadOp)
+def emit_single_thread(em, op: SingleThreadOp) -> None:
+    """One branch around everything the thread issues: a branch per op between a wgmma and its
+    wait makes ptxas serialise the wgmmas (its C7514 warning)."""
+    em.emit("if (kfc_tid == 0) {")
+    em.indent += 1
+    em.single_thread += 1
+    for inner in op.body.ops:
+        em.emit_op(inner)
+    em.single_thread -= 1
+    em.indent -= 1
+    em.emit("}")
+
+
+def _issuer(em, op) -> None:
+    if not em.single_thread:
+        raise CodegenError(f"{op.NAME} is issued by one thread: it belongs in a gpu.single_thread region", op.loc)
+
+
+@rule(ExpectTxAtOp)
+def emit_expect_tx_at(em, op: ExpectTxAtOp) -> None:
+    _issuer(em, op)
+    em.emit(ptx.mbarrier_arrive_expect_tx(_barrier(em, *op.operands), op.bytes))
+
+
+@rule(TmaLoadOp)
+def emit_tma_load(em, op: TmaLoadOp) -> None:
+    tmap, tile, bars, stage, row, col = op.operands
+    t = tile.ttype
+    chunk_bytes = t.shape[2] * t.shape[3] * t.dtype.itemsize
+    dst = (f"{em.name(tile)} + (unsigned)({em.name(stage)}) * {_stage_bytes(t)}u + {op.chunk * chunk_bytes}u")
+    _issuer(em, op)
+    em.emit(f"kfc_tma_load_2d({dst}, &{em.name(tmap)}, (int)({em.name(col)}), "
+            f"(int)({em.name(row)}), {_barrier(em, bars, stage)});")
+
+
+@rule(MbarrierWaitParityOp)
+def emit_wait_parity(em, op: MbarrierWaitParityOp) -> None:
+    bars, stage, parity = op.operands
+    em.emit(ptx.mbarrier_wait_parity(_barrier(em, bars, stage), f"(unsigned)({em.name(parity)})"))
+
+
+@rule(WgmmaOp)
+def emit_wgmma(em, op: WgmmaOp) -> None:
+    """Per 16 columns of K, one wgmma.m64nNk16 per warpgroup: A's descriptor at the warpgroup's 64
+    rows of the chunk holding those columns (K-major), B's at those rows of K of every N chunk
+    (N-major, chunks `leading` bytes apart). The accumulator is updated in place when nothing else
+    reads the value it held."""
+    acc, a, b, stage = op.operands
+    ta, tb = a.ttype, b.ttype
+    bm, bn = op.result.ttype.shape
+    bk = ta.shape[1] * ta.shape[3]
+    per_chunk = ta.shape[3]
+    a_chunk = ta.shape[2] * CHUNK_BYTES
+    b_chunk = tb.shape[2] * CHUNK_BYTES
+    dtype = "bf16" if ta.dtype is DType.BF16 else "f16"
+    fn, text = ptx.wgmma_function(bn, dtype, trans_b=True)
+    em.device_functions[fn] = text
+    if em.used_after(acc, op):
+        n = em.declare(op.result)
+        em.loop(f"{n}[i] = {em.elem(acc, 'i')};")
+    else:
+        n = em.names[op.result] = em.name(acc)
+    s = em.name(stage)
+    em.emit("{")
+    em.emit(f"  const unsigned kfc_a = {em.name(a)} + (unsigned)({s}) * {_stage_bytes(ta)}u + "
+            f"kfc_wg * {layouts.WGMMA_M * CHUNK_BYTES}u;")
+    em.emit(f"  const unsigned kfc_b = {em.name(b)} + (unsigned)({s}) * {_stage_bytes(tb)}u;")
+    em.emit("  kfc_wgmma_fence();")
+    em.emit("  #pragma unroll")
+    em.emit(f"  for (int kk = 0; kk < {bk // 16}; ++kk) {{")
+    a_addr = (f"kfc_a + (kk * 16 / {per_chunk}) * {a_chunk}u + (kk * 16 % {per_chunk}) * {ta.dtype.itemsize}u")
+    b_addr = f"kfc_b + kk * {16 * CHUNK_BYTES}u"
+    em.emit(f"    {fn}({n}, kfc_wgmma_desc({a_addr}, 16u, {SWIZZLE_PERIOD}u), "
+            f"kfc_wgmma_desc({b_addr}, {b_chunk}u, {SWIZZLE_PERIOD}u), 1);")
+    em.emit("  }")
+    em.emit("  kfc_wgmma_commit();")
+    em.emit("}")
+
+
+@rule(WgmmaWaitOp)
+def emit_wgmma_wait(em, op: WgmmaWaitOp) -> None:
+    em.emit(ptx.wgmma_wait(op.pending))
+    # the accumulators the retired wgmmas wrote: no read of them may move above the wait
+    for acc in sorted({em.name(w.result) for w in em.launch.walk() if isinstance(w, WgmmaOp)}):
+        em.emit(ptx.fence_registers(acc, em.EV))
+
+
+@rule(CtaBarrierOp)
+def emit_cta_barrier(em, op: CtaBarrierOp) -> None:
+    em.emit(ptx.bar_sync(0))
+
+
+@rule(StoreTileOp)
+def emit_store_tile(em, op: StoreTileOp) -> None:
+    """Each thread stores its registers where the layout places them, masked by the tensor's
+    bounds; adjacent column pairs as one store where the row's length keeps them aligned."""
+    value, tensor, row0, col0 = op.operands
+    frag = layouts.of(value.ttype.layout)
+    rows, cols = (c_dim(d.name) if not isinstance(d, int) else str(d) for d in tensor.ttype.shape)
+    n_cols = tensor.ttype.shape[1]
+    dt = tensor.ttype.dtype
+    ct = C_TYPES[dt]
+    p = em.name(tensor)
+    r0, c0 = em.name(row0), em.name(col0)
+    paired = isinstance(n_cols, int) and n_cols % 2 == 0 and dt in (DType.BF16, DType.F16, DType.F32)
+    pair_t = {DType.BF16: "__nv_bfloat162", DType.F16: "__half2", DType.F32: "float2"}.get(dt)
+    em.emit("#pragma unroll")
+    em.emit(f"for (int i = 0; i < {em.EV}; i += 2) {{")
+    em.emit(f"  const long long r = {r0} + {frag.row_c('i', 'kfc_tid')};")
+    em.emit(f"  const long long c = {c0} + {frag.col_c('i', 'kfc_tid')};")
+    v0, v1 = em.elem(value, "i"), em.elem(value, "i + 1")
+    if paired:
+        em.emit(f"  if (r < {rows} && c < {cols}) {{ {pair_t} w; w.x = {v0}; w.y = {v1}; "
+                f"*reinterpret_cast<{pair_t}*>(&{p}[r * {cols} + c]) = w; }}")
+    else:
+        em.emit(f"  if (r < {rows} && c < {cols}) {p}[r * {cols} + c] = ({ct})({v0});")
+        em.emit(f"  if (r < {rows} && c + 1 < {cols}) {p}[r * {cols} + c + 1] = ({ct})({v1});")
+    em.emit("}")

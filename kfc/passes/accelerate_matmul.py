@@ -1,0 +1,238 @@
+"""accelerate-matmul: a whole-tensor matrix product becomes a grid of CTAs that each compute a
+[bm, bn] tile of the output on tensor cores, its operands streamed through shared memory by TMA.
+
+    %a = tile.load %A[:, :]                  gpu.grid {grid = [M/bm, N/bn]} (%pm, %pn) {
+    %b = tile.load %B[:, :]                    %ta, %tb = gpu.tensor_map %A, %B
+    %d = tile.dot %a, %b                       %sa, %sb = gpu.smem_stages ...   (stages copies)
+    %y = epilogue(%d)             ->           %full = gpu.mbarrier_array
+    tile.store %y, %C[:, :]                    prologue: stages - 1 k-tiles in flight
+                                               for kt: wait full[s]; acc = gpu.wgmma acc, s;
+                                                       gpu.wgmma_wait{0}; barrier; refill the
+                                                       stage wgmma kt-1 read with k-tile kt+stages-1
+                                               gpu.wgmma_wait{0}; %y = epilogue(acc)
+                                               gpu.store_tile %y, %C[pm*bm, pn*bn] }
+
+The epilogue (what the .kfc writes after the dot: casts, scale, bias-free activations, any
+elementwise op on the product and scalars) runs on the accumulator's registers in the same
+kernel. A is read K-major (a [bm, 64] box per 64 columns of K), B N-major (a [bk, 64] box per 64
+columns of N), both with the 128-byte swizzle that wgmma's descriptors name. The pipeline's
+depth is `stages`: k-tile kt + stages - 1 is loaded while k-tile kt is multiplied. Elements past
+the tensors' bounds arrive as zeros (they add nothing to the product) and stores are masked, so
+every M, N and K is exact; TMA needs each operand's row pitch to be a multiple of 16 bytes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from ..ir.builder import Builder
+from ..ir.core import Block, Op, Value
+from ..ir.dtypes import DType
+from ..ir.func import FuncOp
+from ..ir import layouts
+from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CtaBarrierOp, ExpectTxAtOp, GridOp, MbarrierArrayOp
+from ..ir.mma_ops import MbarrierWaitParityOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp, WgmmaOp
+from ..ir.mma_ops import WgmmaWaitOp, barrier_array_type
+from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp, UnaryOp, WhereOp
+from ..ir.types import MemSpace, TensorType
+from .base import Pass, PassError, option, register_pass
+
+EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
+
+
+@attrs.frozen
+class MatmulMatch:
+    load_a: LoadOp
+    load_b: LoadOp
+    dot: DotOp
+    store: StoreOp
+    epilogue: tuple[Op, ...]   # in program order, between the dot and the store
+    prelude: tuple[Op, ...]    # scalar ops the epilogue uses (constants, dims)
+
+
+def _whole(op: LoadOp | StoreOp) -> bool:
+    return all(ix.kind == "all" for ix in op.index)
+
+
+def match_matmul(func: FuncOp) -> MatmulMatch:
+    """The one whole-tensor dot of `func`, its operand loads, the elementwise ops after it and
+    the store of their result; a PassError that says what does not fit."""
+    ops = func.body.ops
+    dots = [op for op in ops if isinstance(op, DotOp)]
+    if len(dots) != 1:
+        raise PassError(f"accelerate-matmul: takes a program with one dot, not {len(dots)}",
+                        dots[1].loc if len(dots) > 1 else func.loc)
+    dot = dots[0]
+    defs = {r: op for op in ops for r in op.results}
+    load_a, load_b = (defs.get(v) for v in dot.operands)
+    for ld, what in ((load_a, "A"), (load_b, "B")):
+        if not (isinstance(ld, LoadOp) and _whole(ld) and ld.operands[0].ttype.rank == 2):
+            raise PassError(f"accelerate-matmul: the dot's {what} must be a whole rank-2 tensor, loaded as x[:, :]",
+                            dot.loc, "write the product on whole tensors: c = dot(a, b)")
+    if dot.trans_a or dot.trans_b:
+        raise PassError("accelerate-matmul: transposed operands are not supported yet", dot.loc,
+                        "pass the operands as a[M, K] and b[K, N]")
+    stores = [op for op in ops if isinstance(op, StoreOp)]
+    if len(stores) != 1 or not _whole(stores[0]) or stores[0].operands[1].ttype.rank != 2:
+        raise PassError("accelerate-matmul: the product must be stored whole into one rank-2 output, c[:, :] = ...",
+                        dot.loc)
+    store = stores[0]
+    # the ops between the dot and the store that compute on the product: elementwise only
+    on_product = {dot.result}
+    epilogue, prelude = [], []
+    for op in ops:
+        if op in (load_a, load_b, dot, store):
+            continue
+        reads_product = any(v in on_product for v in op.operands)
+        # a constant or a scalar spread over the product's shape (max(d * scale, 0.0)) becomes a tile too
+        spreads_scalar = isinstance(op, (BroadcastOp, ConstOp)) and all(v.ttype.is_scalar for v in op.operands) \
+            and tuple(op.result.ttype.shape) == tuple(dot.result.ttype.shape)
+        if reads_product or spreads_scalar:
+            if not isinstance(op, EPILOGUE_OPS):
+                raise PassError(f"accelerate-matmul: {op.NAME} on the product is not elementwise; the epilogue "
+                                "takes elementwise ops on it and on scalars", op.loc)
+            for v in op.operands:
+                t = v.ttype
+                if v not in on_product and not t.is_scalar:
+                    raise PassError(f"accelerate-matmul: the epilogue's {op.NAME} reads a {t} beside the product; "
+                                    "it takes scalars only (bias vectors are not supported yet)", op.loc)
+            on_product.update(op.results)
+            epilogue.append(op)
+        elif isinstance(op, (ConstOp, DimOp)) or all(r.ttype.is_scalar for r in op.results) and \
+                isinstance(op, EPILOGUE_OPS):
+            prelude.append(op)
+        else:
+            raise PassError(f"accelerate-matmul: {op.NAME} is neither the product's operands nor its epilogue",
+                            op.loc, "kfc compiles a matrix product with an elementwise epilogue in one kernel")
+    if store.operands[0] not in on_product:
+        raise PassError("accelerate-matmul: the stored value does not come from the dot", store.loc)
+    return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude))
+
+
+@register_pass
+@attrs.frozen
+class AccelerateMatmul(Pass):
+    NAME: ClassVar[str] = "accelerate-matmul"
+    SUMMARY: ClassVar[str] = "a whole-tensor dot to a grid of TMA-fed, pipelined wgmma tiles (Hopper)"
+    REQUIRES: ClassVar[frozenset[str]] = frozenset({"tma", "wgmma", "mbarrier"})
+    mma: str = option("wgmma", choices=("wgmma",))
+    bm: int = option(128, choices=(64, 128))
+    bn: int = option(256, choices=(64, 128, 192, 256))
+    bk: int = option(64, choices=(64, 128))
+    stages: int = option(4, lo=2, hi=6)  # one stage could not load k-tile kt before waiting for it
+    group: int = option(8, lo=1, hi=64)
+
+    @property
+    def warpgroups(self) -> int:
+        return self.bm // layouts.WGMMA_M
+
+    def run(self, func: FuncOp, ctx) -> FuncOp:
+        m = match_matmul(func)
+        A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
+        ta, tb = A.ttype, B.ttype
+        if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
+            raise PassError(f"accelerate-matmul: wgmma multiplies bf16 or f16 operands of one dtype, not {ta.dtype} "
+                            f"and {tb.dtype}", m.dot.loc, "cast the operands in the caller")
+        if not (ta.is_static and tb.is_static):
+            raise PassError("accelerate-matmul: the operands' sizes must be fixed (kfc compile --shape)", m.dot.loc)
+        M, K = ta.shape
+        N = tb.shape[1]
+        for t, name in ((ta, A.name), (tb, B.name)):
+            if t.shape[1] * t.dtype.itemsize % TMA_GRANULE:
+                raise PassError(f"accelerate-matmul: a row of {name} is {t.shape[1] * t.dtype.itemsize} bytes; TMA "
+                                f"moves rows whose pitch is a multiple of {TMA_GRANULE} bytes", m.dot.loc,
+                                f"pad {name}'s last dim to a multiple of {TMA_GRANULE // t.dtype.itemsize} elements "
+                                "(the ld-staged path for other pitches is not built yet)")
+        smem = self.stages * (self.bm * self.bk + self.bk * self.bn) * ta.dtype.itemsize
+        if smem > ctx.target.smem_per_block - 1024:
+            raise PassError(f"accelerate-matmul: {self.stages} stages of [{self.bm}, {self.bk}] and [{self.bk}, "
+                            f"{self.bn}] tiles take {smem} bytes of shared memory; {ctx.target} has "
+                            f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
+        body = self._build(m, A, B, C, M, N, K)
+        return func.evolve(regions=(Block(func.args, body),))
+
+    def _build(self, m: MatmulMatch, A: Value, B: Value, C: Value, M: int, N: int, K: int) -> list[Op]:
+        bm, bn, bk, S = self.bm, self.bn, self.bk, self.stages
+        dt = A.ttype.dtype
+        chunk = CHUNK_BYTES // dt.itemsize  # elements of a 128-byte swizzle span
+        kt_count = -(-K // bk)
+        acc_t = TensorType(DType.F32, (bm, bn), layout=layouts.WgmmaAccumulator(self.warpgroups).as_layout())
+        shared = layouts.SharedTile(CHUNK_BYTES).as_layout()
+        a_box, b_box = (bm, chunk), (bk, chunk)
+        stage_bytes = (bm * bk + bk * bn) * dt.itemsize
+        b = Builder()
+        pm, pn = Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn")
+        with b.at(m.dot.loc), b.region() as top:
+            with b.region() as inner:
+                def idx(v: int) -> Value:
+                    return b.const(v, DType.INDEX)
+
+                tma_a = b.create(TensorMapOp, [A], [attrs.evolve(A.ttype, layout=layouts.TensorMapBox(
+                    *a_box, CHUNK_BYTES).as_layout())], box=a_box, swizzle=CHUNK_BYTES, name=f"tm_{A.name}").result
+                tma_b = b.create(TensorMapOp, [B], [attrs.evolve(B.ttype, layout=layouts.TensorMapBox(
+                    *b_box, CHUNK_BYTES).as_layout())], box=b_box, swizzle=CHUNK_BYTES, name=f"tm_{B.name}").result
+                sa = b.create(StagesAllocOp, [], [TensorType(dt, (S, bk // chunk, bm, chunk), MemSpace.SHARED,
+                                                             shared)], name=f"s{A.name}").result
+                sb = b.create(StagesAllocOp, [], [TensorType(dt, (S, bn // chunk, bk, chunk), MemSpace.SHARED,
+                                                             shared)], name=f"s{B.name}").result
+                full = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="full").result
+                row0 = b.binary("mul", pm, idx(bm), name="row0")
+                col0 = b.binary("mul", pn, idx(bn), name="col0")
+
+                def issue(kt: Value, s: Value) -> None:
+                    """k-tile kt into stage s, by one thread: one announcement, then its boxes."""
+                    with b.region() as ops:
+                        k0 = b.binary("mul", kt, idx(bk))
+                        b.create(ExpectTxAtOp, [full, s], [], bytes=stage_bytes)
+                        for j in range(bk // chunk):
+                            b.create(TmaLoadOp, [tma_a, sa, full, s, row0, b.binary("add", k0, idx(j * chunk))], [],
+                                     chunk=j)
+                        for j in range(bn // chunk):
+                            b.create(TmaLoadOp, [tma_b, sb, full, s, k0, b.binary("add", col0, idx(j * chunk))], [],
+                                     chunk=j)
+                    b.create(SingleThreadOp, [], [], regions=[Block((), ops)])
+
+                with b.for_(idx(0), idx(min(S - 1, kt_count)), idx(1), iv_name="p") as pro:
+                    issue(pro.iv, pro.iv)
+                acc0 = b.create(ConstOp, [], [acc_t], value=0.0, name="acc0").result
+                with b.for_(idx(0), idx(kt_count), idx(1), carried=[acc0], iv_name="kt") as loop:
+                    kt = loop.iv
+                    s = b.binary("rem", kt, idx(S), name="s")
+                    parity = b.binary("rem", b.binary("div", kt, idx(S)), idx(2), name="parity")
+                    b.create(MbarrierWaitParityOp, [full, s, parity], [])
+                    acc = b.create(WgmmaOp, [loop.carried[0], sa, sb, s], [acc_t], name="acc").result
+                    # k-tile kt's wgmma is done in every warpgroup: its stage may be refilled. Leaving
+                    # one group in flight here (wgmma_wait{1}) lost the last k-tile's product on the
+                    # H200 at some stage counts (a race not yet understood): every group is retired
+                    b.create(WgmmaWaitOp, [], [], pending=0)
+                    b.create(CtaBarrierOp, [], [])
+                    nxt = b.binary("add", kt, idx(S - 1), name="next")
+                    fits = b.cmp("lt", nxt, idx(kt_count))
+                    with b.region() as refill:
+                        issue(nxt, b.binary("rem", nxt, idx(S)))
+                    b.if_(fits, refill, [], [], [], [])
+                    loop.yielded = (acc,)
+                b.create(WgmmaWaitOp, [], [], pending=0)
+                value = self._epilogue(b, m, loop.results[0], acc_t)
+                b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
+            grid = (-(-M // bm), -(-N // bn))
+            top.append(GridOp(regions=(Block((pm, pn), inner),), grid=grid, threads=self.warpgroups * 128,
+                              group=self.group, loc=m.dot.loc))
+        return [*m.prelude, *top]
+
+    @staticmethod
+    def _epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType) -> Value:
+        """The .kfc's ops after the dot, on the accumulator's tile: same ops, the tile's shape and
+        layout in place of the whole product's."""
+        mapping: dict[Value, Value] = {m.dot.result: acc}
+        for op in m.epilogue:
+            results = []
+            for r in op.results:
+                t = r.ttype
+                results.append(Value(attrs.evolve(t, shape=acc_t.shape, layout=acc_t.layout) if not t.is_scalar
+                                     else t, r.name))
+            b.insert(op.evolve(operands=tuple(mapping.get(v, v) for v in op.operands), results=tuple(results)))
+            mapping.update(zip(op.results, results))
+        return mapping[m.store.operands[0]]

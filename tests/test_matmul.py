@@ -1,0 +1,175 @@
+"""The matrix product on tensor cores (accelerate-matmul, kfc.ir.mma_ops, kfc.codegen.mma_rules)
+without a GPU: the lowered IR against the tile program in the interpreter at odd shapes, the
+hazards the interpreter and verifier catch in planted faults, the build for sm_90a (HGMMA and
+UTMALDG in the SASS, no serialised wgmma) and the target's variant chosen from the features."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kfc.cli import main
+from kfc.codegen.toolchain import disassemble
+from kfc.compile import compile_op
+from kfc.diagnostics import InterpretError, KfcError, VerifyError
+from kfc.frontend import load_kfc, parse_kfc
+from kfc.ir import parse_ir, print_ir, verify
+from kfc.ir.core import Block
+from kfc.ir.interpreter import run
+from kfc.ir.mma_ops import ExpectTxAtOp, GridOp, MbarrierWaitParityOp, TensorMapOp, WgmmaWaitOp
+from kfc.ir.specialize import specialize
+from kfc.passes import MATMUL_PIPELINE, PassContext, PassManager, parse_pipeline
+from kfc.target import parse_target
+
+EPILOGUE = """
+op gemm_relu(a: bf16[M, K], b: bf16[K, N], scale: f32 = 0.5) -> (c: f32[M, N]) {
+  c = max(dot(a, b) * scale, 0.0)
+}
+"""
+
+
+def lowered(spec, dims, pipeline=MATMUL_PIPELINE):
+    func = specialize(spec.func, dims)
+    return func, PassManager(parse_pipeline(pipeline), PassContext(target=parse_target("sm_90a"))).run(func)
+
+
+def operands(m, n, k, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"a": rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16),
+            "b": rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)}
+
+
+SMALL = "accelerate-matmul{bn=64,stages=2}"
+
+
+@pytest.mark.parametrize("m,n,k,pipe", [
+    (1, 8, 8, SMALL), (33, 72, 24, SMALL), (100, 72, 136, SMALL),  # K not a multiple of bk
+    (130, 264, 200, "accelerate-matmul"),                             # the default tiles and 4 stages
+    (64, 128, 256, "accelerate-matmul{bm=64,bn=128,bk=128,stages=3}"),
+])
+def test_the_lowered_program_computes_the_product(m, n, k, pipe):
+    func, low = lowered(load_kfc("kernels/gemm.kfc"), {"M": m, "N": n, "K": k}, f"canonicalize,{pipe},cse,dce")
+    args = operands(m, n, k)
+    want = run(func, args)["c"].astype(np.float32)
+    got = run(low, args)["c"].astype(np.float32)
+    assert not np.isnan(got).any(), "an output element was never stored"
+    # the same f32 products summed in another order, then rounded to bf16: one bf16 step apart at most
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-2)
+
+
+def test_the_epilogue_runs_on_the_accumulator():
+    spec = parse_kfc(EPILOGUE, "gemm_relu.kfc")
+    func, low = lowered(spec, {"M": 70, "N": 72, "K": 40}, f"canonicalize,{SMALL},cse,dce")
+    grid = next(op for op in low.body.ops if isinstance(op, GridOp))
+    assert [op for op in low.body.ops if op.NAME.startswith("tile.") and op.NAME != "tile.const"] == []
+    assert any(op.NAME == "tile.max" for op in grid.walk())
+    args = operands(70, 72, 40, seed=3)
+    want = np.maximum((args["a"].astype(np.float32) @ args["b"].astype(np.float32)) * 0.5, 0)
+    np.testing.assert_allclose(run(low, args)["c"], want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_lowered_ir_prints_and_parses_back():
+    _, low = lowered(load_kfc("kernels/gemm.kfc"), {"M": 64, "N": 64, "K": 64}, f"canonicalize,{SMALL}")
+    text = print_ir(low)
+    assert print_ir(verify(parse_ir(text))) == text
+
+
+def _rewrite(func, fn):
+    """func with fn applied to every block of the grid (a planted fault)."""
+    def block(b: Block) -> Block:
+        ops = []
+        for op in b.ops:
+            if op.regions:
+                op = op.evolve(regions=tuple(block(r) for r in op.regions))
+            ops.extend(fn(op))
+        return Block(b.args, ops)
+
+    return func.evolve(regions=(block(func.body),))
+
+
+def _small():
+    return lowered(load_kfc("kernels/gemm.kfc"), {"M": 64, "N": 64, "K": 256}, f"canonicalize,{SMALL}")[1]
+
+
+def test_a_missing_expect_tx_is_a_deadlock_at_the_wait():
+    bad = _rewrite(_small(), lambda op: [] if isinstance(op, ExpectTxAtOp) else [op])
+    with pytest.raises(InterpretError, match="deadlock: waits on %full"):
+        run(bad, operands(64, 64, 256))
+
+
+def test_refilling_a_stage_before_its_wgmma_retired_is_a_hazard():
+    # the k loop's wait goes: the refill after it overwrites a stage the last wgmma still reads
+    def no_loop_wait(op):
+        if op.NAME == "tile.for" and any(isinstance(o, WgmmaWaitOp) for o in op.body.ops):
+            return [op.evolve(regions=(Block(op.body.args, [o for o in op.body.ops
+                                                            if not isinstance(o, WgmmaWaitOp)]),))]
+        return [op]
+
+    bad = _rewrite(_small(), no_loop_wait)
+    with pytest.raises(InterpretError, match="overwrites stage .* while a wgmma reading it is in flight"):
+        run(bad, operands(64, 64, 256))
+
+
+def test_a_wait_with_the_wrong_parity_is_a_hazard():
+    def flip(op):
+        if isinstance(op, MbarrierWaitParityOp):
+            return [op.evolve(operands=(op.operands[0], op.operands[1], op.operands[1]))]  # the stage as parity
+        return [op]
+
+    with pytest.raises(InterpretError, match="parity"):
+        run(_rewrite(_small(), flip), operands(64, 64, 256))
+
+
+def test_a_wrong_swizzle_is_refused_by_the_verifier():
+    def swizzle64(op):
+        if isinstance(op, TensorMapOp):
+            t = op.result.ttype
+            layout = type(t.layout)("tensor_map", (("rows", op.box[0]), ("cols", op.box[1]), ("swizzle", 64)))
+            return [op.evolve(swizzle=64, results=(type(op.result)(t.__class__(t.dtype, t.shape, t.space, layout),
+                                                                    op.result.name),))]
+        return [op]
+
+    with pytest.raises(VerifyError, match="swizzle"):
+        verify(_rewrite(_small(), swizzle64))
+
+
+def test_a_row_pitch_tma_cannot_take_is_refused_with_what_to_do():
+    with pytest.raises(KfcError, match="multiple of 16 bytes") as e:
+        compile_op(load_kfc("kernels/gemm.kfc"), parse_target("sm_90a"), shape={"M": 1, "N": 7, "K": 5})
+    assert "pad" in (e.value.hint or "")
+
+
+@pytest.fixture(scope="module")
+def gemm_4096():
+    return compile_op(load_kfc("kernels/gemm.kfc"), parse_target("sm_90a"))
+
+
+def test_gemm_compiles_for_sm90a_to_hgmma_and_utmaldg(gemm_4096):
+    r = gemm_4096
+    assert r.arch == "sm_90a" and r.report["features"] == ["mbarrier", "tma", "wgmma"]
+    sass = disassemble(r.kernel.cubin)
+    assert "HGMMA.64x256x16.F32.BF16" in sass and "UTMALDG.2D" in sass
+    assert "C7514" not in r.kernel.ptxas_log, "ptxas serialised the wgmmas"
+    assert r.kernel.report.spills == 0
+    [entry] = r.report["kernels"]
+    assert entry["grid"] == ["512", "1", "1"] and entry["block"] == [256, 1, 1]
+    assert [p["kind"] for p in entry["params"]] == ["tensor", "tensor", "tensor", "tensor_map", "tensor_map"]
+
+
+def test_a_plain_target_is_built_for_its_arch_specific_variant_and_says_so(capsys):
+    r = compile_op(load_kfc("kernels/gemm.kfc"), parse_target("sm_90"), shape={"M": 128, "N": 256, "K": 64})
+    assert r.arch == "sm_90a" and r.report["target"] == "sm_90"
+    assert any("built for sm_90a, not sm_90: the kernel uses wgmma" in n for n in r.report["pass_notes"])
+
+
+def test_blackwell_is_refused_until_tcgen05_lands(capsys):
+    assert main(["compile", "kernels/gemm.kfc", "--target", "sm_100a"]) == 2
+    assert "wgmma" in capsys.readouterr().err
+
+
+def test_the_epilogue_gemm_is_one_kernel_for_sm90a(tmp_path):
+    spec = parse_kfc(EPILOGUE, str(tmp_path / "gemm_relu.kfc"))
+    r = compile_op(spec, parse_target("sm_90a"), shape={"M": 256, "N": 512, "K": 128})
+    assert len(r.report["kernels"]) == 1
+    assert "HGMMA" in disassemble(r.kernel.cubin)
