@@ -182,8 +182,11 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         # why the rank-2 tiles the row passes refuse stayed
         reports = [r for r in ctx.stats.values() if isinstance(r, SplitReport)]
         kept = [m for r in reports for m in r.kept] if "rank-2 tile" in why_not.message else []
-        raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: it is not a row program (one parallel "
-                       f"loop over rows whose tiles are rows): {why_not.message}", why_not.span or func.loc,
+        # a program with a dot is said of the matrix product's lowering, any other of the row lowering
+        what = "" if why_not.message.startswith("accelerate-matmul") else \
+            "it is not a row program (one parallel loop over rows whose tiles are rows): "
+        raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: {what}{why_not.message}",
+                       why_not.span or func.loc,
                        f"split-tiles: the {kept[0]}" if kept else why_not.hint or "`kfc opt` still parses, verifies "
                        "and lowers it; code generation covers row ops such as rmsnorm, layernorm and softmax")
     check_lowered(lowered, pipe)

@@ -173,3 +173,26 @@ def test_the_epilogue_gemm_is_one_kernel_for_sm90a(tmp_path):
     r = compile_op(spec, parse_target("sm_90a"), shape={"M": 256, "N": 512, "K": 128})
     assert len(r.report["kernels"]) == 1
     assert "HGMMA" in disassemble(r.kernel.cubin)
+
+
+def test_a_bias_along_the_columns_is_read_for_the_tile_and_added_in_the_kernel():
+    spec = load_kfc("kernels/gemm_bias_relu.kfc")
+    func, low = lowered(spec, {"M": 100, "N": 72, "K": 40}, f"canonicalize,{SMALL},cse,dce")
+    assert [op.NAME for op in low.body.ops] == ["gpu.grid"]
+    assert any(op.NAME == "gpu.load_columns" for op in low.walk())
+    args = {**operands(100, 72, 40, seed=5), "bias": np.random.default_rng(6).standard_normal(72).astype(np.float32)}
+    want = run(func, args)["c"].astype(np.float32)
+    np.testing.assert_allclose(run(low, args)["c"].astype(np.float32), want, rtol=2 ** -7, atol=1e-2)
+    r = compile_op(spec, parse_target("sm_90a"), shape={"M": 256, "N": 512, "K": 128})
+    assert len(r.report["kernels"]) == 1 and "HGMMA" in disassemble(r.kernel.cubin)
+
+
+def test_a_tensor_the_epilogue_cannot_read_is_refused_by_name(tmp_path):
+    """A residual (a whole [M, N] tensor beside the product) is not one the epilogue reads yet."""
+    spec = parse_kfc("""
+op residual(a: bf16[M, K], b: bf16[K, N], r: f32[M, N]) -> (c: f32[M, N]) {
+  c = dot(a, b) + r
+}
+""", str(tmp_path / "residual.kfc"))
+    with pytest.raises(KfcError, match="cannot generate code for residual yet: accelerate-matmul: tile.load is"):
+        compile_op(spec, parse_target("sm_90a"), shape={"M": 64, "N": 64, "K": 64})

@@ -82,7 +82,10 @@ class GridKernelEmitter:
         self.smem_dynamic = 0
         self.smem_static = 0
         self.device_functions: dict[str, str] = {}
-        self.single_thread = 0  # depth of gpu.single_thread regions around the op being written  # defined once each at the top of the .cu
+        self.single_thread = 0  # depth of gpu.single_thread regions around the op being written
+        # fragment values written where they are read, an expression of the register index:
+        # no register array of their own beside the accumulator's (a bias read per use)
+        self.inline: dict[Value, object] = {}  # defined once each at the top of the .cu
         fragments = {layouts.of(r.ttype.layout).registers(r.ttype.shape[1]) for op in self.launch.walk()
                      for r in op.results if self._is_fragment(r)}
         if len(fragments) > 1:
@@ -124,6 +127,8 @@ class GridKernelEmitter:
                            "run accelerate-matmul")
 
     def elem(self, v: Value, i: str) -> str:
+        if v in self.inline:
+            return self.inline[v](i)
         return f"{self.name(v)}[{i}]" if self.kind(v) == "row" else self.name(v)
 
     def operand(self, v: Value, i):

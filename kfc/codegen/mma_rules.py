@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..ir import layouts
 from ..ir.dtypes import DType
 from ..ir.mma_ops import CHUNK_BYTES, CtaBarrierOp, ExpectTxAtOp, GridOp, MbarrierArrayOp, MbarrierWaitParityOp
-from ..ir.mma_ops import SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp, WgmmaOp, WgmmaWaitOp
+from ..ir.mma_ops import LoadColumnsOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp, WgmmaOp, WgmmaWaitOp
 from . import ptx
 from .c_names import C_TYPES, c_dim
 from .errors import CodegenError
@@ -174,6 +174,24 @@ def emit_wgmma_wait(em, op: WgmmaWaitOp) -> None:
 @rule(CtaBarrierOp)
 def emit_cta_barrier(em, op: CtaBarrierOp) -> None:
     em.emit(ptx.bar_sync(0))
+
+
+@rule(LoadColumnsOp)
+def emit_load_columns(em, op: LoadColumnsOp) -> None:
+    """Each register the vector's element at its column (the layout's), zero past the end, read
+    where it is used: an array of it beside the accumulator's spills at 256 columns."""
+    vec, col0 = op.operands
+    frag = layouts.of(op.result.ttype.layout)
+    n = vec.ttype.shape[0]
+    extent = str(n) if isinstance(n, int) else c_dim(n.name)
+    zero = em.from_float("0.0f", vec.ttype.dtype)
+    p, c0 = em.name(vec), em.name(col0)
+
+    def element(i: str) -> str:
+        c = f"({c0} + {frag.col_c(i, 'kfc_tid')})"
+        return f"({c} < {extent} ? __ldg(&{p}[{c}]) : {zero})"
+
+    em.inline[op.result] = element
 
 
 @rule(StoreTileOp)

@@ -26,6 +26,8 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
     gpu.wgmma_wait {pending = 1}
         every warpgroup waits until at most `pending` of its wgmma groups are in flight, then
         the CTA meets at a barrier (so no thread refills a stage another warpgroup still reads)
+    %bias_t = gpu.load_columns %bias, %k
+        a vector spread down the rows of a fragment tile: (r, c) holds bias[k + c]
     gpu.store_tile %v, %c, %r, %k {index = [+128, +256]}
         tile.store of a register tile held in a fragment layout (#wgmma_acc)
 
@@ -489,6 +491,37 @@ class WgmmaWaitOp(Op):
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
+class LoadColumnsOp(Op):
+    """A vector spread down the rows of a fragment tile: element (r, c) of the [R, C] result is
+    v[col + c], zero past v's end (a bias added to every row of a GEMM's output tile)."""
+
+    NAME: ClassVar[str] = "gpu.load_columns"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"reads_memory"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 2)
+        _check_results(self, 1)
+        v = _tt(self, self.operands[0], "vector")
+        _int_scalar(self, self.operands[1], "column")
+        t = _tt(self, self.result, "result")
+        if v.space is not MemSpace.GLOBAL or v.rank != 1:
+            raise self.error(f"reads a rank-1 global tensor, not {v}")
+        if t.rank != 2 or t.dtype is not v.dtype or t.layout is None \
+                or t.layout.kind != layouts.WgmmaAccumulator.KIND:
+            raise self.error(f"its result is a {v.dtype}[rows, cols] tile in a #wgmma_acc layout, not {t}")
+
+    def interpret(self, interp, ins, env):
+        rows, cols = self.result.ttype.shape
+        v, col = ins[0], int(np.asarray(ins[1]))
+        out = np.zeros(cols, dtype=v.dtype)
+        end = min(len(v), col + cols)
+        if end > col:
+            out[:end - col] = v[col:end]
+        return [np.broadcast_to(out, (rows, cols)).copy()]
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
 class StoreTileOp(StoreOp):
     """tile.store of a register tile that a fragment layout spreads over the CTA's threads."""
 
@@ -505,4 +538,4 @@ class StoreTileOp(StoreOp):
 
 
 MMA_OPS = (GridOp, CtaBarrierOp, SingleThreadOp, TensorMapOp, StagesAllocOp, MbarrierArrayOp, ExpectTxAtOp, TmaLoadOp,
-           MbarrierWaitParityOp, WgmmaOp, WgmmaWaitOp, StoreTileOp)
+           MbarrierWaitParityOp, WgmmaOp, WgmmaWaitOp, LoadColumnsOp, StoreTileOp)

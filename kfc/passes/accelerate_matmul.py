@@ -12,8 +12,8 @@
                                                gpu.wgmma_wait{0}; %y = epilogue(acc)
                                                gpu.store_tile %y, %C[pm*bm, pn*bn] }
 
-The epilogue (what the .kfc writes after the dot: casts, scale, bias-free activations, any
-elementwise op on the product and scalars) runs on the accumulator's registers in the same
+The epilogue (what the .kfc writes after the dot: casts, scale, a bias vector along the
+columns, activations, any elementwise op on the product, scalars and such vectors) runs on the accumulator's registers in the same
 kernel. A is read K-major (a [bm, 64] box per 64 columns of K), B N-major (a [bk, 64] box per 64
 columns of N), both with the 128-byte swizzle that wgmma's descriptors name. The pipeline's
 depth is `stages`: k-tile kt + stages - 1 is loaded while k-tile kt is multiplied. Elements past
@@ -32,7 +32,7 @@ from ..ir.core import Block, Op, Value
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir import layouts
-from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CtaBarrierOp, ExpectTxAtOp, GridOp, MbarrierArrayOp
+from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CtaBarrierOp, ExpectTxAtOp, GridOp, LoadColumnsOp, MbarrierArrayOp
 from ..ir.mma_ops import MbarrierWaitParityOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp, WgmmaOp
 from ..ir.mma_ops import WgmmaWaitOp, barrier_array_type
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp, UnaryOp, WhereOp
@@ -50,6 +50,7 @@ class MatmulMatch:
     store: StoreOp
     epilogue: tuple[Op, ...]   # in program order, between the dot and the store
     prelude: tuple[Op, ...]    # scalar ops the epilogue uses (constants, dims)
+    columns: dict              # a loaded vector of the product's columns (a bias) -> its load
 
 
 def _whole(op: LoadOp | StoreOp) -> bool:
@@ -82,12 +83,16 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
     # the ops between the dot and the store that compute on the product: elementwise only
     on_product = {dot.result}
     epilogue, prelude = [], []
+    n_cols = dot.result.ttype.shape[1]
+    columns = {op.result: op for op in ops if isinstance(op, LoadOp) and _whole(op)
+               and op.operands[0].ttype.rank == 1 and op.operands[0].ttype.shape[0] == n_cols}
     for op in ops:
-        if op in (load_a, load_b, dot, store):
+        if op in (load_a, load_b, dot, store) or op in columns.values():
             continue
         reads_product = any(v in on_product for v in op.operands)
         # a constant or a scalar spread over the product's shape (max(d * scale, 0.0)) becomes a tile too
-        spreads_scalar = isinstance(op, (BroadcastOp, ConstOp)) and all(v.ttype.is_scalar for v in op.operands) \
+        spreads_scalar = isinstance(op, (BroadcastOp, ConstOp)) and \
+            all(v.ttype.is_scalar or v in columns for v in op.operands) \
             and tuple(op.result.ttype.shape) == tuple(dot.result.ttype.shape)
         if reads_product or spreads_scalar:
             if not isinstance(op, EPILOGUE_OPS):
@@ -95,20 +100,25 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
                                 "takes elementwise ops on it and on scalars", op.loc)
             for v in op.operands:
                 t = v.ttype
-                if v not in on_product and not t.is_scalar:
+                if v not in on_product and not t.is_scalar and v not in columns:
                     raise PassError(f"accelerate-matmul: the epilogue's {op.NAME} reads a {t} beside the product; "
-                                    "it takes scalars only (bias vectors are not supported yet)", op.loc)
+                                    "it takes scalars and vectors along the product's columns", op.loc)
             on_product.update(op.results)
             epilogue.append(op)
         elif isinstance(op, (ConstOp, DimOp)) or all(r.ttype.is_scalar for r in op.results) and \
                 isinstance(op, EPILOGUE_OPS):
             prelude.append(op)
         else:
-            raise PassError(f"accelerate-matmul: {op.NAME} is neither the product's operands nor its epilogue",
+            raise PassError(f"accelerate-matmul: {op.NAME} is neither the product's operands nor its epilogue "
+                            "(elementwise ops on the product, scalars and vectors along its columns)",
                             op.loc, "kfc compiles a matrix product with an elementwise epilogue in one kernel")
     if store.operands[0] not in on_product:
         raise PassError("accelerate-matmul: the stored value does not come from the dot", store.loc)
-    return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude))
+    for v, ld in columns.items():
+        if any(v in op.operands and not isinstance(op, BroadcastOp) for op in ops):
+            raise PassError(f"accelerate-matmul: {ld.operands[0].name} is used other than spread over the product's "
+                            "rows", ld.loc)
+    return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude), columns)
 
 
 @register_pass
@@ -215,7 +225,7 @@ class AccelerateMatmul(Pass):
                     b.if_(fits, refill, [], [], [], [])
                     loop.yielded = (acc,)
                 b.create(WgmmaWaitOp, [], [], pending=0)
-                value = self._epilogue(b, m, loop.results[0], acc_t)
+                value = self._epilogue(b, m, loop.results[0], acc_t, col0)
                 b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
             grid = (-(-M // bm), -(-N // bn))
             top.append(GridOp(regions=(Block((pm, pn), inner),), grid=grid, threads=self.warpgroups * 128,
@@ -223,11 +233,18 @@ class AccelerateMatmul(Pass):
         return [*m.prelude, *top]
 
     @staticmethod
-    def _epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType) -> Value:
+    def _epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType, col0: Value) -> Value:
         """The .kfc's ops after the dot, on the accumulator's tile: same ops, the tile's shape and
-        layout in place of the whole product's."""
+        layout in place of the whole product's; a vector spread over the rows (a bias) is read
+        for the tile's columns."""
         mapping: dict[Value, Value] = {m.dot.result: acc}
         for op in m.epilogue:
+            if isinstance(op, BroadcastOp) and op.operands[0] in m.columns:
+                vec = m.columns[op.operands[0]].operands[0]
+                t = attrs.evolve(op.result.ttype, shape=acc_t.shape, layout=acc_t.layout)
+                with b.at(op.loc):
+                    mapping[op.result] = b.create(LoadColumnsOp, [vec, col0], [t], name=op.result.name).result
+                continue
             results = []
             for r in op.results:
                 t = r.ttype

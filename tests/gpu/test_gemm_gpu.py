@@ -78,3 +78,23 @@ def test_gemm_refuses_a_row_pitch_tma_cannot_take():
     with pytest.raises(KfcError) as e:
         gemm()(a, b)
     assert str(e.value).strip(), "the refusal says nothing"
+
+
+@pytest.mark.parametrize("m,n,k", [(33, 72, 24), (4095, 4104, 136), (512, 512, 1024)])
+def test_gemm_bias_relu_is_one_kernel_and_matches_torch(m, n, k):
+    """kernels/gemm_bias_relu.kfc: the bias and the ReLU run on the accumulator in the GEMM's kernel."""
+    requires_gpu()
+    import kfc
+
+    g = kfc.load("kernels/gemm_bias_relu.kfc")
+    a, b = inputs(m, n, k)
+    bias = torch.randn(n, device="cuda", dtype=torch.float32)
+    got = g(a, b, bias, out=poisoned(m, n))
+    torch.cuda.synchronize()
+    ref = torch.relu(a.float() @ b.float() + bias)
+    o = got.float()
+    assert torch.isfinite(o).all()
+    err = float((o - ref).abs().max() / ref.abs().max())
+    assert err < TOL, f"gemm_bias_relu {m}x{n}x{k}: max |err| / max |ref| = {err:.3g}"
+    _, report = g.kernel_for({"M": m, "N": n, "K": k}, 0)
+    assert len(report["kernels"]) == 1
