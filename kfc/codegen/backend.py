@@ -2,7 +2,7 @@
 is (so which lowering and default pipeline), which target features its final IR uses, and the
 architecture its code is built for.
 
-    tile program ──kind──▶ pipeline (kfc.passes.default_pipeline) ──▶ final IR ──features──▶ arch
+    program ──kind──▶ pipeline (kfc.passes.default_pipeline) ──▶ final IR ──features──▶ arch
 
 A plain target (sm_90, sm_100) becomes its arch-specific variant (sm_90a, sm_100a) exactly
 when the kernel uses an instruction only that variant has (wgmma, setmaxnreg, tcgen05); the
@@ -69,5 +69,6 @@ def build_arch(target: Target, features: frozenset[str]) -> tuple[str, str | Non
     specific = sorted(f for f in features if needs_arch_specific(f))
     if specific and not target.arch_specific:
         arch = f"{target.name}a"
-        return arch, f"built for {arch}, not {target.name}: the kernel uses {', '.join(specific)}, which only {arch} has"
+        return arch, (f"built for {arch}, not {target.name}: the kernel uses {', '.join(specific)}, which only "
+                      f"{arch} has")
     return target.name, None

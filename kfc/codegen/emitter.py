@@ -28,7 +28,8 @@ from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
 from .c_names import C_TYPES, KernelParam, as_float, c_dim, c_param, from_float
 from .errors import CodegenError
-from .rules import in_cluster, rule_for
+from .writer import CodeWriter
+from .rules import in_cluster
 
 
 @attrs.frozen
@@ -81,7 +82,7 @@ class LaunchPlan:
                 f"{f', {self.min_ctas_per_sm} CTAs an SM' if self.min_ctas_per_sm else ''}")
 
 
-class KernelEmitter:
+class KernelEmitter(CodeWriter):
     as_float = staticmethod(as_float)
     from_float = staticmethod(from_float)
 
@@ -142,18 +143,6 @@ class KernelEmitter:
                 if isinstance(t, TensorType) and t.layout is not None and t.layout.kind == "row":
                     return int(t.shape[0])
         return 0
-
-    def fresh(self, hint: str = "v") -> str:
-        self.counter += 1
-        return f"{hint}{self.counter}"
-
-    def name(self, v: Value) -> str:
-        if v not in self.names:
-            self.names[v] = self.fresh()
-        return self.names[v]
-
-    def emit(self, line: str) -> None:
-        self.lines.append("  " * self.indent + line)
 
     def kind(self, v: Value) -> str:
         t = v.ttype
@@ -309,14 +298,6 @@ class KernelEmitter:
     def loop(self, body: str) -> None:
         self.emit("#pragma unroll")
         self.emit(f"for (int i = 0; i < {self.span}; ++i) {{ {body} }}")
-
-    def emit_op(self, op: Op) -> None:
-        """Write op through its emission rule (kfc.codegen.rules)."""
-        emit = rule_for(op)
-        if emit is None:
-            raise CodegenError(f"codegen has no rule for {op.NAME}", op.loc,
-                               "this op must be lowered by a pass before codegen")
-        emit(self, op)
 
     def assign(self, op: Op, expr_of_i) -> None:
         """Result = f(element i) over a row, or once for scalars/lanes."""

@@ -20,6 +20,7 @@ from ..ir.mma_ops import GridOp, TensorMapOp
 from ..ir.types import MemSpace
 from .c_names import C_TYPES, KernelParam, as_float, c_param, from_float
 from .errors import CodegenError
+from .writer import CodeWriter
 from .rules import rule_for
 
 SMEM_ALIGN = 1024  # a 128-byte swizzle's period: every staged tile starts on it
@@ -62,7 +63,7 @@ def tensor_map_cname(v: Value) -> str:
     return f"kfc_tm_{c_param(v.name)}"
 
 
-class GridKernelEmitter:
+class GridKernelEmitter(CodeWriter):
     as_float = staticmethod(as_float)
     from_float = staticmethod(from_float)
     chunk_local = None  # no fused chunk loops in a grid kernel
@@ -103,18 +104,6 @@ class GridKernelEmitter:
             t.layout.kind == layouts.WgmmaAccumulator.KIND
 
     # --- what the rules write through ------------------------------------------------------------
-    def fresh(self, hint: str = "v") -> str:
-        self.counter += 1
-        return f"{hint}{self.counter}"
-
-    def name(self, v: Value) -> str:
-        if v not in self.names:
-            self.names[v] = self.fresh()
-        return self.names[v]
-
-    def emit(self, line: str) -> None:
-        self.lines.append("  " * self.indent + line)
-
     def kind(self, v: Value) -> str:
         t = v.ttype
         if t.space is not MemSpace.REG:
@@ -155,13 +144,6 @@ class GridKernelEmitter:
             self.loop(f"{n}[i] = {expr_of_i('i')};")
         else:
             self.emit(f"{n} = {expr_of_i(None)};")
-
-    def emit_op(self, op: Op) -> None:
-        emit = rule_for(op)
-        if emit is None:
-            raise CodegenError(f"codegen has no rule for {op.NAME}", op.loc,
-                               "this op must be lowered by a pass before codegen")
-        emit(self, op)
 
     def used_after(self, v: Value, op: Op) -> bool:
         """Whether anything but `op` reads v (a wgmma may then update its accumulator in place)."""

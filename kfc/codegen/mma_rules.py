@@ -10,7 +10,8 @@ from __future__ import annotations
 from ..ir import layouts
 from ..ir.dtypes import DType
 from ..ir.mma_ops import CHUNK_BYTES, CtaBarrierOp, ExpectTxAtOp, GridOp, MbarrierArrayOp, MbarrierWaitParityOp
-from ..ir.mma_ops import LoadColumnsOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp, WgmmaOp, WgmmaWaitOp
+from ..ir.mma_ops import LoadColumnsOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp
+from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp
 from . import ptx
 from .c_names import C_TYPES, c_dim
 from .errors import CodegenError

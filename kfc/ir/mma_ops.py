@@ -48,8 +48,7 @@ from ..diagnostics import InterpretError
 from . import layouts
 from .core import Op, register_op
 from .dtypes import DType
-from .smem_ops import HINT_ANNOUNCE, HINT_BYTES, HINT_WAIT_BEFORE_READ, HINT_WAIT_BEFORE_REUSE, HazardError, MBarrier
-from .smem_ops import missing_arrivals, value_name, wrong_bytes
+from .smem_ops import HINT_WAIT_BEFORE_READ, HINT_WAIT_BEFORE_REUSE, HazardError, MBarrier, value_name
 from .tile_ops import StoreOp, _check_operands, _check_results, _int_scalar, _tt
 from .types import MemSpace, TensorType
 
@@ -389,22 +388,13 @@ class MbarrierWaitParityOp(Op):
         bars = ins[0]
         bar = bars[_stage(self, ins[1], len(bars))]
         parity = int(np.asarray(ins[2]))
-        if parity != bar.phase % 2:
+        if parity != bar.phase:
             raise HazardError(f"{self.NAME}: waits for the phase of parity {parity} of {bar.name}, which is in a phase "
-                              f"of parity {bar.phase % 2}: the wait returns before this phase's copies land", self.loc,
+                              f"of parity {bar.phase}: the wait returns before this phase's copies land", self.loc,
                               "wait with the parity of the barrier's current phase: (uses of the stage) % 2")
-        if bar.arrived < bar.arrivals:
-            raise HazardError(f"{self.NAME}: {missing_arrivals(bar.name, bar.arrivals, bar.arrived)}", self.loc,
-                              HINT_ANNOUNCE)
-        if bar.delivered != bar.announced:
-            raise HazardError(f"{self.NAME}: {wrong_bytes(bar.name, bar.announced, bar.delivered)}", self.loc,
-                              HINT_BYTES)
-        for (tile, s, chunk), box in bar.copies:
+        for (tile, s, chunk), box in bar.complete(self):
             tile.data[s, chunk] = box
             del tile.pending[(s, chunk)]
-        bar.copies.clear()
-        bar.arrived = bar.announced = bar.delivered = 0
-        bar.phase += 1
         return None
 
 

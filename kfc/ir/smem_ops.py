@@ -86,6 +86,21 @@ class MBarrier:
                               "anyone waits for", op.loc)
         self.arrived += 1
 
+    def complete(self, op: Op) -> list:
+        """End the current phase at `op`'s wait: every arrival counted and every announced byte
+        delivered, else the wait never returns (a deadlock at it). Returns the phase's copies,
+        for the caller to land."""
+        if self.arrived < self.arrivals:
+            raise HazardError(f"{op.NAME}: {missing_arrivals(self.name, self.arrivals, self.arrived)}", op.loc,
+                              HINT_ANNOUNCE)
+        if self.delivered != self.announced:
+            raise HazardError(f"{op.NAME}: {wrong_bytes(self.name, self.announced, self.delivered)}", op.loc,
+                              HINT_BYTES)
+        copies, self.copies = self.copies, []
+        self.arrived = self.announced = self.delivered = 0
+        self.phase ^= 1
+        return copies
+
     def outstanding(self) -> str | None:
         """What keeps the current phase open, or None when nothing was started in it."""
         if self.copies or self.arrived or self.announced:
@@ -289,19 +304,9 @@ class MbarrierWaitOp(Op):
         _barrier_operand(self, self.operands[0])
 
     def interpret(self, interp, ins, env):
-        bar = ins[0]
-        if bar.arrived < bar.arrivals:
-            raise HazardError(f"{self.NAME}: {missing_arrivals(bar.name, bar.arrivals, bar.arrived)}", self.loc,
-                              HINT_ANNOUNCE)
-        if bar.delivered != bar.announced:
-            raise HazardError(f"{self.NAME}: {wrong_bytes(bar.name, bar.announced, bar.delivered)}", self.loc,
-                              HINT_BYTES)
-        for buf, data in bar.copies:
+        for buf, data in ins[0].complete(self):
             buf.data = data
             buf.pending = None
-        bar.copies.clear()
-        bar.arrived = bar.announced = bar.delivered = 0
-        bar.phase ^= 1
         return None
 
 

@@ -13,10 +13,10 @@
                                                gpu.store_tile %y, %C[pm*bm, pn*bn] }
 
 The epilogue (what the .kfc writes after the dot: casts, scale, a bias vector along the
-columns, activations, any elementwise op on the product, scalars and such vectors) runs on the accumulator's registers in the same
-kernel. A is read K-major (a [bm, 64] box per 64 columns of K), B N-major (a [bk, 64] box per 64
-columns of N), both with the 128-byte swizzle that wgmma's descriptors name. The pipeline's
-depth is `stages`: k-tile kt + stages - 1 is loaded while k-tile kt is multiplied. Elements past
+columns, activations, any elementwise op on the product, scalars and such vectors) runs on the
+accumulator's registers in the same kernel. A is read K-major (a [bm, 64] box per 64 columns
+of K), B N-major (a [bk, 64] box per 64 columns of N), both with the 128-byte swizzle that
+wgmma's descriptors name. The pipeline's depth is `stages`: k-tile kt + stages - 1 is loaded while k-tile kt is multiplied. Elements past
 the tensors' bounds arrive as zeros (they add nothing to the product) and stores are masked, so
 every M, N and K is exact; TMA needs each operand's row pitch to be a multiple of 16 bytes.
 """
@@ -33,9 +33,10 @@ from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir import layouts
 from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CtaBarrierOp, ExpectTxAtOp, GridOp, LoadColumnsOp, MbarrierArrayOp
-from ..ir.mma_ops import MbarrierWaitParityOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp, WgmmaOp
-from ..ir.mma_ops import WgmmaWaitOp, barrier_array_type
-from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp, UnaryOp, WhereOp
+from ..ir.mma_ops import MbarrierWaitParityOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp
+from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
+from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
+from ..ir.tile_ops import UnaryOp, WhereOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, option, register_pass
 

@@ -1,0 +1,36 @@
+"""What both kernel emitters (the row emitter, kfc.codegen.emitter, and the grid emitter,
+kfc.codegen.grid_emitter) write through: fresh C names, a value's name, indented lines, and an
+op written by its emission rule (kfc.codegen.rules)."""
+
+from __future__ import annotations
+
+from ..ir.core import Op, Value
+from .errors import CodegenError
+from .rules import rule_for
+
+
+class CodeWriter:
+    names: dict[Value, str]
+    lines: list[str]
+    indent: int
+    counter: int
+
+    def fresh(self, hint: str = "v") -> str:
+        self.counter += 1
+        return f"{hint}{self.counter}"
+
+    def name(self, v: Value) -> str:
+        if v not in self.names:
+            self.names[v] = self.fresh()
+        return self.names[v]
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.indent + line)
+
+    def emit_op(self, op: Op) -> None:
+        """Write op through its emission rule."""
+        emit = rule_for(op)
+        if emit is None:
+            raise CodegenError(f"codegen has no rule for {op.NAME}", op.loc,
+                               "this op must be lowered by a pass before codegen")
+        emit(self, op)
