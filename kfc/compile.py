@@ -21,7 +21,7 @@ import attrs
 from . import __version__
 from .codegen.backend import build_arch, kernel_features, program_kind
 from .codegen.cuda import LaunchPlan, generate_cuda
-from .codegen.grid_emitter import GridPlan, unlowered_grid_ops
+from .codegen.grid_emitter import GridPlan
 from .codegen.resources import check_resources
 from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
 from .diagnostics import KfcError
@@ -35,7 +35,6 @@ from .ir.tile_ops import DimOp, ParallelOp
 from .ir.types import MemSpace, TensorType
 from .passes import MATMUL_PIPELINE, PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline
 from .passes import parse_user_pipeline
-from .passes.base import PassError
 from .target import Target
 
 
@@ -91,12 +90,6 @@ def linearize_loops(func: FuncOp, ctx) -> FuncOp:
     return PassManager(parse_pipeline(f"{SplitTiles.NAME},{Linearize.NAME}"), ctx).run(func)
 
 
-def op_kind(func: FuncOp) -> tuple[str, PassError | None]:
-    """("row", None) for a row program, ("matmul", None) for a matrix product, ("other", why not)
-    for anything else (kfc.codegen.backend.program_kind)."""
-    return program_kind(func)
-
-
 def check_lowered(func: FuncOp, pipe) -> None:
     """A pipeline given with -p must leave IR the code generator takes: one gpu.launch, every
     op inside lowered. Said of the pipeline (the source line is only where the op came from)."""
@@ -105,7 +98,7 @@ def check_lowered(func: FuncOp, pipe) -> None:
     from .passes import ROW_PIPELINE
 
     if any(isinstance(op, GridOp) for op in func.body.ops):
-        left = unlowered_grid_ops(func)
+        left = unlowered_ops(func)
         if left:
             raise KfcError(f"the pipeline {str(pipe)!r} leaves {left[0].NAME} unlowered in the gpu.grid",
                            left[0].loc, hint=f"leave out -p for the default pipeline: {MATMUL_PIPELINE}")
@@ -171,7 +164,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         ctx_kwargs["out"] = out
     ctx = PassContext(**ctx_kwargs)
     special = linearize_loops(special, ctx)
-    kind, why_not = op_kind(special)
+    kind, why_not = program_kind(special)
     pipe = parse_user_pipeline(pipeline) if pipeline is not None else parse_pipeline(default_pipeline(kind))
     t0 = time.perf_counter()
     lowered = PassManager(pipe, ctx).run(special)
@@ -182,10 +175,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         # why the rank-2 tiles the row passes refuse stayed
         reports = [r for r in ctx.stats.values() if isinstance(r, SplitReport)]
         kept = [m for r in reports for m in r.kept] if "rank-2 tile" in why_not.message else []
-        # a program with a dot is said of the matrix product's lowering, any other of the row lowering
-        what = "" if why_not.message.startswith("accelerate-matmul") else \
-            "it is not a row program (one parallel loop over rows whose tiles are rows): "
-        raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: {what}{why_not.message}",
+        raise KfcError(f"kfc cannot generate code for {func.sym_name} yet: {why_not.message}",
                        why_not.span or func.loc,
                        f"split-tiles: the {kept[0]}" if kept else why_not.hint or "`kfc opt` still parses, verifies "
                        "and lowers it; code generation covers row ops such as rmsnorm, layernorm and softmax")

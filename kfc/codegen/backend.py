@@ -17,23 +17,24 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.mma_ops import MbarrierArrayOp, TmaLoadOp, WgmmaOp
 from ..ir.smem_ops import CopyAsyncOp, MbarrierAllocOp
+from ..ir.tile_ops import DotOp
+from ..passes.accelerate_matmul import match_matmul
+from ..passes.base import PassError
+from ..passes.rows import find_row_loop, row_length
 from ..target import Target, needs_arch_specific
 
 
-def program_kind(func: FuncOp) -> tuple[str, Exception | None]:
+def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
     """("row", None) for a row program, ("matmul", None) for a whole-tensor matrix product with
-    an elementwise epilogue, ("other", why it is not a row program) for anything else."""
-    from ..passes.accelerate_matmul import match_matmul
-    from ..passes.base import PassError
-    from ..passes.rows import find_row_loop, row_length
-    from ..ir.tile_ops import DotOp
-
+    an elementwise epilogue, ("other", why not) for anything else: said of the matrix product's
+    lowering for a program with a dot, of the row lowering for any other."""
     try:
         loop = find_row_loop(func)
         row_length(loop, func)
         return "row", None
     except PassError as e:
-        why = e
+        why = PassError("it is not a row program (one parallel loop over rows whose tiles are rows): "
+                        f"{e.message}", e.span, e.hint)
     if any(isinstance(op, DotOp) for op in func.body.ops):
         try:
             match_matmul(func)

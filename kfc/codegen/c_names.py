@@ -44,6 +44,12 @@ def c_kernel(op_name: str) -> str:
     return KERNEL_PREFIX + op_name
 
 
+def c_tensor_map(name: str) -> str:
+    """The C name of the TMA descriptor parameter of the op's tensor `name`: kfc's own, beside
+    the tensor's pointer c_param(name)."""
+    return "kfc_tm_" + c_param(name)
+
+
 @attrs.frozen
 class KernelParam:
     name: str        # the parameter's name in the op (a dim's symbol for kind "dim")
@@ -61,7 +67,18 @@ class KernelParam:
     def cname(self) -> str:
         if self.kind == "workspace":
             return self.name  # kfc's own name (kfc_ws<k>): no parameter of the op can take it
+        if self.kind == "tensor_map":
+            return c_tensor_map(self.name)
         return c_dim(self.name) if self.kind == "dim" else c_param(self.name)
+
+    def decl(self) -> str:
+        """The parameter in the kernel's signature."""
+        if self.kind in ("tensor", "workspace"):
+            const = "" if self.is_output else "const "
+            return f"{const}{self.ctype}* __restrict__ {self.cname}"
+        if self.kind == "tensor_map":
+            return f"const __grid_constant__ {self.ctype} {self.cname}"
+        return f"{self.ctype} {self.cname}"
 
     def contract(self) -> dict:
         # each kind lists only its own fields: the other kinds' entries stay as they were
@@ -109,3 +126,24 @@ def literal(value, dtype: DType) -> str:
     if dtype.is_bool:
         return "true" if value else "false"
     return f"({C_TYPES[dtype]})({int(value)}LL)"
+
+
+def argument_params(func) -> list[KernelParam]:
+    """The op's arguments as kernel parameters, in signature order: a scalar by value, a tensor
+    by pointer."""
+    from ..ir.types import MemSpace
+
+    outputs = set(func.outputs)
+    out = []
+    for v in func.args:
+        t = v.ttype
+        if t.space is MemSpace.REG:
+            out.append(KernelParam(v.name, "scalar", C_TYPES[t.dtype], str(t.dtype)))
+        else:
+            out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
+    return out
+
+
+def dim_params(func) -> list[KernelParam]:
+    """The op's dims as kernel parameters, after everything else."""
+    return [KernelParam(s, "dim", "long long", "index") for s in func.symbols]

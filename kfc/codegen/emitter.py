@@ -26,7 +26,7 @@ from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_ro
 from ..ir.tile_ops import BinaryOp, CastOp, ConstOp, DimOp, IndexDim, ReduceKind
 from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
-from .c_names import C_TYPES, KernelParam, as_float, c_dim, c_param, from_float
+from .c_names import C_TYPES, KernelParam, argument_params, as_float, c_dim, c_param, dim_params, from_float
 from .errors import CodegenError
 from .writer import CodeWriter
 from .rules import in_cluster
@@ -174,7 +174,7 @@ class KernelEmitter(CodeWriter):
 
     def generate(self) -> tuple[str, LaunchPlan]:
         params = self.params()
-        sig = ", ".join(self.param_decl(p) for p in params)
+        sig = ", ".join(p.decl() for p in params)
         for v in self.func.args:
             self.names[v] = c_param(v.name)
         self.emit(f"const int kfc_t = threadIdx.x % {self.T};")
@@ -221,26 +221,10 @@ class KernelEmitter(CodeWriter):
         return f"{self.kernel_name}_sums"
 
     def params(self) -> list[KernelParam]:
-        out = []
-        outputs = set(self.func.outputs)
-        for v in self.func.args:
-            t = v.ttype
-            if t.space is MemSpace.REG:
-                out.append(KernelParam(v.name, "scalar", C_TYPES[t.dtype], str(t.dtype)))
-            else:
-                out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
+        out = argument_params(self.func)
         if self.sums is not None:
             out.extend(row_sums.workspace_params(len(self.launch.results), self.N))
-        for s in self.func.symbols:
-            out.append(KernelParam(s, "dim", "long long", "index"))
-        return out
-
-    @staticmethod
-    def param_decl(p: KernelParam) -> str:
-        if p.kind in ("tensor", "workspace"):
-            const = "" if p.is_output else "const "
-            return f"{const}{p.ctype}* __restrict__ {p.cname}"
-        return f"{p.ctype} {p.cname}"
+        return out + dim_params(self.func)
 
     def rows_expr(self) -> str:
         """The number of rows as Python over the dims (for the runtime's grid size)."""

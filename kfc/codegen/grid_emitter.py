@@ -18,10 +18,9 @@ from ..ir.func import FuncOp
 from ..ir import layouts
 from ..ir.mma_ops import GridOp, TensorMapOp
 from ..ir.types import MemSpace
-from .c_names import C_TYPES, KernelParam, as_float, c_param, from_float
+from .c_names import C_TYPES, KernelParam, argument_params, as_float, c_param, dim_params, from_float
 from .errors import CodegenError
 from .writer import CodeWriter
-from .rules import rule_for
 
 SMEM_ALIGN = 1024  # a 128-byte swizzle's period: every staged tile starts on it
 
@@ -56,11 +55,6 @@ class GridPlan:
 
     def describe(self) -> str:
         return (f"{self.programs} CTAs of {self.block} threads, {self.smem_dynamic} B dynamic shared")
-
-
-def tensor_map_cname(v: Value) -> str:
-    """A tensor map parameter's C name: kfc's own, beside the tensor's p_NAME."""
-    return f"kfc_tm_{c_param(v.name)}"
 
 
 class GridKernelEmitter(CodeWriter):
@@ -157,35 +151,14 @@ class GridKernelEmitter(CodeWriter):
 
     # --- the kernel --------------------------------------------------------------------------
     def params(self) -> list[KernelParam]:
-        out = []
-        outputs = set(self.func.outputs)
-        for v in self.func.args:
-            t = v.ttype
-            if t.space is MemSpace.REG:
-                out.append(KernelParam(v.name, "scalar", C_TYPES[t.dtype], str(t.dtype)))
-            else:
-                out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
-        for op in self.launch.body.ops:
-            if isinstance(op, TensorMapOp):
-                t = op.operands[0].ttype
-                out.append(KernelParam(op.operands[0].name, "tensor_map", "kfc_tensor_map", str(t.dtype),
-                                       box=tuple(op.box), swizzle=op.swizzle))
-        for s in self.func.symbols:
-            out.append(KernelParam(s, "dim", "long long", "index"))
-        return out
-
-    def param_decl(self, p: KernelParam) -> str:
-        if p.kind == "tensor":
-            const = "" if p.is_output else "const "
-            return f"{const}{p.ctype}* __restrict__ {p.cname}"
-        if p.kind == "tensor_map":
-            v = next(a for a in self.func.args if a.name == p.name)
-            return f"const __grid_constant__ kfc_tensor_map {tensor_map_cname(v)}"
-        return f"{p.ctype} {p.cname}"
+        maps = [KernelParam(op.operands[0].name, "tensor_map", "kfc_tensor_map", str(op.operands[0].ttype.dtype),
+                            box=tuple(op.box), swizzle=op.swizzle)
+                for op in self.launch.body.ops if isinstance(op, TensorMapOp)]
+        return argument_params(self.func) + maps + dim_params(self.func)
 
     def generate(self) -> tuple[str, GridPlan]:
         params = self.params()
-        sig = ", ".join(self.param_decl(p) for p in params)
+        sig = ", ".join(p.decl() for p in params)
         for op in self.func.body.ops:
             self.emit_op(op)
         if self.smem_dynamic:
@@ -200,10 +173,4 @@ class GridKernelEmitter(CodeWriter):
             programs *= g
         return code, GridPlan(self.kernel_name, tuple(params), programs, L.threads, self.smem_static,
                               self.smem_dynamic)
-
-
-def unlowered_grid_ops(func: FuncOp) -> list[Op]:
-    """Ops of the kernel's gpu.grid that the code generator has no rule for."""
-    return [op for grid in func.body.ops if isinstance(grid, GridOp) for op in grid.walk()
-            if op is not grid and rule_for(op) is None]
 

@@ -13,9 +13,8 @@ from ..ir.mma_ops import CHUNK_BYTES, CtaBarrierOp, ExpectTxAtOp, GridOp, Mbarri
 from ..ir.mma_ops import LoadColumnsOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp
 from . import ptx
-from .c_names import C_TYPES, c_dim
+from .c_names import C_TYPES, c_dim, c_tensor_map
 from .errors import CodegenError
-from .grid_emitter import tensor_map_cname
 from .rules import rule
 
 MBARRIER_BYTES = 8
@@ -51,7 +50,7 @@ def emit_grid(em, op: GridOp) -> None:
 
 @rule(TensorMapOp)
 def emit_tensor_map(em, op: TensorMapOp) -> None:
-    em.names[op.result] = tensor_map_cname(op.operands[0])
+    em.names[op.result] = c_tensor_map(op.operands[0].name)
 
 
 @rule(StagesAllocOp)

@@ -60,6 +60,29 @@ def row_dependent(body) -> set:
     return values
 
 
+def check_layouts(body, threads: int, vec: int, cluster: int) -> None:
+    """Every tile inside a launch's body whose layout is one of the layout core's kinds asks of
+    the launch only what it gives (a #row its threads, vec and cluster; an MMA layout whole
+    warpgroups): the code generator maps tiles by the launch, so a layout that disagrees would be
+    silently wrong."""
+    def walk(block):
+        for op in block.ops:
+            for v in (*op.results, *(a for r in op.regions for a in r.args)):
+                layout = getattr(v.type, "layout", None)
+                if layout is None or layout.kind not in layouts.KINDS:
+                    continue
+                try:
+                    problem = layouts.disagreement(layout, threads, vec, cluster)
+                except ValueError as e:
+                    raise op.error(f"its result {v.type}: {e}") from None
+                if problem:
+                    raise op.error(f"its result {v.type} says {problem}")
+            for r in op.regions:
+                walk(r)
+
+    walk(body)
+
+
 def row_layout(threads: int, vec: int, cluster: int) -> Layout:
     return layouts.Blocked1D(threads, vec, cluster).as_layout()
 
@@ -140,26 +163,7 @@ class LaunchOp(Op):
         self._check_layouts()
 
     def _check_layouts(self) -> None:
-        """Every tile inside whose layout is one of the layout core's kinds asks of this launch
-        only what it gives (a #row its threads, vec and cluster; an MMA layout whole warpgroups):
-        the code generator maps tiles by the launch, so a layout that disagrees would be silently
-        wrong."""
-        def walk(block):
-            for op in block.ops:
-                for v in (*op.results, *(a for r in op.regions for a in r.args)):
-                    layout = getattr(v.type, "layout", None)
-                    if layout is None or layout.kind not in layouts.KINDS:
-                        continue
-                    try:
-                        problem = layouts.disagreement(layout, self.threads, self.vec, self.cluster)
-                    except ValueError as e:
-                        raise op.error(f"its result {v.type}: {e}") from None
-                    if problem:
-                        raise op.error(f"its result {v.type} says {problem}")
-                for r in op.regions:
-                    walk(r)
-
-        walk(self.body)
+        check_layouts(self.body, self.threads, self.vec, self.cluster)
 
     def interpret(self, interp, ins, env):
         body = self.body

@@ -47,6 +47,7 @@ import numpy as np
 from ..diagnostics import InterpretError
 from . import layouts
 from .core import Op, register_op
+from .gpu_ops import check_layouts
 from .dtypes import DType
 from .smem_ops import HINT_WAIT_BEFORE_READ, HINT_WAIT_BEFORE_REUSE, HazardError, MBarrier, value_name
 from .tile_ops import StoreOp, _check_operands, _check_results, _int_scalar, _tt
@@ -139,13 +140,7 @@ class GridOp(Op):
                              f"not {self.threads}")
         if self.group < 1:
             raise self.error(f"group must be positive, not {self.group}")
-        for op in self.walk():
-            for r in op.results:
-                t = r.type
-                if isinstance(t, TensorType) and t.layout is not None and t.layout.kind in layouts.KINDS:
-                    problem = layouts.of(t.layout).against_launch(self.threads, 1, 1)
-                    if problem:
-                        raise op.error(f"its result {t} does not fit the grid: {problem}")
+        check_layouts(self.body, self.threads, 1, 1)
 
     def interpret(self, interp, ins, env):
         for pid in np.ndindex(*self.grid):

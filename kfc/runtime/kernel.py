@@ -422,8 +422,6 @@ class PreparedCall:
     allocate (or the given ones to check), and the prepared launches: the op's first kernel,
     then any that follow it (which read the workspaces the call allocates)."""
 
-    maps: list = []  # the first kernel's tensor maps (Stage.maps); a default for calls built bare, as tests do
-
     def __init__(self, first: Stage, allocators, outputs_given: bool) -> None:
         self.launch = first.launch
         self.kinds = first.kinds
