@@ -35,6 +35,8 @@ from .ir.tile_ops import DimOp, ParallelOp
 from .ir.types import MemSpace, TensorType
 from .passes import MATMUL_PIPELINE, PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline
 from .passes import parse_user_pipeline
+from .passes.tensor_rows import RowsOfTensors, tensor_rows_dim
+from .passes.tensor_rows import applies as computes_on_whole_tensors
 from .target import Target
 
 
@@ -53,9 +55,11 @@ class CompileResult:
 
 
 def row_dims(func: FuncOp) -> list[str]:
-    """Dims that bound the top-level parallel loop (its indices, linearised into rows): they
-    stay run-time arguments."""
+    """Dims that bound the top-level parallel loop (its indices, linearised into rows), or
+    that count a whole-tensor row program's rows: they stay run-time arguments."""
     loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
+    if not loops and (rows := tensor_rows_dim(func)) is not None:
+        return [rows]
     if len(loops) != 1:
         return []
     defs = {r: op for op in func.body.ops for r in op.results}
@@ -74,9 +78,12 @@ def fixed_dims(func: FuncOp, dims: dict[str, int]) -> dict[str, int]:
 
 
 def linearize_loops(func: FuncOp, ctx) -> FuncOp:
-    """A parallel loop over [A, B] tiles gets an index for A (split-tiles), and a parallel
-    loop over several indices becomes a loop over rows (linearize), both verified like every
-    pass, before the op's kind is decided."""
+    """A whole-tensor program that computes row by row becomes a parallel loop over its rows
+    (rows-of-tensors), a parallel loop over [A, B] tiles gets an index for A (split-tiles), and
+    a parallel loop over several indices becomes a loop over rows (linearize), each verified
+    like every pass, before the op's kind is decided."""
+    if computes_on_whole_tensors(func):
+        return PassManager(parse_pipeline(RowsOfTensors.NAME), ctx).run(func)
     def rank2(op) -> bool:
         return any(isinstance(v.type, TensorType) and v.type.space is MemSpace.REG and v.type.rank == 2
                    for o in op.body.ops for v in o.results)

@@ -29,12 +29,16 @@ def emit_sum_accumulators(em) -> None:
 
 @rule(YieldOp)
 def emit_yield(em, op) -> None:
-    """A row's contributions to the sums across rows, added into the thread's accumulators
-    (a row slot without a row adds zero: a select, where a branch around the adds made
-    ptxas spill the accumulators)."""
+    """A row's contributions to the sums across rows, added into the thread's accumulators.
+    A row slot without a row adds nothing: in registers by a select (a branch around the adds
+    made ptxas spill the register accumulators), in shared memory by a branch (the select
+    made it spill a row of 4095 elements read one by one)."""
     at = f"e * {em.V} + i" if em.chunk_local is not None else "i"
     for k, v in enumerate(op.operands):
-        em.loop(f"{acc(em, k, at)} += kfc_rowvalid ? {em.elem(v, 'i')} : 0.0f;")
+        if em.launch.sums_in == "registers":
+            em.loop(f"{acc(em, k, at)} += kfc_rowvalid ? {em.elem(v, 'i')} : 0.0f;")
+        else:
+            em.loop(f"if (kfc_rowvalid) {acc(em, k, at)} += {em.elem(v, 'i')};")
 
 
 def emit_partials(em) -> None:

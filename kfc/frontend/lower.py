@@ -660,9 +660,14 @@ class Lowerer:
         else:
             target = self.value(base)
         if isinstance(target, Tensor):
-            items = self.index_items(index, target.value)
+            # None adds an axis to what the rest of the index loads (rstd[:, None] is [M, 1])
+            kept = [c for c in index.children if c.data != "idx_new"]
+            axes = [sum(1 for c in index.children[:i] if c.data != "idx_point")
+                    for i, c in enumerate(index.children) if c.data == "idx_new"]
+            items = self.index_items(lark.Tree(index.data, kept, index.meta) if axes else index, target.value)
             with self.b.at(self.span(node)):
-                return self.b.load(target.value, items)
+                tile = self.b.load(target.value, items)
+                return self.b.expand_dims(tile, axes) if axes else tile
         if not isinstance(target, Value):
             raise self.err(node, "only tensors and tiles can be indexed")
         # tiles: ':' keeps a dim, None inserts one
@@ -693,9 +698,6 @@ class Lowerer:
                                   f"({tensor.type})",
                            f"give at most one index per dim, e.g. {tensor.name}[{', '.join([':'] * rank)}]")
         for dim, item in enumerate(index.children):
-            if item.data == "idx_new":
-                raise self.err(item, "None (a new axis) applies to tiles, not to tensors",
-                               "load first, then add the axis: t = x[m, :]; t[None, :]")
             if item.data == "idx_point":
                 v = self.index_value(item.children[0], "index")
                 if isinstance(v, int) and v < 0:

@@ -1,7 +1,7 @@
 """Passes over the IR: one module per pass, registered by name for pipeline strings."""
 
 from . import (  # noqa: F401 - registration
-    accelerate_matmul, canonicalize, cse, dce, linearize, lower_ptx, lower_reductions, online_softmax, split_tiles, stage_rows, tile,
+    accelerate_matmul, canonicalize, cse, dce, linearize, lower_ptx, lower_reductions, online_softmax, split_tiles, stage_rows, tensor_rows, tile,
 )
 from .base import PASSES, Pass, PassError, register_pass
 from .manager import PassContext, PassManager, VerifyEach

@@ -53,6 +53,12 @@ def body_ops(block) -> list[Op]:
     return out
 
 
+def only_summed(loop: Op) -> bool:
+    """A row loop whose rows are only added into its sums across rows (a column sum): it
+    stores nothing and reduces nothing per row, so each row is read once, into the adds."""
+    return bool(loop.results) and not any(isinstance(op, (StoreOp, ReduceOp, ScanOp)) for op in body_ops(loop.body))
+
+
 def row_length(loop: Op, func: FuncOp) -> int:
     """The one row length of every rank-1 tile in the loop body; checks the body's ops. A
     sequential `for` in the row loop (a row read in chunks, with carried values) and the

@@ -210,7 +210,13 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
         if isinstance(op, ReduceOp) and roles.of(op.operands[0]) == "A":
             raise NotSplit("a reduction along the tiles' first axis (across the rows)")
         if isinstance(op, ReduceOp) and _reg(op.operands[0]).rank == 2:
-            body.append(ReduceOp(operands=operands, results=(fresh(op.result),), loc=op.loc, kind=op.kind,
+            result = fresh(op.result)
+            if result.ttype.rank:  # [A, 1] kept from tiles of one column: the row's scalar spread over [1]
+                scalar = Value(result.ttype.with_shape(()))
+                body.append(ReduceOp(operands=operands, results=(scalar,), loc=op.loc, kind=op.kind, axes=(0,)))
+                body.append(BroadcastOp(operands=(scalar,), results=(result,), loc=op.loc))
+                continue
+            body.append(ReduceOp(operands=operands, results=(result,), loc=op.loc, kind=op.kind,
                                  axes=(0,), keepdims=False))
             continue
         if isinstance(op, (BroadcastOp, ExpandDimsOp)):

@@ -54,7 +54,7 @@ from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
 from ..target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, option, register_pass
-from .rows import find_row_loop, row_length
+from .rows import find_row_loop, only_summed, row_length
 
 # The bulk copy moves multiples of 16 bytes between 16-byte-aligned addresses.
 COPY_GRANULE = 16
@@ -208,6 +208,11 @@ class StageRows(Pass):
                             "put stage-rows before tile in the pipeline, as the default pipeline does")
         loop = find_row_loop(func)
         n = row_length(loop, func)
+        if only_summed(loop):
+            # each row goes once from global memory into the adds: through shared memory it would
+            # only take a detour (a column sum of 32768 x 16384 bf16 on the H200: 0.85 of the
+            # copy bandwidth staged, 0.89 loaded straight into registers)
+            return func
         body = loop.body
         row_values = row_dependent(body)
         reads = stretches(body)
