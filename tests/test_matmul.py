@@ -17,7 +17,8 @@ from kfc.frontend import load_kfc, parse_kfc
 from kfc.ir import parse_ir, print_ir, verify
 from kfc.ir.core import Block
 from kfc.ir.interpreter import run
-from kfc.ir.mma_ops import ExpectTxAtOp, GridOp, MbarrierWaitParityOp, TensorMapOp, WgmmaWaitOp
+from kfc.ir.mma_ops import CopyStageOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp, MbarrierWaitParityOp, TensorMapOp
+from kfc.ir.mma_ops import WgmmaWaitOp
 from kfc.ir.specialize import specialize
 from kfc.passes import MATMUL_PIPELINE, PassContext, PassManager, parse_pipeline
 from kfc.target import parse_target
@@ -134,10 +135,43 @@ def test_a_wrong_swizzle_is_refused_by_the_verifier():
         verify(_rewrite(_small(), swizzle64))
 
 
-def test_a_row_pitch_tma_cannot_take_is_refused_with_what_to_do():
+def test_tma_asked_for_a_row_pitch_it_cannot_take_is_refused_with_what_to_do():
     with pytest.raises(KfcError, match="multiple of 16 bytes") as e:
-        compile_op(load_kfc("kernels/gemm.kfc"), parse_target("sm_90a"), shape={"M": 1, "N": 7, "K": 5})
-    assert "pad" in (e.value.hint or "")
+        compile_op(load_kfc("kernels/gemm.kfc"), parse_target("sm_90a"), shape={"M": 1, "N": 7, "K": 5},
+                   pipeline="canonicalize,accelerate-matmul{copy=tma}")
+    assert "copy at auto" in (e.value.hint or "") and "pad" in e.value.hint
+
+
+@pytest.mark.parametrize("m,n,k,pipe", [
+    (1, 7, 5, "accelerate-matmul{bn=64}"), (33, 65, 17, "accelerate-matmul{bn=64}"),
+    (70, 100, 130, "accelerate-matmul"),                    # K over two k-tiles, a partial last one
+    (130, 264, 200, "accelerate-matmul{copy=threads}"),     # aligned pitches, copied by the threads all the same
+])
+def test_the_threads_copy_path_computes_the_product(m, n, k, pipe):
+    func, low = lowered(load_kfc("kernels/gemm.kfc"), {"M": m, "N": n, "K": k}, f"canonicalize,{pipe},cse,dce")
+    assert any(isinstance(op, CopyStageOp) for op in low.walk()) and not any(
+        isinstance(op, TensorMapOp) for op in low.walk())
+    args = operands(m, n, k)
+    want = run(func, args)["c"].astype(np.float32)
+    got = run(low, args)["c"].astype(np.float32)
+    assert not np.isnan(got).any(), "an output element was never stored"
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-2)
+
+
+def test_a_wgmma_reading_copies_no_fence_made_visible_is_a_hazard():
+    low = lowered(load_kfc("kernels/gemm.kfc"), {"M": 33, "N": 65, "K": 17}, "canonicalize,accelerate-matmul{bn=64}")[1]
+    bad = _rewrite(low, lambda op: [] if isinstance(op, FenceProxyAsyncOp) else [op])
+    with pytest.raises(InterpretError, match="before a gpu.fence_proxy_async"):
+        run(bad, operands(33, 65, 17))
+
+
+def test_odd_pitches_compile_to_hgmma_without_tma():
+    r = compile_op(load_kfc("kernels/gemm.kfc"), parse_target("sm_90a"), shape={"M": 4095, "N": 4097, "K": 127})
+    sass = disassemble(r.kernel.cubin)
+    assert "HGMMA.64x256x16.F32.BF16" in sass and "UTMALDG" not in sass
+    assert r.report["features"] == ["wgmma"] and r.kernel.report.spills == 0
+    assert "C7514" not in r.kernel.ptxas_log, "ptxas serialised the wgmmas"
+    assert any("copied by the threads" in note for note in r.report["pass_notes"])
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +230,45 @@ op residual(a: bf16[M, K], b: bf16[K, N], r: f32[M, N]) -> (c: f32[M, N]) {
 """, str(tmp_path / "residual.kfc"))
     with pytest.raises(KfcError, match="cannot generate code for residual yet: accelerate-matmul: tile.load is"):
         compile_op(spec, parse_target("sm_90a"), shape={"M": 64, "N": 64, "K": 64})
+
+
+TRANSPOSED = {
+    (True, False): "op g(a: bf16[K, M], b: bf16[K, N]) -> (c: bf16[M, N]) {\n  c = bf16(dot(a, b, trans_a=true))\n}\n",
+    (False, True): "op g(a: bf16[M, K], b: bf16[N, K]) -> (c: bf16[M, N]) {\n  c = bf16(dot(a, b, trans_b=true))\n}\n",
+    (True, True): "op g(a: f16[K, M], b: f16[N, K]) -> (c: f32[M, N]) {\n"
+                  "  c = dot(a, b, trans_a=true, trans_b=true)\n}\n",
+}
+
+
+@pytest.mark.parametrize("trans", TRANSPOSED, ids=["trans_a", "trans_b", "trans_ab_f16_f32"])
+@pytest.mark.parametrize("m,n,k", [(33, 65, 17), (130, 264, 200)])
+def test_transposed_operands_are_copied_transposed_by_the_threads(trans, m, n, k):
+    spec = parse_kfc(TRANSPOSED[trans], "g.kfc")
+    func, low = lowered(spec, {"M": m, "N": n, "K": k}, "canonicalize,accelerate-matmul,cse,dce")
+    copies = [op for op in low.walk() if isinstance(op, CopyStageOp)]
+    assert {op.transpose for op in copies if op.operands[0].name == "a"} == {trans[0]}
+    assert {op.transpose for op in copies if op.operands[0].name == "b"} == {trans[1]}
+    rng = np.random.default_rng(m + n + k)
+    dt = ml_dtypes.bfloat16 if not all(trans) else np.float16
+    a = rng.standard_normal((k, m) if trans[0] else (m, k)).astype(dt)
+    b = rng.standard_normal((n, k) if trans[1] else (k, n)).astype(dt)
+    ref = (a.astype(np.float32).T if trans[0] else a.astype(np.float32)) @ \
+        (b.astype(np.float32).T if trans[1] else b.astype(np.float32))
+    got = run(low, {"a": a, "b": b})["c"].astype(np.float32)
+    np.testing.assert_allclose(got, ref, rtol=2 ** -7, atol=2e-2)
+
+
+def test_tma_asked_for_transposed_operands_is_refused():
+    with pytest.raises(KfcError, match="not transposed") as e:
+        compile_op(parse_kfc(TRANSPOSED[(False, True)], "g.kfc"), parse_target("sm_90a"),
+                   shape={"M": 128, "N": 256, "K": 64}, pipeline="canonicalize,accelerate-matmul{copy=tma}")
+    assert "copy at auto" in e.value.hint
+
+
+def test_f16_operands_and_an_f32_result_transposed_compile_to_hgmma():
+    r = compile_op(parse_kfc(TRANSPOSED[(True, True)], "g.kfc"), parse_target("sm_90a"),
+                   shape={"M": 256, "N": 512, "K": 192})
+    sass = disassemble(r.kernel.cubin)
+    assert "HGMMA.64x256x16.F32" in sass
+    assert "HGMMA.64x256x16.F32.BF16" not in sass, "f16 operands"
+    assert r.kernel.report.spills == 0 and "C7514" not in r.kernel.ptxas_log

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ..ir import layouts
 from ..ir.dtypes import DType
-from ..ir.mma_ops import CHUNK_BYTES, CtaBarrierOp, ExpectTxAtOp, GridOp, MbarrierArrayOp, MbarrierWaitParityOp
+from ..ir.mma_ops import CHUNK_BYTES, CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp
+from ..ir.mma_ops import MbarrierArrayOp, MbarrierWaitParityOp
 from ..ir.mma_ops import LoadColumnsOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp
 from . import ptx
@@ -117,6 +118,42 @@ def emit_tma_load(em, op: TmaLoadOp) -> None:
     _issuer(em, op)
     em.emit(f"kfc_tma_load_2d({dst}, &{em.name(tmap)}, (int)({em.name(col)}), "
             f"(int)({em.name(row)}), {_barrier(em, bars, stage)});")
+
+
+@rule(CopyStageOp)
+def emit_copy_stage(em, op: CopyStageOp) -> None:
+    """Element (r, c) of the tile (its columns across every chunk) from the tensor, zero past its
+    bounds, stored where the 128-byte swizzle puts it: 16-byte unit u of row r of a chunk lands
+    at unit u ^ (r % 8). Consecutive threads read consecutive elements of the tensor: along c,
+    or along r where the tensor holds the operand transposed."""
+    src, tile, stage, row, col = op.operands
+    t = tile.ttype
+    if t.dtype.itemsize != 2:
+        raise CodegenError(f"{op.NAME} copies 16-bit elements (the operands wgmma takes), not {t.dtype}", op.loc)
+    chunks, rows, per_chunk = t.shape[1:]
+    width = chunks * per_chunk
+    dims = [c_dim(d.name) if not isinstance(d, int) else str(d) for d in src.ttype.shape]
+    n_rows, n_cols = reversed(dims) if op.transpose else dims
+    at = f"gc * {dims[1]} + gr" if op.transpose else f"gr * {dims[1]} + gc"
+    em.emit("{")
+    em.emit(f"  const unsigned kfc_dst = {em.name(tile)} + (unsigned)({em.name(stage)}) * {_stage_bytes(t)}u;")
+    em.emit(f"  const unsigned short* kfc_src = reinterpret_cast<const unsigned short*>({em.name(src)});")
+    em.emit(f"  for (int e = kfc_tid; e < {rows * width}; e += {em.launch.threads}) {{")
+    em.emit(f"    const int r = e % {rows}, c = e / {rows};" if op.transpose else
+            f"    const int r = e / {width}, c = e % {width};")
+    em.emit(f"    const long long gr = {em.name(row)} + r, gc = {em.name(col)} + c;")
+    em.emit(f"    const unsigned short v = gr < {n_rows} && gc < {n_cols} ? kfc_src[{at}] : 0;")
+    em.emit(f"    const unsigned b = (unsigned)(c % {per_chunk}) * 2u;")
+    em.emit(f"    const unsigned a = kfc_dst + (unsigned)(c / {per_chunk}) * {rows * CHUNK_BYTES}u + "
+            f"(unsigned)r * {CHUNK_BYTES}u + ((((b >> 4) ^ ((unsigned)r & 7u)) << 4) | (b & 15u));")
+    em.emit('    asm volatile("st.shared.b16 [%0], %1;" :: "r"(a), "h"(v) : "memory");')
+    em.emit("  }")
+    em.emit("}")
+
+
+@rule(FenceProxyAsyncOp)
+def emit_fence_proxy_async(em, op: FenceProxyAsyncOp) -> None:
+    em.emit(ptx.fence_proxy_async_shared())
 
 
 @rule(MbarrierWaitParityOp)

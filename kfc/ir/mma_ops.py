@@ -17,6 +17,12 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
     gpu.tma_load %ta, %sa, %bars, %s, %row, %col {chunk = 0}
         the box of a at (row, col) into chunk 0 of stage s; elements past a's bounds land as
         zeros; the box's bytes count against bars[s]'s announced ones
+    gpu.copy_stage %a, %sa, %s, %row, %col {transpose = false}
+        every thread copies its share of the tile at (row, col) of a into stage s (all its
+        chunks), zeros past a's bounds, with plain loads and stores: for tensors TMA cannot
+        take (a row pitch that is not a multiple of 16 bytes) and transposed operands
+    gpu.fence_proxy_async
+        the threads' writes to shared memory become visible to wgmma (the async proxy)
     gpu.mbarrier_wait_parity %bars, %s, %parity
         wait for the phase of bars[s] with this parity to complete; its copies become visible
     %acc1 = gpu.wgmma %acc, %sa, %sb, %s
@@ -33,8 +39,8 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
 
 The interpreter runs wgmma at once and keeps which stages each group still reads: a TMA load
 into a stage an unretired wgmma reads, a wgmma reading a stage whose copy nobody waited for,
-and a wait with the wrong parity (it would return before the copies land) are hazards at the
-op that commits them.
+a wait with the wrong parity (it would return before the copies land), and a wgmma reading a
+stage the threads wrote before a gpu.fence_proxy_async are hazards at the op that commits them.
 """
 
 from __future__ import annotations
@@ -91,6 +97,14 @@ class StagedTile:
                 raise HazardError(f"{op.NAME}: reads stage {s} of {self.name} while the copy into it is in flight "
                                   f"(nobody waited on {bar.name})", op.loc, HINT_WAIT_BEFORE_READ)
         return self.data[s]
+
+
+def _unfenced(interp) -> set:
+    """The (staged tile, stage) pairs the threads wrote that no gpu.fence_proxy_async has yet
+    made visible to the async proxy."""
+    if not hasattr(interp, "unfenced"):
+        interp.unfenced = set()
+    return interp.unfenced
 
 
 def _wgmma_groups(interp) -> list:
@@ -368,6 +382,70 @@ class TmaLoadOp(Op):
 
 @register_op
 @attrs.frozen(eq=False, kw_only=True)
+class CopyStageOp(Op):
+    """Operands: the tensor, the staged tile, the stage, the tile's row and column in the operand.
+    Every thread of the CTA copies its share, element by element: chunk j of the stage takes
+    columns col + 64 j onwards; elements past the tensor's bounds are zeros. With `transpose`
+    the tensor holds the operand transposed (dot's trans_a, trans_b): tile element (r, c) is
+    tensor[col + c, row + r]."""
+
+    NAME: ClassVar[str] = "gpu.copy_stage"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory", "reads_memory"})
+    transpose: bool = False
+
+    def verify_(self) -> None:
+        _check_operands(self, 5)
+        _check_results(self, 0)
+        src = _tt(self, self.operands[0], "source")
+        dst = _tt(self, self.operands[1], "destination")
+        if src.space is not MemSpace.GLOBAL or src.rank != 2:
+            raise self.error(f"copies from a rank-2 tensor in global memory, not {src}")
+        if not is_staged_tile(dst):
+            raise self.error(f"copies into staged tiles (gpu.smem_stages), not {dst}")
+        if src.dtype is not dst.dtype:
+            raise self.error(f"copies {src.dtype} into a tile of {dst.dtype}")
+        for v, what in zip(self.operands[2:], ("stage", "row", "column")):
+            _int_scalar(self, v, what)
+
+    def interpret(self, interp, ins, env):
+        src, tile = ins[0], ins[1]
+        s = _stage(self, ins[2], tile.data.shape[0])
+        row, col = int(np.asarray(ins[3])), int(np.asarray(ins[4]))
+        for group in _wgmma_groups(interp):
+            if (id(tile), s) in group:
+                raise HazardError(f"{self.NAME}: overwrites stage {s} of {tile.name} while a wgmma reading it is in "
+                                  "flight", self.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage")
+        chunks, rows, cols = tile.data.shape[1:]
+        box = np.zeros((rows, chunks * cols), dtype=tile.data.dtype)
+        src = np.asarray(src).T if self.transpose else src
+        r1, c1 = min(src.shape[0], row + rows), min(src.shape[1], col + chunks * cols)
+        if r1 > row >= 0 and c1 > col >= 0:
+            box[:r1 - row, :c1 - col] = src[row:r1, col:c1]
+        tile.data[s] = box.reshape(rows, chunks, cols).transpose(1, 0, 2)
+        _unfenced(interp).add((id(tile), s))
+        return None
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
+class FenceProxyAsyncOp(Op):
+    """This thread's writes to shared memory become visible to the async proxy (wgmma, TMA);
+    with a gpu.cta_barrier after it, every thread's."""
+
+    NAME: ClassVar[str] = "gpu.fence_proxy_async"
+    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory"})
+
+    def verify_(self) -> None:
+        _check_operands(self, 0)
+        _check_results(self, 0)
+
+    def interpret(self, interp, ins, env):
+        _unfenced(interp).clear()
+        return None
+
+
+@register_op
+@attrs.frozen(eq=False, kw_only=True)
 class MbarrierWaitParityOp(Op):
     NAME: ClassVar[str] = "gpu.mbarrier_wait_parity"
     TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory"})
@@ -447,6 +525,11 @@ class WgmmaOp(Op):
     def interpret(self, interp, ins, env):
         acc, ta, tb = ins[0], ins[1], ins[2]
         s = _stage(self, ins[3], ta.data.shape[0])
+        for t in (ta, tb):
+            if (id(t), s) in _unfenced(interp):
+                raise HazardError(f"{self.NAME}: reads stage {s} of {t.name}, which the threads wrote, before a "
+                                  "gpu.fence_proxy_async: wgmma may not see those writes", self.loc,
+                                  "fence the threads' copies (gpu.fence_proxy_async), then meet at gpu.cta_barrier")
         a = ta.stage_ready(self, s)  # [chunks of K, M, 64]
         b = tb.stage_ready(self, s)  # [chunks of N, K, 64]
         a2 = np.concatenate(list(a), axis=1).astype(np.float32)

@@ -1,8 +1,9 @@
-"""kernels/gemm.kfc (TMA + wgmma) on the GPU: c = a · b in bf16 against a.float() @ b.float() on
-fresh random inputs, outputs poisoned with NaN before the call; two calls give bit-identical
-results and leave the inputs unchanged; a row pitch TMA cannot take (not a multiple of 16
-bytes) is refused with a KfcError. Every dim is fixed per compile, so each shape compiles its
-own kernel. Run with `pytest -m gpu`."""
+"""kernels/gemm.kfc (TMA + wgmma) on the GPU: c = a · b against a.float() @ b.float() on fresh
+random inputs, outputs poisoned with NaN before the call; two calls give bit-identical results
+and leave the inputs unchanged. Row pitches TMA cannot take (not a multiple of 16 bytes: M=1,
+N=7, K=5; 33x65x17; 4095x4097x127) take the threads' copies; so do transposed operands
+(trans_a, trans_b); f16 operands, f16 and f32 outputs. Every dim is fixed per compile, so each
+shape compiles its own kernel. Run with `pytest -m gpu`."""
 
 import pytest
 
@@ -10,9 +11,11 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
 
-# (M, N, K): every row pitch (K * 2 bytes for a, N * 2 for b and c) a multiple of 16 bytes;
-# M=33 and 4095 leave a partial tile of rows, N=72 and 4104 a partial tile of columns
-SHAPES = [(1, 8, 8), (33, 72, 24), (4095, 4104, 136), (128, 256, 64), (256, 512, 192), (4096, 4096, 4096)]
+# (M, N, K): the first six with every row pitch (K * 2 bytes for a, N * 2 for b and c) a
+# multiple of 16 bytes (TMA); M=33 and 4095 leave a partial tile of rows, N=72 and 4104 a partial
+# tile of columns; the last three with pitches TMA cannot take (the threads copy the tiles)
+SHAPES = [(1, 8, 8), (33, 72, 24), (4095, 4104, 136), (128, 256, 64), (256, 512, 192), (4096, 4096, 4096),
+          (1, 7, 5), (33, 65, 17), (4095, 4097, 127)]
 TOL = 1e-2  # bf16 outputs: max |err| / max |ref|
 
 _kernel = []
@@ -69,15 +72,51 @@ def test_gemm_matches_torch(m, n, k):
     assert torch.equal(a, a0) and torch.equal(b, b0), "gemm modified an input"
 
 
-def test_gemm_refuses_a_row_pitch_tma_cannot_take():
-    """(M, N, K) = (1, 7, 5): rows of 10 and 14 bytes, not multiples of 16."""
+def test_odd_row_pitches_are_copied_by_the_threads():
     requires_gpu()
-    from kfc.diagnostics import KfcError
+    _, report = gemm().kernel_for({"M": 33, "N": 65, "K": 17}, 0)
+    assert report["features"] == ["wgmma"], "no TMA for rows of 34 and 130 bytes"
+    assert any("copied by the threads" in n for n in report["pass_notes"])
 
-    a, b = inputs(1, 7, 5)
-    with pytest.raises(KfcError) as e:
-        gemm()(a, b)
-    assert str(e.value).strip(), "the refusal says nothing"
+
+VARIANTS = {
+    # name: (the op's operands and result, a's and b's torch dtype, c's, how a and b are passed)
+    "f16": ("a: f16[M, K], b: f16[K, N]) -> (c: f16[M, N]", "c = f16(dot(a, b))", torch.float16, torch.float16, ""),
+    "bf16-f32": ("a: bf16[M, K], b: bf16[K, N]) -> (c: f32[M, N]", "c = dot(a, b)", torch.bfloat16, torch.float32, ""),
+    "f16-f32": ("a: f16[M, K], b: f16[K, N]) -> (c: f32[M, N]", "c = dot(a, b)", torch.float16, torch.float32, ""),
+    "trans_a": ("a: bf16[K, M], b: bf16[K, N]) -> (c: bf16[M, N]", "c = bf16(dot(a, b, trans_a=true))",
+                torch.bfloat16, torch.bfloat16, "a"),
+    "trans_b": ("a: bf16[M, K], b: bf16[N, K]) -> (c: bf16[M, N]", "c = bf16(dot(a, b, trans_b=true))",
+                torch.bfloat16, torch.bfloat16, "b"),
+    "trans_ab": ("a: f16[K, M], b: f16[N, K]) -> (c: f32[M, N]", "c = dot(a, b, trans_a=true, trans_b=true)",
+                 torch.float16, torch.float32, "ab"),
+}
+VARIANT_SHAPES = [(1, 7, 5), (33, 65, 17), (256, 512, 192), (1000, 1032, 1000)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemm_variants_match_torch(variant, tmp_path):
+    """f16 operands, f32 outputs and transposed operands, each its own op."""
+    requires_gpu()
+    import kfc
+
+    sig, body, dt, out_dt, transposed = VARIANTS[variant]
+    path = tmp_path / "gemm_variant.kfc"
+    path.write_text(f"op gemm_variant({sig}) {{\n  {body}\n}}\n")
+    g = kfc.load(path)
+    for m, n, k in VARIANT_SHAPES:
+        a, b = (x.to(dt) for x in inputs(m, n, k))
+        ref = a.float() @ b.float()
+        a_in = a.t().contiguous() if "a" in transposed else a
+        b_in = b.t().contiguous() if "b" in transposed else b
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dt)
+        got = g(a_in, b_in, out=out)
+        torch.cuda.synchronize()
+        assert got.dtype == out_dt and got.data_ptr() == out.data_ptr()
+        o = got.float()
+        assert torch.isfinite(o).all(), f"{variant} {m}x{n}x{k}: unwritten or non-finite elements"
+        err = float((o - ref).abs().max() / ref.abs().max())
+        assert err < (TOL if out_dt is not torch.float32 else 1e-4), f"{variant} {m}x{n}x{k}: {err:.3g}"
 
 
 @pytest.mark.parametrize("m,n,k", [(33, 72, 24), (4095, 4104, 136), (512, 512, 1024)])
