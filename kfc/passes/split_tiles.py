@@ -69,7 +69,7 @@ class SplitReport:
     kept: tuple[str, ...]
 
 
-def _reg(v: Value) -> TensorType | None:
+def register_tile(v: Value) -> TensorType | None:
     t = v.type
     return t if isinstance(t, TensorType) and t.space is MemSpace.REG else None
 
@@ -106,7 +106,7 @@ class Roles:
         self.known[r] = role
 
     def of(self, v: Value) -> str:
-        t = _reg(v)
+        t = register_tile(v)
         if t is None:
             return "tensor"
         if t.rank == 0:
@@ -125,13 +125,13 @@ def assign_roles(body: Block, a_dim, b_dim, axis0: list | None = None) -> Roles:
         if op.regions:
             raise NotSplit(f"{op.NAME} inside the loop")
         for v in op.results:
-            t = _reg(v)
+            t = register_tile(v)
             if t is not None and t.rank > 2:
                 raise NotSplit(f"a rank-{t.rank} tile")
             if t is not None and t.rank == 2 and (t.shape[0] not in (a_dim, 1) or t.shape[1] not in (b_dim, 1)):
                 raise NotSplit(f"tiles of two shapes ({a_dim} x {b_dim} and {t.shape[0]} x {t.shape[1]})")
-        ins = [v for v in op.operands if (t := _reg(v)) is not None and t.rank == 1]
-        outs = [v for v in op.results if (t := _reg(v)) is not None and t.rank == 1]
+        ins = [v for v in op.operands if (t := register_tile(v)) is not None and t.rank == 1]
+        outs = [v for v in op.results if (t := register_tile(v)) is not None and t.rank == 1]
         if isinstance(op, ELEMENTWISE) or isinstance(op, BroadcastOp) and outs:
             group = ins + outs  # elementwise: operands and result run along one axis
             for v in group[1:]:
@@ -143,7 +143,7 @@ def assign_roles(body: Block, a_dim, b_dim, axis0: list | None = None) -> Roles:
             if ins:
                 roles.set(ins[0], "A" if tuple(op.axes) == (1,) else "B")
         elif isinstance(op, ReduceOp):
-            src = _reg(op.operands[0])
+            src = register_tile(op.operands[0])
             if src.rank == 2:
                 if tuple(op.axes) == (0,) and axis0 is not None and not op.keepdims and op.kind in AXIS0_KINDS:
                     axis0.append(op)
@@ -166,7 +166,7 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
     dim its first axis runs along. `vmap` maps each old value to its new one (filled in)."""
 
     def new_type(v: Value) -> TensorType:
-        t = _reg(v)
+        t = register_tile(v)
         role = roles.of(v)
         if role in ("AB", "1B"):
             return t.with_shape((t.shape[1],))
@@ -176,7 +176,7 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
         return vmap.get(v, v)
 
     def fresh(v: Value) -> Value:
-        nv = Value(new_type(v), v.name) if _reg(v) is not None else v
+        nv = Value(new_type(v), v.name) if register_tile(v) is not None else v
         vmap[v] = nv
         return nv
 
@@ -209,7 +209,7 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
             continue
         if isinstance(op, ReduceOp) and roles.of(op.operands[0]) == "A":
             raise NotSplit("a reduction along the tiles' first axis (across the rows)")
-        if isinstance(op, ReduceOp) and _reg(op.operands[0]).rank == 2:
+        if isinstance(op, ReduceOp) and register_tile(op.operands[0]).rank == 2:
             result = fresh(op.result)
             if result.ttype.rank:  # [A, 1] kept from tiles of one column: the row's scalar spread over [1]
                 scalar = Value(result.ttype.with_shape(()))
@@ -226,7 +226,7 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
                 continue
             body.append(BroadcastOp(operands=operands, results=(fresh(op.result),), loc=op.loc))
             continue
-        if isinstance(op, ConstOp) and op.results and _reg(op.result).rank == 2:
+        if isinstance(op, ConstOp) and op.results and register_tile(op.result).rank == 2:
             raise NotSplit("a rank-2 constant")
         body.append(attrs.evolve(op, operands=operands, results=tuple(fresh(r) for r in op.results)))
     return body
@@ -247,7 +247,7 @@ class SplitTiles(Pass):
         ops, changed, kept = [], 0, []
         for op in func.body.ops:
             if isinstance(op, ParallelOp) and not op.results and any(
-                    (t := _reg(v)) is not None and t.rank == 2 for o in op.body.ops for v in o.results):
+                    (t := register_tile(v)) is not None and t.rank == 2 for o in op.body.ops for v in o.results):
                 try:
                     try:
                         new, pre = self.split(op)
@@ -291,7 +291,7 @@ class SplitTiles(Pass):
     @staticmethod
     def axes(loop: ParallelOp):
         """(A, B): the sizes of the loop's rank-2 tiles (1 where every tile has one there)."""
-        shapes = [t.shape for o in loop.body.ops for v in o.results if (t := _reg(v)) is not None and t.rank == 2]
+        shapes = [t.shape for o in loop.body.ops for v in o.results if (t := register_tile(v)) is not None and t.rank == 2]
         return next((s[0] for s in shapes if s[0] != 1), 1), next((s[1] for s in shapes if s[1] != 1), 1)
 
     @staticmethod
@@ -342,7 +342,7 @@ class SplitTiles(Pass):
         body = rows_of(inner, roles, a, vmap)
         inits, args, nexts = [], [], []
         for r in axis0:
-            t = _reg(r.result)
+            t = register_tile(r.result)
             if not t.dtype.is_float:
                 raise NotSplit(f"a {r.kind.value} of {t.dtype} over the tiles' first axis (floats only)")
             acc_t = t.with_dtype(DType.F32) if t.dtype.itemsize < 4 else t

@@ -31,14 +31,14 @@ from ..ir.tile_ops import (
 )
 from ..ir.types import SymDim, TensorType
 from .base import Pass, PassError, register_pass
-from .split_tiles import INDEX, NotSplit, SplitTiles, _reg, assign_roles, rows_of
+from .split_tiles import INDEX, NotSplit, SplitTiles, assign_roles, register_tile, rows_of
 
 # what a sum across the loop's iterations can be: the parallel loop adds, nothing else
 ACROSS_ROWS = (ReduceKind.SUM, ReduceKind.MEAN)
 
 
 def _rank2_tiles(func: FuncOp) -> list[TensorType]:
-    return [t for op in func.body.ops for v in op.results if (t := _reg(v)) is not None and t.rank == 2]
+    return [t for op in func.body.ops for v in op.results if (t := register_tile(v)) is not None and t.rank == 2]
 
 
 def applies(func: FuncOp) -> bool:
@@ -94,7 +94,7 @@ class RowsOfTensors(Pass):
                 continue
             if any(v in after_values for v in op.operands):
                 if not isinstance(op, (CastOp, StoreOp)) or any(
-                        v not in after_values for v in op.operands if _reg(v) is not None):
+                        v not in after_values for v in op.operands if register_tile(v) is not None):
                     raise NotSplit(f"{op.NAME} uses a sum over the rows; such a sum can only be cast and "
                                    "stored (computing with it would take a second pass over the rows)")
                 after.append(op)
@@ -131,7 +131,7 @@ class RowsOfTensors(Pass):
     def contribution(r: ReduceOp, vmap: dict, bound: Op, body: list) -> Value:
         """Row m's share of the sum over rows `r`, in f32 (appended to `body`): the row, or
         for a mean the row over the number of rows."""
-        t = _reg(r.result)
+        t = register_tile(r.result)
         if not t.dtype.is_float:
             raise NotSplit(f"a {r.kind.value} of {t.dtype} over the rows (floats only)")
         row = vmap.get(r.operands[0], r.operands[0])
