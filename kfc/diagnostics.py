@@ -41,9 +41,9 @@ def source_line(file: str, line: int) -> str | None:
     text = _SOURCES.get(file)
     if text is None:
         return None
-    lines = text.splitlines()
+    lines = text.split("\n")  # line numbers count "\n" alone, as the parser's do
     if 1 <= line <= len(lines):
-        return lines[line - 1]
+        return lines[line - 1].rstrip("\r")
     return None
 
 

@@ -54,14 +54,16 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: st
     """Turn a lark error into a KfcError pointing at the offending token."""
     from .diagnostics import KfcError, Span
 
+    # lark counts lines by "\n" alone; str.splitlines would also split at "\r" and others
+    lines = text.split("\n")
     line = getattr(e, "line", None) or 1
     col = getattr(e, "column", None) or 1
     if line < 1:  # lark reports -1 at end of input
-        lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
+    here = lines[line - 1][col - 1:] if line - 1 < len(lines) else ""
     expected = sorted({describe_terminal(parser, t) for t in (getattr(e, "expected", None) or getattr(e, "allowed", None) or [])})
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
-        ch = text.splitlines()[line - 1][col - 1] if line - 1 < len(text.splitlines()) else "?"
+        ch = here[:1] or "?"
         msg = f"unexpected character {ch!r}"
         span = Span(file, line, col, line, col + 1)
     elif isinstance(e, lark.exceptions.UnexpectedEOF) or getattr(getattr(e, "token", None), "type", "") == "$END":
@@ -84,8 +86,7 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: st
         if msg == "unexpected end of file" and "'}'" in expected:
             hint = "is a closing '}' missing? " + hint
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
-        rest = text.splitlines()[line - 1][col - 1:] if line - 1 < len(text.splitlines()) else ""
-        foreign = not any(re.match(t.pattern.to_regexp(), rest) for t in parser.terminals)
+        foreign = not any(re.match(t.pattern.to_regexp(), here) for t in parser.terminals)
         if foreign and ch in "\"'":
             msg = "unterminated string"
             hint = f"close it with {ch} on the same line (\"\"\"...\"\"\" may span lines)"

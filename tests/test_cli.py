@@ -76,6 +76,16 @@ def test_bad_program_exits_2_with_location(tmp_path):
     assert "^" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_carriage_return_does_not_shift_error_lines(tmp_path):
+    # the parser counts lines by "\n" alone: a lone "\r" must not make the report point past a line
+    f = tmp_path / "cr.kfc"
+    f.write_bytes(b'\t\r# note\nop f(x: f32[N]) -> (y: f32[N]) {\n  y = x\n}\ncheck {\n  reference = "')
+    r = run_cli("opt", str(f))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"{f}:6:15: error: syntax error: unterminated string"), r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+
+
 def test_output_file_not_left_half_written_on_error(tmp_path):
     f = tmp_path / "bad.kfc"
     f.write_text("op f(x: f32[N]) -> (y: f32[N]) { y = exp(x, x) }\n")
