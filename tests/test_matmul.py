@@ -122,6 +122,57 @@ def test_a_wait_with_the_wrong_parity_is_a_hazard():
         run(_rewrite(_small(), flip), operands(64, 64, 256))
 
 
+def _drop(kind):
+    return lambda op: [] if isinstance(op, kind) else [op]
+
+
+def _no_loop_wgmma_wait(op):
+    if op.NAME == "tile.for" and any(isinstance(o, WgmmaWaitOp) for o in op.body.ops):
+        return [op.evolve(regions=(Block(op.body.args, [o for o in op.body.ops if not isinstance(o, WgmmaWaitOp)]),))]
+    return [op]
+
+
+def _stage_as_parity(op):
+    if isinstance(op, MbarrierWaitParityOp):
+        return [op.evolve(operands=(op.operands[0], op.operands[1], op.operands[1]))]
+    return [op]
+
+
+PLANTED = {  # fault: (the program with it, what both the interpreter and the static check say)
+    "missing expect-tx": (lambda: _rewrite(_small(), _drop(ExpectTxAtOp)), "deadlock: waits on %full"),
+    "stage reused before its wgmma retired": (lambda: _rewrite(_small(), _no_loop_wgmma_wait),
+                                              "overwrites stage .* while a wgmma reading it is in flight"),
+    "wait with the wrong parity": (lambda: _rewrite(_small(), _stage_as_parity), "parity"),
+    "copy never waited for": (lambda: _rewrite(_small(), _drop(MbarrierWaitParityOp)),
+                              "reads stage .* while the copy into it is in flight"),
+    "unfenced thread copies": (lambda: _rewrite(lowered(load_kfc("kernels/gemm.kfc"), {"M": 33, "N": 65, "K": 17},
+                                                        "canonicalize,accelerate-matmul{bn=64}")[1],
+                                                _drop(FenceProxyAsyncOp)), "before a gpu.fence_proxy_async"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(PLANTED))
+def test_the_barrier_check_proves_the_grid_protocol_statically(fault):
+    build, message = PLANTED[fault]
+    with pytest.raises(VerifyError, match=message):
+        verify(build())
+
+
+def test_the_barrier_check_accepts_every_lowering_it_is_given():
+    for dims, pipe in [({"M": 64, "N": 64, "K": 256}, SMALL), ({"M": 300, "N": 520, "K": 1000}, "accelerate-matmul"),
+                       ({"M": 33, "N": 65, "K": 17}, "accelerate-matmul{bn=64}"),
+                       ({"M": 64, "N": 128, "K": 640}, "accelerate-matmul{bm=64,bn=128,bk=128,stages=3}")]:
+        verify(lowered(load_kfc("kernels/gemm.kfc"), dims, f"canonicalize,{pipe}")[1])
+
+
+def test_a_stage_chosen_by_the_program_id_is_refused_by_the_barrier_check():
+    low = _small()
+    pm = next(op for op in low.walk() if isinstance(op, GridOp)).body.args[0]
+    bad = _rewrite(low, lambda o: [o.evolve(operands=(o.operands[0], pm))] if isinstance(o, ExpectTxAtOp) else [o])
+    with pytest.raises(VerifyError, match="cannot follow this program: .* program id"):
+        verify(bad)
+
+
 def test_a_wrong_swizzle_is_refused_by_the_verifier():
     def swizzle64(op):
         if isinstance(op, TensorMapOp):

@@ -84,34 +84,56 @@ def is_staged_tile(t) -> bool:
 
 @attrs.define(eq=False)
 class StagedTile:
-    """A staged shared-memory tile: data [stages, chunks, rows, cols], and per (stage, chunk) the
-    barrier whose phase will deliver a copy in flight."""
+    """A staged shared-memory tile: data [stages, chunks, rows, cols] (None when only the protocol
+    is followed, kfc.ir.grid_protocol), and per (stage, chunk) the barrier whose phase will
+    deliver a copy in flight."""
 
     name: str
-    data: np.ndarray
+    data: np.ndarray | None
     pending: dict = attrs.Factory(dict)  # (stage, chunk) -> MBarrier
 
-    def stage_ready(self, op: Op, s: int) -> np.ndarray:
+    def stage_ready(self, op: Op, s: int) -> None:
         for (stage, _), bar in self.pending.items():
             if stage == s:
                 raise HazardError(f"{op.NAME}: reads stage {s} of {self.name} while the copy into it is in flight "
                                   f"(nobody waited on {bar.name})", op.loc, HINT_WAIT_BEFORE_READ)
-        return self.data[s]
+
+    def refill(self, op: Op, machine, s: int) -> None:
+        """A copy into stage s begins: no wgmma in flight may still read it."""
+        for group in _wgmma_groups(machine):
+            if (id(self), s) in group:
+                raise HazardError(f"{op.NAME}: overwrites stage {s} of {self.name} while a wgmma reading it is in "
+                                  "flight", op.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage")
 
 
-def _unfenced(interp) -> set:
+@attrs.frozen
+class StagedCopy:
+    """A copy into one chunk of one stage, landing when its barrier's phase completes."""
+
+    tile: StagedTile
+    stage: int
+    chunk: int
+
+    @property
+    def name(self) -> str:
+        return f"stage {self.stage} of {self.tile.name}"
+
+
+# The protocol's state lives on the machine that runs it: the interpreter, or the static walk of
+# kfc.ir.grid_protocol. Each protocol op's `advance` moves it; its `interpret` adds the data.
+def _unfenced(machine) -> set:
     """The (staged tile, stage) pairs the threads wrote that no gpu.fence_proxy_async has yet
     made visible to the async proxy."""
-    if not hasattr(interp, "unfenced"):
-        interp.unfenced = set()
-    return interp.unfenced
+    if not hasattr(machine, "unfenced"):
+        machine.unfenced = set()
+    return machine.unfenced
 
 
-def _wgmma_groups(interp) -> list:
+def _wgmma_groups(machine) -> list:
     """The wgmma groups in flight: each a set of (staged tile, stage) it reads."""
-    if not hasattr(interp, "wgmma_groups"):
-        interp.wgmma_groups = []
-    return interp.wgmma_groups
+    if not hasattr(machine, "wgmma_groups"):
+        machine.wgmma_groups = []
+    return machine.wgmma_groups
 
 
 def _stage(op: Op, value, stages: int) -> int:
@@ -162,10 +184,13 @@ class GridOp(Op):
                 env[arg] = np.asarray(i, dtype=np.int64)
             interp.wgmma_groups = []
             interp.exec_iteration(self.body, env)
-            if interp.wgmma_groups:
-                raise HazardError(f"{self.NAME}: a program ends with {len(interp.wgmma_groups)} wgmma group(s) in "
-                                  "flight", self.loc, "end the program's MMAs with gpu.wgmma_wait {pending = 0}")
+            self.program_ends(interp)
         return None
+
+    def program_ends(self, machine) -> None:
+        if _wgmma_groups(machine):
+            raise HazardError(f"{self.NAME}: a program ends with {len(machine.wgmma_groups)} wgmma group(s) in "
+                              "flight", self.loc, "end the program's MMAs with gpu.wgmma_wait {pending = 0}")
 
 
 @register_op
@@ -181,8 +206,11 @@ class CtaBarrierOp(Op):
         _check_operands(self, 0)
         _check_results(self, 0)
 
+    def advance(self, machine, ins) -> None:
+        pass  # one thread of control runs the protocol: nothing to order
+
     def interpret(self, interp, ins, env):
-        return None  # the interpreter runs one thread of control: nothing to order
+        return None
 
 
 @register_op
@@ -316,10 +344,13 @@ class ExpectTxAtOp(Op):
         if not 0 <= self.bytes < 1 << 20:
             raise self.error(f"announces {self.bytes} bytes; an mbarrier's transaction count holds 0..2^20-1")
 
-    def interpret(self, interp, ins, env):
+    def advance(self, machine, ins) -> None:
         bar = ins[0][_stage(self, ins[1], len(ins[0]))]
         bar.arrive(self)
         bar.announced += self.bytes
+
+    def interpret(self, interp, ins, env):
+        self.advance(interp, ins)
         return None
 
 
@@ -356,27 +387,31 @@ class TmaLoadOp(Op):
         if not 0 <= self.chunk < dst.shape[1]:
             raise self.error(f"chunk {self.chunk} is out of range for {dst.shape[1]} chunks")
 
-    def interpret(self, interp, ins, env):
-        src, tile, bars = ins[0], ins[1], ins[2]
+    def advance(self, machine, ins, box: np.ndarray | None = None) -> None:
+        """The copy is issued: its bytes count against the stage's barrier, and it lands (box)
+        when that barrier's phase completes."""
+        tile, bars = ins[1], ins[2]
         s = _stage(self, ins[3], len(bars))
-        row, col = int(np.asarray(ins[4])), int(np.asarray(ins[5]))
-        for group in _wgmma_groups(interp):
-            if (id(tile), s) in group:
-                raise HazardError(f"{self.NAME}: overwrites stage {s} of {tile.name} while a wgmma reading it is in "
-                                  "flight", self.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage")
+        tile.refill(self, machine, s)
         if (s, self.chunk) in tile.pending:
             raise HazardError(f"{self.NAME}: copies over stage {s} of {tile.name} while the copy into it before is in "
                               f"flight (nobody waited on {tile.pending[(s, self.chunk)].name})", self.loc,
                               HINT_WAIT_BEFORE_REUSE)
+        t = self.operands[1].ttype
+        bar = bars[s]
+        bar.delivered += t.shape[2] * t.shape[3] * t.dtype.itemsize  # a box's bytes, zero-filled ones included
+        tile.pending[(s, self.chunk)] = bar
+        bar.copies.append((StagedCopy(tile, s, self.chunk), box))
+
+    def interpret(self, interp, ins, env):
+        src, tile = ins[0], ins[1]
+        row, col = int(np.asarray(ins[4])), int(np.asarray(ins[5]))
         rows, cols = tile.data.shape[2:]
         box = np.zeros((rows, cols), dtype=tile.data.dtype)
         r1, c1 = min(src.shape[0], row + rows), min(src.shape[1], col + cols)
         if r1 > row >= 0 and c1 > col >= 0:
             box[:r1 - row, :c1 - col] = src[row:r1, col:c1]
-        bar = bars[s]
-        bar.delivered += rows * cols * tile.data.dtype.itemsize  # a box's bytes, zero-filled ones included
-        tile.pending[(s, self.chunk)] = bar
-        bar.copies.append(((tile, s, self.chunk), box))
+        self.advance(interp, ins, box)
         return None
 
 
@@ -407,14 +442,19 @@ class CopyStageOp(Op):
         for v, what in zip(self.operands[2:], ("stage", "row", "column")):
             _int_scalar(self, v, what)
 
+    def advance(self, machine, ins) -> int:
+        """The threads write stage s (returned): no wgmma may still read it, and wgmma sees the
+        writes only after a fence."""
+        tile = ins[1]
+        s = _stage(self, ins[2], self.operands[1].ttype.shape[0])
+        tile.refill(self, machine, s)
+        _unfenced(machine).add((id(tile), s))
+        return s
+
     def interpret(self, interp, ins, env):
         src, tile = ins[0], ins[1]
-        s = _stage(self, ins[2], tile.data.shape[0])
+        s = self.advance(interp, ins)
         row, col = int(np.asarray(ins[3])), int(np.asarray(ins[4]))
-        for group in _wgmma_groups(interp):
-            if (id(tile), s) in group:
-                raise HazardError(f"{self.NAME}: overwrites stage {s} of {tile.name} while a wgmma reading it is in "
-                                  "flight", self.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage")
         chunks, rows, cols = tile.data.shape[1:]
         box = np.zeros((rows, chunks * cols), dtype=tile.data.dtype)
         src = np.asarray(src).T if self.transpose else src
@@ -422,7 +462,6 @@ class CopyStageOp(Op):
         if r1 > row >= 0 and c1 > col >= 0:
             box[:r1 - row, :c1 - col] = src[row:r1, col:c1]
         tile.data[s] = box.reshape(rows, chunks, cols).transpose(1, 0, 2)
-        _unfenced(interp).add((id(tile), s))
         return None
 
 
@@ -439,8 +478,11 @@ class FenceProxyAsyncOp(Op):
         _check_operands(self, 0)
         _check_results(self, 0)
 
+    def advance(self, machine, ins) -> None:
+        _unfenced(machine).clear()
+
     def interpret(self, interp, ins, env):
-        _unfenced(interp).clear()
+        self.advance(interp, ins)
         return None
 
 
@@ -457,7 +499,8 @@ class MbarrierWaitParityOp(Op):
         _int_scalar(self, self.operands[1], "stage")
         _int_scalar(self, self.operands[2], "parity")
 
-    def interpret(self, interp, ins, env):
+    def advance(self, machine, ins) -> list:
+        """The phase completes: returns its copies (StagedCopy, box) for the caller to land."""
         bars = ins[0]
         bar = bars[_stage(self, ins[1], len(bars))]
         parity = int(np.asarray(ins[2]))
@@ -465,9 +508,14 @@ class MbarrierWaitParityOp(Op):
             raise HazardError(f"{self.NAME}: waits for the phase of parity {parity} of {bar.name}, which is in a phase "
                               f"of parity {bar.phase}: the wait returns before this phase's copies land", self.loc,
                               "wait with the parity of the barrier's current phase: (uses of the stage) % 2")
-        for (tile, s, chunk), box in bar.complete(self):
-            tile.data[s, chunk] = box
-            del tile.pending[(s, chunk)]
+        copies = bar.complete(self)
+        for copy, _ in copies:
+            del copy.tile.pending[(copy.stage, copy.chunk)]
+        return copies
+
+    def interpret(self, interp, ins, env):
+        for copy, box in self.advance(interp, ins):
+            copy.tile.data[copy.stage, copy.chunk] = box
         return None
 
 
@@ -522,19 +570,24 @@ class WgmmaOp(Op):
         if self.result.type != acc:
             raise self.error(f"its result is the accumulator's type {acc}, not {self.result.type}")
 
-    def interpret(self, interp, ins, env):
-        acc, ta, tb = ins[0], ins[1], ins[2]
-        s = _stage(self, ins[3], ta.data.shape[0])
+    def advance(self, machine, ins) -> int:
+        """The group is issued reading stage s (returned) of A and B, which must have landed."""
+        ta, tb = ins[1], ins[2]
+        s = _stage(self, ins[3], self.operands[1].ttype.shape[0])
         for t in (ta, tb):
-            if (id(t), s) in _unfenced(interp):
+            if (id(t), s) in _unfenced(machine):
                 raise HazardError(f"{self.NAME}: reads stage {s} of {t.name}, which the threads wrote, before a "
                                   "gpu.fence_proxy_async: wgmma may not see those writes", self.loc,
                                   "fence the threads' copies (gpu.fence_proxy_async), then meet at gpu.cta_barrier")
-        a = ta.stage_ready(self, s)  # [chunks of K, M, 64]
-        b = tb.stage_ready(self, s)  # [chunks of N, K, 64]
-        a2 = np.concatenate(list(a), axis=1).astype(np.float32)
-        b2 = np.concatenate(list(b), axis=1).astype(np.float32)
-        _wgmma_groups(interp).append({(id(ta), s), (id(tb), s)})
+            t.stage_ready(self, s)
+        _wgmma_groups(machine).append({(id(ta), s), (id(tb), s)})
+        return s
+
+    def interpret(self, interp, ins, env):
+        acc, ta, tb = ins[0], ins[1], ins[2]
+        s = self.advance(interp, ins)
+        a2 = np.concatenate(list(ta.data[s]), axis=1).astype(np.float32)  # chunks of K side by side: [M, BK]
+        b2 = np.concatenate(list(tb.data[s]), axis=1).astype(np.float32)  # chunks of N side by side: [BK, BN]
         return [(np.asarray(acc, dtype=np.float32) + a2 @ b2).astype(np.float32)]
 
 
@@ -551,9 +604,12 @@ class WgmmaWaitOp(Op):
         if not 0 <= self.pending <= 7:
             raise self.error(f"pending is 0..7 groups, not {self.pending}")
 
-    def interpret(self, interp, ins, env):
-        groups = _wgmma_groups(interp)
+    def advance(self, machine, ins) -> None:
+        groups = _wgmma_groups(machine)
         del groups[:max(0, len(groups) - self.pending)]
+
+    def interpret(self, interp, ins, env):
+        self.advance(interp, ins)
         return None
 
 
@@ -604,6 +660,3 @@ class StoreTileOp(StoreOp):
         if self.operands[1].ttype.rank != 2 or any(ix.kind != "slice" or ix.limit for ix in self.index):
             raise self.error("stores a [rows, cols] tile at a (row, column) of a rank-2 tensor")
 
-
-MMA_OPS = (GridOp, CtaBarrierOp, SingleThreadOp, TensorMapOp, StagesAllocOp, MbarrierArrayOp, ExpectTxAtOp, TmaLoadOp,
-           MbarrierWaitParityOp, WgmmaOp, WgmmaWaitOp, LoadColumnsOp, StoreTileOp)

@@ -9,6 +9,8 @@ from . import layouts
 from .barriers import check_barriers
 from .core import Block, Op
 from .func import FuncOp
+from .grid_protocol import check_grid_protocol
+from .mma_ops import GridOp
 from .tile_ops import DimOp, LoadOp, StoreOp, YieldOp
 from .types import MemSpace, SymDim, TensorType, bare_type
 
@@ -83,6 +85,8 @@ class _Verifier:
                     _dims_known(op, a.type, self.symbols, "region argument")
                     _layout_fits(op, a.type, "region argument")
                 self.block(region, scopes, owner=op)
+            if isinstance(op, GridOp):
+                check_grid_protocol(op)  # once its body is known to be well formed
             scope.update(id(r) for r in op.results)
         check_barriers(block)
 

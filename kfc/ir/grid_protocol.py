@@ -1,0 +1,91 @@
+"""The barrier check for tile programs on tensor cores: a static proof that a gpu.grid's
+protocol of staged tiles, mbarrier arrays and warpgroup MMAs is followed by every program of
+the grid, so a kernel that would deadlock or race never reaches codegen.
+
+The protocol's state (each barrier's phase, arrivals and bytes; each stage's copies in flight;
+the wgmma groups in flight and the stages they read; the threads' unfenced writes) depends
+only on loop counters and constants, never on the data or the program id. So the check walks
+a program once, in program order, evaluating only that arithmetic and running each protocol
+op's own `advance` (the step the interpreter takes too, without the data). It proves for all
+programs at once what the interpreter checks for the inputs it runs: every wait reached with
+its arrivals counted and its announced bytes delivered, with the parity of the phase it waits
+for; no stage refilled while a copy into it or a wgmma reading it is in flight; no wgmma
+reading a stage that has not landed, or that the threads wrote unfenced; nothing in flight
+when a program ends. A stage, parity or loop bound that depends on data or on the program id
+is refused: the check cannot follow it.
+"""
+
+from __future__ import annotations
+
+from ..diagnostics import InterpretError, VerifyError
+from .core import Op
+from .interpreter import Interpreter
+from .mma_ops import (CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp, MbarrierArrayOp,
+                      MbarrierWaitParityOp, SingleThreadOp, StagedTile, StagesAllocOp, TmaLoadOp, WgmmaOp,
+                      WgmmaWaitOp)
+from .smem_ops import HazardError, value_name
+from .tile_ops import ForOp, IfOp
+from .types import MemSpace, TensorType
+
+PROTOCOL_OPS = (ExpectTxAtOp, TmaLoadOp, CopyStageOp, FenceProxyAsyncOp, MbarrierWaitParityOp, WgmmaOp, WgmmaWaitOp,
+                CtaBarrierOp)
+FOLLOWED = (ForOp, IfOp, SingleThreadOp)  # control flow the walk enters
+# what a protocol op's operands must be known for: the rest (tensors, maps, coordinates) it ignores
+CONTROL_OPERANDS = {ExpectTxAtOp: (1,), TmaLoadOp: (3,), CopyStageOp: (2,), MbarrierWaitParityOp: (1, 2),
+                    WgmmaOp: (3,), ForOp: (0, 1, 2), IfOp: (0,)}
+
+
+class _Unknown:
+    """A value the walk does not compute: data, a program id, anything derived from them."""
+
+    def __repr__(self) -> str:
+        return "unknown"
+
+
+UNKNOWN = _Unknown()
+
+
+def _is_scalar(t) -> bool:
+    return isinstance(t, TensorType) and t.rank == 0 and not t.dtype.is_float and t.space is MemSpace.REG
+
+
+class ProtocolWalk(Interpreter):
+    """The interpreter's control flow over a grid's body, with only the protocol's state."""
+
+    def exec_op(self, op: Op, env: dict):
+        ins = [env.get(v, UNKNOWN) for v in op.operands]
+        for i in CONTROL_OPERANDS.get(type(op), ()):
+            if ins[i] is UNKNOWN:
+                raise op.error(f"the barrier check cannot follow this program: operand {i} "
+                               f"({value_name(op.operands[i])}) depends on data or on the program id",
+                               "compute stages, parities and loop bounds from loop counters and constants")
+        if isinstance(op, PROTOCOL_OPS):
+            op.advance(self, ins)
+            return [UNKNOWN] * len(op.results)
+        if isinstance(op, FOLLOWED):
+            return op.interpret(self, ins, env)
+        if isinstance(op, StagesAllocOp):
+            return [StagedTile(value_name(op.result), None)]
+        if isinstance(op, MbarrierArrayOp):
+            return op.interpret(self, ins, env)
+        if any(isinstance(p, PROTOCOL_OPS + (StagesAllocOp, MbarrierArrayOp))
+               for region in op.regions for p in region.walk()):
+            raise op.error("the barrier check cannot follow the protocol into this op's regions",
+                           "keep the protocol's ops in tile.for, tile.if and gpu.single_thread")
+        if op.regions or UNKNOWN in ins or not all(_is_scalar(r.type) for r in op.results):
+            return [UNKNOWN] * len(op.results)
+        try:
+            return op.interpret(self, ins, env)
+        except InterpretError:
+            return [UNKNOWN] * len(op.results)  # e.g. a dim not bound here: the walk does not need it
+
+
+def check_grid_protocol(grid: GridOp) -> None:
+    """Raise a VerifyError at the first op of grid's body that breaks the protocol."""
+    walk = ProtocolWalk(None, {})
+    env = {arg: UNKNOWN for arg in grid.body.args}
+    try:
+        walk.exec_iteration(grid.body, env)
+        grid.program_ends(walk)
+    except HazardError as e:
+        raise VerifyError(e.message, e.span, e.hint) from None
