@@ -39,7 +39,7 @@ def pipeline_only(kernel: str, target: str, runs: int) -> float:
     from kfc.frontend import load_kfc
     from kfc.ir.specialize import specialize
     from kfc.passes import PassContext, PassManager, ROW_PIPELINE, parse_pipeline
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     times = []
     for _ in range(runs):

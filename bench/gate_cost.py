@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     from kfc.factory.problem import gate_cases, op_problem
     from kfc.frontend import load_kfc
     from kfc.runtime.kernel import KfcKernel
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     spec = load_kfc(ROOT / "kernels" / f"{args.op}.kfc")
     problem = op_problem(spec)

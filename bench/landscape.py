@@ -29,7 +29,7 @@ def collect(paths: list[str], base: dict | None = None) -> dict:
     added to `base` (an earlier landscape) when given."""
     from kfc.factory.tune import space_for
     from kfc.frontend import load_kfc
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     target = parse_target("sm_90a")
     specs: dict[str, object] = {}

@@ -43,7 +43,7 @@ class ReplayGpu:
     def evaluate(self, spec, target, pipeline, cases, dims) -> Future:
         from kfc.factory.evaluate import Compiled
         from kfc.factory.gate import GateResult
-        from kfc.factory.model import Stage
+        from kfc.model.records import Stage
         from kfc.factory.tune import space_for
 
         shape = f"{dims['M']}x{dims['N']}"
@@ -80,7 +80,7 @@ def replay(landscape: dict, seed: int, budget: int, batch: int, shapes, policy_f
     from kfc.factory.tune import tune
     from kfc.frontend import load_kfc
     from kfc.kb.store import KnowledgeBase
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     target = parse_target("sm_90a")
     specs = {k: load_kfc(ROOT / "kernels" / f"{k}.kfc") for k in ("rmsnorm", "layernorm", "softmax")}

@@ -160,7 +160,7 @@ def prebuild(op: str, shapes, target: str, sweep: bool) -> int:
 
     from kfc.frontend import load_kfc
     from kfc.runtime.kernel import cached_compile
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     spec = load_kfc(ROOT / "kernels" / f"{op}.kfc")
     t = parse_target(target)

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from kfc.factory.tune import finished_tune, tune
     from kfc.frontend import load_kfc
     from kfc.kb.store import KnowledgeBase
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     if not args.summarize_only:
         import torch

@@ -30,7 +30,7 @@ def variants_for(n):
 from concurrent.futures import ThreadPoolExecutor
 from kfc.frontend import load_kfc
 from kfc.runtime.kernel import cached_compile
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 jobs = [(op, n, p) for op in ops for _, n in SHAPES for p in variants_for(n).values()]
 specs = {op: load_kfc(f"kernels/{op}.kfc") for op in ops}

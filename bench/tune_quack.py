@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from kfc.factory.tune import finished_tune, tune
     from kfc.frontend import load_kfc
     from kfc.kb.store import KnowledgeBase
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     shapes = parse_shapes(args.shapes) if args.shapes else QUACK_SHAPES
     spec = load_kfc(ROOT / "kernels" / f"{args.op}.kfc")

@@ -1,6 +1,6 @@
 """kfc, the kernel factory compiler."""
 
-__version__ = "0.1.0"
+from .model.version import __version__  # noqa: F401 - kfc.__version__
 
 
 def load(path, target=None, pipeline=None):

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from .model.version import __version__
 from . import cli_args
 from .cli_args import KfcArgumentParser, float_in, gib, int_in
 from .diagnostics import InternalError, KfcError
@@ -167,12 +167,6 @@ def _add_reference_flags(p) -> None:
                         f"its start (default half of this machine's: {default_memory_bytes() / (1 << 30):.3g})")
 
 
-def reference_limits(args):
-    from .check.sandbox import Limits
-
-    return Limits(args.reference_timeout, args.reference_memory)
-
-
 def _add_pass_flags(p) -> None:
     p.add_argument("--verify-each", action="store_true",
                    help="run the interpreter before and after every pass on random inputs; reject a pass that "
@@ -206,7 +200,7 @@ def cmd_opt(args) -> int:
                        hint='give the passes to run, e.g. -p "canonicalize,cse,dce"')
     if args.pipeline is not None:
         from .passes import PassContext, PassManager, VerifyEach, parse_user_pipeline
-        from .target import parse_target
+        from .model.target import parse_target
 
         verify_each = None
         if args.verify_each:
@@ -236,7 +230,7 @@ def cmd_check(args) -> int:
     from rich.table import Table
 
     from .check.runner import DEFAULT_BUDGET, check_op
-    from .frontend import load_kfc
+    from .frontend import instances as spec_instances, load_kfc
 
     spec = load_kfc(args.file, args.dtype)
     if spec.check is None:
@@ -263,12 +257,12 @@ def cmd_check(args) -> int:
 
     if status is not None:
         status.start()
-    instances = [spec] if args.dtype else spec.instances()
+    instances = [spec] if args.dtype else spec_instances(spec)
     try:
         results = []
         for inst in instances:
             results += check_op(inst, seeds=args.seed, full=args.full, budget=args.budget or DEFAULT_BUDGET,
-                                shapes=args.shape, on_result=progress, limits=reference_limits(args))
+                                shapes=args.shape, on_result=progress, limits=cli_args.reference_limits(args))
     finally:
         if status is not None:
             status.stop()
@@ -304,7 +298,7 @@ def cmd_check(args) -> int:
 def cmd_compile(args) -> int:
     from .compile import check_output_dir, compile_op, write_outputs
     from .frontend import load_kfc
-    from .target import parse_target
+    from .model.target import parse_target
 
     spec = load_kfc(args.file, args.dtype)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
@@ -372,7 +366,7 @@ def cmd_package(args) -> int:
     from .frontend import load_kfc
     from .kb.store import default_path
     from .package.build import build_package
-    from .target import parse_target
+    from .model.target import parse_target
 
     names = args.target or load_kfc(args.file).targets or ("sm_90a",)
     targets = [parse_target(t) for t in dict.fromkeys(names)]
@@ -384,14 +378,14 @@ def cmd_package(args) -> int:
 def cmd_warm(args) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    from .frontend import load_kfc
+    from .frontend import instances as spec_instances, load_kfc
     from .runtime.kernel import cached_compile
-    from .target import parse_target
+    from .model.target import parse_target
 
     target = parse_target(args.target)
     jobs = []
     for f in args.files:
-        for inst in load_kfc(f).instances():
+        for inst in spec_instances(load_kfc(f)):
             for shape in args.shape:
                 for pipe in args.pipeline or [None]:
                     jobs.append((inst, shape, pipe))

@@ -119,7 +119,7 @@ def _range(lo: int, hi: int | None) -> str:
 
 def target(text: str) -> str:
     """`--target`: one of the known targets (checked here so the error names them)."""
-    from .target import KNOWN
+    from .model.target import KNOWN
 
     t = text.strip().lower()
     if t not in KNOWN:
@@ -143,3 +143,10 @@ def gib(text: str) -> int:
     """A memory size in GiB (fractions allowed), as bytes: at least 1/16 GiB."""
     v = float_in(0.0625, 1 << 20, lo_open=False)(text)
     return int(v * (1 << 30))
+
+
+def reference_limits(args):
+    """The reference child's limits from --reference-timeout and --reference-memory (kfc check, kfc tune)."""
+    from .check.sandbox import Limits  # numpy: a slow import kept off the start-up of every command
+
+    return Limits(args.reference_timeout, args.reference_memory)

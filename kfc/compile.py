@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from . import __version__
+from .model.version import __version__
 from .codegen.backend import build_arch, kernel_features, program_kind
 from .codegen.cuda import LaunchPlan, generate_cuda
 from .codegen.grid_emitter import GridPlan
@@ -26,7 +26,7 @@ from .codegen.resources import check_resources
 from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
 from .diagnostics import KfcError
 from .files import write_atomically
-from .frontend.spec import OpSpec
+from .model.spec import OpSpec
 from .ir.func import FuncOp
 from .ir.printer import print_ir
 from .ir.specialize import specialize
@@ -37,7 +37,7 @@ from .passes import MATMUL_PIPELINE, PassContext, PassManager, VerifyEach, defau
 from .passes import parse_user_pipeline
 from .passes.tensor_rows import RowsOfTensors, tensor_rows_dim
 from .passes.tensor_rows import applies as computes_on_whole_tensors
-from .target import Target
+from .model.target import Target
 
 
 @attrs.frozen

@@ -96,6 +96,10 @@ class InternalError(KfcError):
     kind = "internal error"
 
 
+class GpuUnavailable(KfcError):
+    """No GPU (or no usable driver) to run a kernel on."""
+
+
 class VerifyError(KfcError):
     """The IR breaks an invariant of an op or of SSA form."""
 

@@ -8,7 +8,7 @@ import sysconfig
 from pathlib import Path
 
 from kfc.package.build import build_package
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 
 def build_and_install(tmp: Path, kfc_file: str, shapes: list[dict], targets=("sm_90a", "sm_100a")) -> tuple[Path, Path]:

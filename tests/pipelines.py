@@ -6,7 +6,7 @@ from kfc.ir import verify
 from kfc.ir.func import FuncOp
 from kfc.ir.specialize import specialize
 from kfc.passes import PassContext, PassManager, parse_pipeline
-from kfc.target import Target, parse_target
+from kfc.model.target import Target, parse_target
 
 SM90A = parse_target("sm_90a")
 

@@ -14,7 +14,7 @@ from kfc.ir import parse_ir, print_ir, verify
 from kfc.ir.interpreter import run
 from kfc.ir.tile_ops import IfOp
 from kfc.passes import ROW_PIPELINE
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.example_ops import OPS
 
 

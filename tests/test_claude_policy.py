@@ -14,7 +14,8 @@ from mock_anthropic import MockAnthropic, error, text, tool_use
 
 from kfc.diagnostics import KfcError
 from kfc.factory.claude import CRITIC_SCHEMA, PLANNER_SCHEMA, ClaudePolicy
-from kfc.factory.model import Outcome, Proposal, Stage, Trial, TuneContext
+from kfc.factory.model import TuneContext
+from kfc.model.records import Outcome, Proposal, Stage, Trial
 from kfc.factory.space import SearchSpace
 from kfc.passes import parse_pipeline
 

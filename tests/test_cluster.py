@@ -15,13 +15,13 @@ from kfc.diagnostics import KfcError
 from kfc.factory.cluster import GpuActor, RayEvaluator
 from kfc.factory.evaluate import Evaluator, GpuWorker, compile_candidate, distinct_fixed
 from kfc.factory.gate import GateResult
-from kfc.factory.model import Stage
+from kfc.model.records import Stage
 from kfc.factory.offline import SearchPolicy
 from kfc.factory.problem import gate_cases
 from kfc.factory.tune import space_for, tune
 from kfc.frontend import load_kfc
 from kfc.kb.store import KnowledgeBase
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 TARGET = parse_target("sm_90a")
 DIMS = {"M": 32768, "N": 4096}

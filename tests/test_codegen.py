@@ -14,7 +14,7 @@ from kfc.codegen.toolchain import find_toolchain, parse_ptxas_report
 from kfc.compile import compile_op
 from kfc.diagnostics import KfcError
 from kfc.frontend import load_kfc
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.vocabulary_loss import XENT
 
 GOLDEN = Path("tests/golden/codegen")

@@ -12,7 +12,7 @@ import pytest
 from kfc.codegen.cuda import c_dim, c_kernel, c_param
 from kfc.compile import compile_op
 from kfc.frontend import parse_kfc
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 from hostile_names import NEUTRAL, cases, source
 

@@ -8,7 +8,7 @@ from kfc.compile import compile_op
 from kfc.diagnostics import KfcError
 from kfc.frontend import load_kfc
 from kfc.runtime import contract
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 
 def test_a_row_kernel_s_contract():

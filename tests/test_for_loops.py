@@ -12,7 +12,7 @@ from kfc.compile import compile_op
 from kfc.diagnostics import KfcError
 from kfc.frontend import parse_kfc
 from kfc.passes import ROW_PIPELINE
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.example_ops import CHUNKED, OPS
 
 SHAPES = {"rowsum_chunked": [{"N": 4096}, {"N": 1000}, {"N": 7}],

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kfc.factory.gate import Case, Gate, GateResult, Problem
-from kfc.factory.model import Stage
+from kfc.model.records import Stage
 
 import gate_cheats as cheats
 

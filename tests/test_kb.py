@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from kfc.diagnostics import KfcError
-from kfc.factory.model import Outcome, Proposal, Stage, Trial
+from kfc.model.records import Outcome, Proposal, Stage, Trial
 from kfc.frontend import load_kfc
 from kfc.ir import parse_ir, print_ir
 from kfc.kb import (
@@ -322,7 +322,7 @@ def test_bad_files_are_clear_errors(tmp_path):
 CHILD = r"""
 import sys
 from kfc.kb import KnowledgeBase
-from kfc.factory.model import Outcome, Proposal, Stage
+from kfc.model.records import Outcome, Proposal, Stage
 kb = KnowledgeBase(sys.argv[1])
 op = kb.op_id("0123456789abcdef", "rmsnorm", {"ops": {"tile.add": 1}})
 run = kb.start_run(op, "sm_90a", {"N": 4096}, "crash-test", 100000, {"gpu": "none"})

@@ -6,12 +6,12 @@ import pytest
 
 from kfc.check.runner import check_op
 from kfc.compile import compile_op, row_dims
-from kfc.frontend import parse_kfc
+from kfc.frontend import instantiate, parse_kfc
 from kfc.ir import print_ir
 from kfc.ir.tile_ops import ParallelOp
 from kfc.passes import PassContext, PassManager, VerifyEach, parse_pipeline
 from kfc.runtime import contract
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.multi_index_ops import BTH, HEADNORM
 
 
@@ -20,7 +20,7 @@ from tests.multi_index_ops import BTH, HEADNORM
 def test_the_linearised_loop_computes_what_the_loop_did(tmp_path, text, dims):
     spec = parse_kfc(text, str(tmp_path / "op.kfc"))
     if spec.type_params:
-        spec = spec.instantiate({"T": "f32"})
+        spec = instantiate(spec, {"T": "f32"})
     ctx = PassContext(parse_target("sm_90a"), check=spec.check, verify_each=VerifyEach(dims, spec.check))
     out = PassManager(parse_pipeline("linearize"), ctx).run(spec.func)  # verify-each compares both
     (loop,) = [op for op in out.body.ops if isinstance(op, ParallelOp)]
@@ -46,7 +46,7 @@ def test_a_norm_per_token_and_head_compiles_with_tokens_and_heads_free(tmp_path,
 
 
 def test_three_indices_compile(tmp_path):
-    spec = parse_kfc(BTH, str(tmp_path / "bth.kfc")).instantiate({"T": "bf16"})
+    spec = instantiate(parse_kfc(BTH, str(tmp_path / "bth.kfc")), {"T": "bf16"})
     result = compile_op(spec, parse_target("sm_90a"), shape={"D": 64}, verify_each=True)
     assert set(result.dynamic_dims) == {"B", "S", "H"}
 

@@ -21,7 +21,7 @@ from kfc.ir.mma_ops import CopyStageOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp,
 from kfc.ir.mma_ops import WgmmaWaitOp
 from kfc.ir.specialize import specialize
 from kfc.passes import MATMUL_PIPELINE, PassContext, PassManager, parse_pipeline
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 EPILOGUE = """
 op gemm_relu(a: bf16[M, K], b: bf16[K, N], scale: f32 = 0.5) -> (c: f32[M, N]) {

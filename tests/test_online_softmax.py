@@ -20,7 +20,7 @@ from kfc.ir.tile_ops import MaxSumExpOp, ReduceOp
 from kfc.passes import ROW_PIPELINE, VerifyEach
 from kfc.passes.stage_rows import stretches
 from kfc.passes.rows import find_row_loop
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.pipelines import kernel, ops_of, run_pipeline
 
 LSE = """

@@ -56,7 +56,7 @@ from kfc.passes import (
 from kfc.passes.base import format_option, option_range
 from kfc.passes.rewriter import PatternRewriter, RewritePattern, RewriteStats, apply_patterns_greedily
 from kfc.passes.tile import choose
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.pipelines import kernel, ops_of, run_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,12 +8,12 @@ import pytest
 
 from bench.landscape import Landscape, collect, load
 from bench.replay import ReplayGpu, replay
-from kfc.factory.model import Outcome, Proposal, Stage
+from kfc.model.records import Outcome, Proposal, Stage
 from kfc.factory.offline import SearchPolicy
 from kfc.factory.tune import space_for
 from kfc.frontend import load_kfc
 from kfc.kb.store import KnowledgeBase
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 TARGET = parse_target("sm_90a")
 H200 = "bench/data/h200-rows.json"

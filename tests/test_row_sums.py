@@ -22,7 +22,7 @@ from kfc.ir.tile_ops import ParallelOp, StoreOp, YieldOp
 from kfc.passes import PASSES, ROW_PIPELINE, PassError, VerifyEach
 from kfc.passes.base import Pass, register_pass
 from kfc.runtime import contract
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.pipelines import kernel, ops_of, run_pipeline
 
 COLSUM = """

@@ -8,7 +8,7 @@ import kfc
 from kfc.diagnostics import KfcError
 from kfc.runtime import cache
 from kfc.runtime.kernel import cached_compile
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_argument_binding_errors(rmsnorm):
 
 
 def test_no_gpu_is_one_clear_message(monkeypatch):
-    from kfc.runtime.driver import GpuUnavailable
+    from kfc.diagnostics import GpuUnavailable
     from kfc.runtime.kernel import current_target
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

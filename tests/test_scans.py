@@ -11,7 +11,7 @@ from kfc.compile import compile_op
 from kfc.diagnostics import KfcError
 from kfc.frontend import load_kfc, parse_kfc
 from kfc.passes import ROW_PIPELINE
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.example_ops import OPS
 
 

@@ -12,9 +12,9 @@ from kfc.frontend import parse_kfc
 from kfc.ir import print_ir
 from kfc.ir.specialize import specialize
 from kfc.ir.tile_ops import LoadOp, ParallelOp
-from kfc.passes.manager import PassContext
+from kfc.passes import PassContext
 from kfc.passes.split_tiles import SplitTiles
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.example_ops import OPS
 
 

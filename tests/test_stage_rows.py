@@ -370,7 +370,7 @@ def test_two_stages_keep_the_results_and_issue_the_next_row_ahead(name, n, opts)
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_two_stages_compile_with_their_bulk_copies_in_the_sass(target):
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     spec, f = kernel("rmsnorm", 65536)
     g, _ = run_pipeline(f, TWO_STAGES % "stages=2", target=parse_target(target), check=spec.check)
@@ -398,7 +398,7 @@ def test_the_default_tile_takes_two_stages_where_one_cta_fills_an_sm_or_rows_wit
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_ctas_an_sm_reach_the_compiler_as_the_minimum_of_launch_bounds(target):
     """Three CTAs of 256 threads an SM leave a thread 85 registers: ptxas keeps within them."""
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     spec, f = kernel("rmsnorm_bwd", 4096)
     g, _ = run_pipeline(f, ROW_PIPELINE, target=parse_target(target), check=spec.check)

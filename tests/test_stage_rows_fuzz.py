@@ -10,7 +10,7 @@ from kfc.codegen.cuda import generate_cuda
 from kfc.ir import ALL, Builder, DType, SymDim, tensor, verify
 from kfc.ir.smem_ops import SmemAllocOp
 from kfc.passes import ROW_PIPELINE, PassContext, PassManager, VerifyEach, parse_pipeline
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 STAGED_PIPELINE = ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}")
 UNARY = ["neg", "abs", "tanh", "sigmoid"]

@@ -16,9 +16,9 @@ from kfc.frontend import load_kfc, parse_kfc
 from kfc.ir.interpreter import run
 from kfc.ir.specialize import specialize
 from kfc.ir.tile_ops import ParallelOp, ReduceOp
-from kfc.passes.manager import PassContext
+from kfc.passes import PassContext
 from kfc.passes.tensor_rows import RowsOfTensors
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 COLSUM = "kernels/colsum.kfc"
 RMSNORM_BWD = "kernels/rmsnorm_bwd_tensors.kfc"

@@ -18,7 +18,7 @@ from kfc.ir.func import FuncOp
 from kfc.ir.interpreter import run
 from kfc.ir.smem_ops import CopyAsyncArriveOp, CopyAsyncOp, ExpectTxOp, HazardError, MbarrierAllocOp, SmemAllocOp
 from kfc.passes import ROW_PIPELINE, VerifyEach
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 from tests.pipelines import kernel, ops_of, run_pipeline
 from tests.test_stage_rows import COPY, EXPECT, STAGED, WAIT, interpret_unverified, x_rows
 

@@ -9,12 +9,12 @@ import pytest
 
 from kfc.factory.evaluate import Compiled, GpuWorker
 from kfc.factory.gate import GateResult
-from kfc.factory.model import Stage
+from kfc.model.records import Stage
 from kfc.factory.offline import SearchPolicy
 from kfc.factory.tune import candidates_to_reach, curve, finished_tune, space_for, tune
-from kfc.frontend import load_kfc
+from kfc.frontend import instances, load_kfc
 from kfc.kb.store import KnowledgeBase
-from kfc.target import parse_target
+from kfc.model.target import parse_target
 
 TARGET = parse_target("sm_90a")
 DIMS = {"M": 4096, "N": 4096}
@@ -159,7 +159,7 @@ def test_a_warm_start_needs_fewer_candidates_than_a_cold_one(tmp_path):
 
 
 def test_curve_is_the_best_so_far():
-    from kfc.factory.model import Outcome, Proposal, Trial
+    from kfc.model.records import Outcome, Proposal, Trial
 
     ts = [Trial(i, Proposal("p"), Outcome(Stage.TIMED, median_us=m)) for i, m in enumerate([5.0, 7.0, 3.0, 4.0])]
     ts.insert(1, Trial(9, Proposal("q"), Outcome(Stage.COMPILED, error="x")))
@@ -224,7 +224,7 @@ sys.path.insert(0, "tests")
 from test_tune import DIMS, TARGET, FakeGpu
 from kfc.factory.offline import SearchPolicy
 from kfc.factory.tune import tune
-from kfc.frontend import load_kfc
+from kfc.frontend import instances, load_kfc
 from kfc.kb.store import KnowledgeBase
 
 class SlowGpu(FakeGpu):
@@ -272,7 +272,7 @@ def test_the_default_and_its_explicit_spelling_build_the_same_kernel():
     from kfc.compile import compile_op
     from kfc.passes import ROW_PIPELINE
 
-    spec = load_kfc("kernels/rmsnorm.kfc").instances()[0]
+    spec = instances(load_kfc("kernels/rmsnorm.kfc"))[0]
     for n in (16384, 65536):
         dims = {"M": 32768, "N": n}
         a = compile_op(spec, TARGET, ROW_PIPELINE, dims)
@@ -289,7 +289,7 @@ def test_a_tune_never_retries_the_baseline_under_another_spelling(kb):
 
 
 def _trial(cid, space, c, us):
-    from kfc.factory.model import Outcome, Proposal, Trial
+    from kfc.model.records import Outcome, Proposal, Trial
 
     return Trial(cid, Proposal(space.pipeline(c)), Outcome(Stage.TIMED, median_us=us))
 
@@ -315,7 +315,8 @@ def test_a_similar_op_that_is_uniformly_faster_does_not_outvote_this_ops_measure
 
 
 def test_the_search_policy_recombines_the_best_paying_steps_of_the_pass_sequence_graph():
-    from kfc.factory.model import Outcome, Proposal, Trial, TuneContext
+    from kfc.factory.model import TuneContext
+    from kfc.model.records import Outcome, Proposal, Trial
     from kfc.factory.offline import graph_proposal
 
     spec = load_kfc("kernels/softmax.kfc")
@@ -342,7 +343,8 @@ def test_the_search_policy_recombines_the_best_paying_steps_of_the_pass_sequence
 
 
 def _ctx(space, configs_and_times, baseline=None):
-    from kfc.factory.model import Outcome, Proposal, Trial, TuneContext
+    from kfc.factory.model import TuneContext
+    from kfc.model.records import Outcome, Proposal, Trial
 
     history = []
     if baseline is not None:
@@ -418,7 +420,8 @@ def test_kfc_tune_runs_end_to_end_with_a_stand_in_gpu(tmp_path, monkeypatch, cap
 
 
 def test_a_similar_ops_prior_is_tried_basin_by_basin():
-    from kfc.factory.model import Outcome, Proposal, Trial, TuneContext
+    from kfc.factory.model import TuneContext
+    from kfc.model.records import Outcome, Proposal, Trial
 
     dims = {"M": 32768, "N": 65536}
     space = space_for(load_kfc("kernels/softmax.kfc"), dims, TARGET)

@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 from ..diagnostics import KfcError
-from ..frontend.spec import CheckSpec, OpSpec
+from ..model.spec import CheckSpec, OpSpec
 from ..ir.interpreter import run
 from ..ir.specialize import specialize
 from ..ir.types import MemSpace, SymDim, bind_dim

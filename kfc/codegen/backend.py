@@ -21,7 +21,7 @@ from ..ir.tile_ops import DotOp
 from ..passes.accelerate_matmul import match_matmul
 from ..passes.base import PassError
 from ..passes.rows import find_row_loop, row_length
-from ..target import Target, needs_arch_specific
+from ..model.target import Target, needs_arch_specific
 
 
 def program_kind(func: FuncOp) -> tuple[str, PassError | None]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..diagnostics import KfcError
-from ..target import Target
+from ..model.target import Target
 from .cuda import LaunchPlan
 from .toolchain import PtxasReport
 

@@ -21,7 +21,8 @@ from typing import Any
 from ..diagnostics import KfcError
 from ..passes.base import PASSES, PassError
 from ..passes.pipeline import parse_pipeline
-from .model import Outcome, Proposal, Trial, TuneContext
+from .model import TuneContext
+from ..model.records import Outcome, Proposal, Trial
 
 PLANNER_TOOL = "propose_pipelines"
 CRITIC_TOOL = "write_lessons"

@@ -63,7 +63,7 @@ def cmd_tune(args) -> int:
     from ..diagnostics import KfcError
     from ..frontend import load_kfc
     from ..kb.store import KnowledgeBase
-    from ..target import parse_target
+    from ..model.target import parse_target
 
     if args.ray is not None and args.gpus:
         raise KfcError("give either --ray or --gpus, not both",
@@ -123,13 +123,11 @@ def cmd_tune(args) -> int:
 
 def _evaluator(args):
     """Where candidates are evaluated: this machine's GPUs, or a Ray cluster's with --ray."""
-    from ..cli import reference_limits
-
     if args.ray is not None:
         from .cluster import RayEvaluator
 
-        return RayEvaluator(args.ray, timeout_s=args.timeout, reference_limits=reference_limits(args))
-    from ..runtime.driver import GpuUnavailable
+        return RayEvaluator(args.ray, timeout_s=args.timeout, reference_limits=cli_args.reference_limits(args))
+    from ..diagnostics import GpuUnavailable
     from .evaluate import Evaluator
 
     gpus = _visible_gpus(args.gpus)
@@ -137,7 +135,7 @@ def _evaluator(args):
         raise GpuUnavailable("kfc tune times candidates on a GPU, and none is visible",
                              hint="run it on a machine with an NVIDIA GPU, or on a Ray cluster's with --ray; "
                                   "kfc compile and kfc check need none")
-    return Evaluator(gpus, timeout_s=args.timeout, reference_limits=reference_limits(args))
+    return Evaluator(gpus, timeout_s=args.timeout, reference_limits=cli_args.reference_limits(args))
 
 
 def _report_shape(console, r, target) -> None:

@@ -21,11 +21,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..diagnostics import KfcError
-from ..frontend.spec import OpSpec
-from ..target import Target, parse_target
+from ..model.spec import OpSpec
+from ..model.target import Target, parse_target
 from .evaluate import Compiled, GpuWorker, Throughput, compile_candidate, distinct_fixed, make_job
 from .gate import GateResult
-from .model import Stage
+from ..model.records import Stage
 from .worker import result_from_dict, result_to_dict
 
 # what one production actor holds: its GPU, and a core for the worker process driving it

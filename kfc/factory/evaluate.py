@@ -19,12 +19,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import attrs
 
 from ..diagnostics import KfcError
-from ..frontend.spec import OpSpec
+from ..model.spec import OpSpec
 from ..passes.base import PassError
 from ..passes.pipeline import parse_pipeline
-from ..target import Target
+from ..model.target import Target
 from .gate import GateResult
-from .model import Outcome, Stage
+from ..model.records import Outcome, Stage
 from .worker import result_from_dict
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from .model import Stage
+from ..model.records import Stage
 
 COPY_BANDWIDTH = 4.25e12  # bytes/s read + written: the H200's device-to-device copy, measured
 ROOFLINE_SLACK = 0.97     # a time under 97% of the roofline cannot be real

@@ -27,7 +27,8 @@ import random
 from collections import defaultdict
 from typing import Any, Sequence
 
-from .model import Proposal, Stage, Trial, TuneContext
+from .model import TuneContext
+from ..model.records import Proposal, Stage, Trial
 
 
 class SearchPolicy:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..check.runner import require_reference, run_reference, scalar_default
 from ..check.sandbox import Limits, shared_sandbox
-from ..frontend.spec import CheckSpec, OpSpec
+from ..model.spec import CheckSpec, OpSpec
 from ..ir.dtypes import dtype_of_torch
 from ..ir.types import MemSpace, bind_dim
 from .gate import Case, Problem

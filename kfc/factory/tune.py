@@ -21,7 +21,7 @@ import attrs
 
 from ..compile import fixed_dims, row_dims
 from ..diagnostics import KfcError
-from ..frontend.spec import OpSpec
+from ..model.spec import OpSpec
 from ..kb.fingerprint import op_features, op_fingerprint
 from ..kb.store import KnowledgeBase, canonical_shape
 from ..passes import default_pipeline
@@ -30,9 +30,10 @@ from ..passes.pipeline import parse_pipeline
 from ..passes.rows import find_row_loop, row_length
 from ..passes.stage_rows import stretches
 from ..ir.specialize import specialize
-from ..target import Target
+from ..model.target import Target
 from .evaluate import to_outcome
-from .model import Proposal, Stage, Trial, TuneContext
+from .model import TuneContext
+from ..model.records import Proposal, Stage, Trial
 from .problem import gate_cases
 from .space import SearchSpace
 

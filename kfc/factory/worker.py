@@ -20,7 +20,7 @@ import attrs
 
 from ..check.sandbox import ReferenceFailed
 from .gate import Case, Gate, GateResult
-from .model import Stage
+from ..model.records import Stage
 
 _specs: dict[tuple, Any] = {}
 

@@ -8,9 +8,10 @@ from ..diagnostics import KfcError, read_source
 from ..ir.func import FuncOp
 from ..ir.parser import parse_ir
 from ..ir.verifier import verify
-from .spec import CheckSpec, MetricSpec, OpSpec, load_kfc, looks_like_ir, parse_kfc
+from ..model.spec import OpSpec
+from .spec import instances, instantiate, load_kfc, looks_like_ir, parse_kfc
 
-__all__ = ["CheckSpec", "MetricSpec", "OpSpec", "load_kfc", "parse_kfc", "load_func", "looks_like_ir"]
+__all__ = ["instances", "instantiate", "load_kfc", "parse_kfc", "load_func", "looks_like_ir"]
 
 
 def load_func(path: str | Path, dtypes: dict[str, str] | None = None) -> tuple[FuncOp, OpSpec | None]:

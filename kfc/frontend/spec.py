@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from ..ir.dtypes import DTYPE_NAMES, parse_dtype
 from ..ir.func import FuncOp
 from ..ir.specialize import check_dims
 from ..ir.types import MemSpace
-from ..check.spec import DEFAULT_TOLERANCE, CheckSpec, GeneratorSpec  # noqa: F401 - the check block's data
+from ..model.spec import CheckSpec, GeneratorSpec, MetricSpec, OpSpec
 from .lower import NESTING_CHAINS, Lowerer, span_of
 
 GRAMMAR = "kfc.lark"
@@ -30,46 +31,18 @@ CHECK_KEYS = {
     "seeds": "a list of integer seeds",
     "inputs": "{input: generator(...)} to draw inputs other than from normal()",
 }
-@attrs.frozen
-class MetricSpec:
-    kind: str = "time"
-    formula: str | None = None  # flops: constant expression over dims; bandwidth: bytes (optional)
+def instantiate(spec: OpSpec, dtypes: dict[str, str]) -> OpSpec:
+    """The same op with other type arguments."""
+    return parse_kfc(spec.text, spec.path, {**spec.dtypes, **dtypes})
 
 
-@attrs.frozen
-class OpSpec:
-    func: FuncOp
-    path: str
-    check: CheckSpec | None = None
-    metric: MetricSpec = MetricSpec()
-    targets: tuple[str, ...] = ()
-    type_params: tuple[tuple[str, tuple[str, ...]], ...] = ()   # (T, (bf16, f16, f32)), ...
-    dtypes: dict[str, str] = attrs.Factory(dict)                 # what this instance binds them to
-    typed_params: dict[str, str] = attrs.Factory(dict)           # parameter -> its type parameter
-    text: str = attrs.field(default="", repr=False, eq=False)
-
-    @property
-    def name(self) -> str:
-        return self.func.sym_name
-
-    @property
-    def instance_name(self) -> str:
-        """The op's name with its type arguments, e.g. rmsnorm_f16."""
-        return "_".join([self.name] + [self.dtypes[n] for n, _ in self.type_params])
-
-    def instantiate(self, dtypes: dict[str, str]) -> "OpSpec":
-        """The same op with other type arguments."""
-        return parse_kfc(self.text, self.path, {**self.dtypes, **dtypes})
-
-    def instances(self) -> list["OpSpec"]:
-        """Every combination of the type parameters' dtypes."""
-        import itertools
-
-        if not self.type_params:
-            return [self]
-        names = [n for n, _ in self.type_params]
-        return [self.instantiate(dict(zip(names, combo)))
-                for combo in itertools.product(*(opts for _, opts in self.type_params))]
+def instances(spec: OpSpec) -> list[OpSpec]:
+    """Every combination of the type parameters' dtypes."""
+    if not spec.type_params:
+        return [spec]
+    names = [n for n, _ in spec.type_params]
+    return [instantiate(spec, dict(zip(names, combo)))
+            for combo in itertools.product(*(opts for _, opts in spec.type_params))]
 
 
 def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = None) -> OpSpec:

@@ -114,3 +114,12 @@ def promote_ints(a: DType, b: DType) -> DType:
     if a is DType.INDEX or b is DType.INDEX:
         return DType.INDEX
     return a if a.bits >= b.bits else b
+
+
+def poison_value(dtype: DType):
+    """What an unwritten output element holds: NaN for floats, an unlikely value otherwise."""
+    if dtype.is_float:
+        return np.nan
+    if dtype.is_bool:
+        return True
+    return np.iinfo(dtype.np).min

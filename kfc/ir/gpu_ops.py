@@ -30,7 +30,7 @@ import numpy as np
 
 from ..diagnostics import InterpretError
 from . import layouts
-from ..target import LARGEST_CLUSTER, SM_THREADS
+from ..model.target import LARGEST_CLUSTER, SM_THREADS
 from .core import Op, register_op
 from .dtypes import DType
 from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, _tt, verify_loop_reductions

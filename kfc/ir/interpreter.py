@@ -19,7 +19,7 @@ import numpy as np
 from ..diagnostics import InterpretError, KfcError
 from . import constexpr
 from .core import Block, Op, Value
-from .dtypes import DType
+from .dtypes import poison_value
 from .func import FuncOp
 from .tile_ops import IndexDim, StoreOp, YieldOp
 from .signature import bind_dims
@@ -27,15 +27,6 @@ from . import smem_ops
 from .gpu_ops import combine
 from .smem_ops import HazardError, SharedBuffer
 from .types import MemSpace, SymDim, TensorType, bind_dim
-
-
-def poison_value(dtype: DType):
-    """What an unwritten output element holds: NaN for floats, an unlikely value otherwise."""
-    if dtype.is_float:
-        return np.nan
-    if dtype.is_bool:
-        return True
-    return np.iinfo(dtype.np).min
 
 
 # ---------------------------------------------------------------------------------------------

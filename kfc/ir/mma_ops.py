@@ -54,7 +54,7 @@ from ..diagnostics import InterpretError
 from . import layouts
 from .core import Op, register_op
 from .gpu_ops import check_layouts
-from .dtypes import DType
+from .dtypes import DType, poison_value
 from .smem_ops import HINT_WAIT_BEFORE_READ, HINT_WAIT_BEFORE_REUSE, HazardError, MBarrier, value_name
 from .tile_ops import StoreOp, _check_operands, _check_results, _int_scalar, _tt
 from .types import MemSpace, TensorType
@@ -295,8 +295,6 @@ class StagesAllocOp(Op):
 
     def interpret(self, interp, ins, env):
         t = self.result.ttype
-        from .interpreter import poison_value
-
         return [StagedTile(value_name(self.result), np.full(interp.shape_of(t), poison_value(t.dtype),
                                                             dtype=t.dtype.np))]
 

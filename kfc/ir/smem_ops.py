@@ -33,7 +33,7 @@ import numpy as np
 
 from ..diagnostics import InterpretError
 from .core import Op, register_op
-from .dtypes import DType
+from .dtypes import DType, poison_value
 from .tile_ops import IndexDim, _check_operands, _check_results, _index_tuple, _tt, _verify_index, indexed_shape
 from .types import MemSpace, TensorType
 
@@ -164,8 +164,6 @@ class SmemAllocOp(Op):
 
     def interpret(self, interp, ins, env):
         t = self.result.ttype
-        from .interpreter import poison_value
-
         data = np.full(interp.shape_of(t), poison_value(t.dtype), dtype=t.dtype.np)
         return [SharedBuffer(value_name(self.result), data)]
 

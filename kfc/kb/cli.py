@@ -151,12 +151,12 @@ def _resolve_op(kb, text: str, dtypes) -> list[dict[str, Any]]:
 
     if Path(text).is_file():
         from ..diagnostics import read_source
-        from ..frontend import load_func, load_kfc, looks_like_ir
+        from ..frontend import instances, load_func, load_kfc, looks_like_ir
 
         if dtypes or looks_like_ir(read_source(text)):
             funcs = [load_func(text, dtypes)[0]]
         else:  # every instance of the op's type parameters
-            funcs = [inst.func for inst in load_kfc(text).instances()]
+            funcs = [inst.func for inst in instances(load_kfc(text))]
         fps = [op_fingerprint(f) for f in funcs]
         ops = [op for op in map(kb.op_by_fingerprint, fps) if op is not None]
         if not ops:

@@ -29,7 +29,7 @@ from typing import Any
 
 import networkx as nx
 
-from ..factory.model import Stage, Trial
+from ..model.records import Stage, Trial
 
 START = "START"
 END = "END"

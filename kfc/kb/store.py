@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from ..diagnostics import KfcError
-from ..factory.model import Outcome, Proposal, Stage, Trial
+from ..model.records import Outcome, Proposal, Stage, Trial
 from . import postgres
 from .fingerprint import similarity
 

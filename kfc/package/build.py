@@ -26,13 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__
+from ..model.version import __version__
 from ..diagnostics import KfcError
 from ..files import write_atomically
-from ..frontend.spec import OpSpec, load_kfc
+from ..frontend.spec import instances as spec_instances, load_kfc
+from ..model.spec import OpSpec
 from ..ir.types import MemSpace
 from ..provenance import git_commit
-from ..target import Target
+from ..model.target import Target
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE.parent / "runtime"
@@ -102,7 +103,7 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
 
     spec = load_kfc(path)
     fixed = fixed_shapes(spec, shapes)
-    instances = spec.instances()
+    instances = spec_instances(spec)
     prepare_output_dir(out_dir)
     if any(out_dir.iterdir()):
         raise KfcError(f"the output folder {out_dir} is not empty; kfc package writes a whole package there",

@@ -4,7 +4,8 @@ from . import (  # noqa: F401 - registration
     accelerate_matmul, canonicalize, cse, dce, linearize, lower_ptx, lower_reductions, online_softmax, split_tiles, stage_rows, tensor_rows, tile,
 )
 from .base import PASSES, Pass, PassError, register_pass
-from .manager import PassContext, PassManager, VerifyEach
+from .context import PassContext, VerifyEach
+from .manager import PassManager
 from .pipeline import Pipeline, parse_pipeline, parse_user_pipeline
 
 ROW_PIPELINE = "canonicalize,cse,dce,stage-rows,tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"

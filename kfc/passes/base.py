@@ -17,15 +17,13 @@ them is refused with a message that names them (in a pipeline string and in Pyth
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
 from ..diagnostics import InternalError, KfcError
 from ..ir.func import FuncOp
-
-if TYPE_CHECKING:
-    from .manager import PassContext
+from .context import PassContext
 
 PASSES: dict[str, type["Pass"]] = {}
 

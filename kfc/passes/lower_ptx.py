@@ -138,7 +138,7 @@ class LowerPtx(Pass):
 
 def ctx_tolerance(ctx, func) -> float:
     """The smallest relative tolerance any floating-point output is checked with."""
-    from ..check.spec import CheckSpec
+    from ..model.spec import CheckSpec
 
     check = getattr(ctx, "check", None) or CheckSpec()
     tols = [check.tolerance_for(str(v.ttype.dtype)) for v in func.outputs if v.ttype.dtype.is_float]

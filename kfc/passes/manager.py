@@ -5,56 +5,27 @@ timing, and a dump folder (KFC_DUMP_DIR)."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
 
-import attrs
 import numpy as np
 
 from ..diagnostics import InternalError, KfcError, VerifyError
 from ..ir.func import FuncOp
 from ..ir.printer import print_ir
 from ..ir.verifier import verify
-from ..target import Target
+from ..model.target import Target
+from ..check.runner import compare, draw_inputs
+from ..check.tolerance import compare_arrays
+from ..ir.interpreter import run_tracked
+from ..model.spec import CheckSpec
 from .base import PASSES, Pass, PassCrashed, PassError
+from .context import PassContext
+from .pipeline import Pipeline
 
 
 class PassBrokeIR(VerifyError, InternalError):
     """The verifier rejected a pass's output: a bug in the pass."""
-from .pipeline import Pipeline
-
-
-@attrs.define
-class VerifyEach:
-    """What --verify-each runs the IR on: dims to specialise symbols to, the check block's
-    input generators and tolerances, and seeds."""
-
-    dims: dict[str, int]
-    check: Any = None  # a CheckSpec, or None for the defaults
-    seeds: tuple[int, ...] = (0,)
-
-
-@attrs.define
-class PassContext:
-    target: Target
-    check: Any = None  # the op's CheckSpec: passes read its tolerances
-    verify_each: VerifyEach | None = None
-    print_ir_after_all: bool = False
-    print_ir_before: frozenset[str] = frozenset()
-    print_ir_after: frozenset[str] = frozenset()
-    timing: bool = False
-    dump_dir: Path | None = None
-    out: TextIO = attrs.field(factory=lambda: sys.stderr)
-    notes: list[tuple[str, str]] = attrs.Factory(list)
-    timings: list[tuple[str, float]] = attrs.Factory(list)
-    stats: dict[str, Any] = attrs.Factory(dict)
-
-    def note(self, p: Pass, message: str, stats: Any = None) -> None:
-        self.notes.append((str(p), message))
-        if stats is not None:
-            self.stats[str(p)] = stats
 
 
 class PassManager:
@@ -124,11 +95,6 @@ class PassManager:
 
     # --- --verify-each ------------------------------------------------------------------------
     def _verify_semantics(self, p: Pass, before: FuncOp, after: FuncOp) -> None:
-        from ..check.runner import compare, draw_inputs
-        from ..check.tolerance import compare_arrays
-        from ..check.spec import CheckSpec
-        from ..ir.interpreter import run_tracked
-
         ve = self.ctx.verify_each
         check = ve.check or CheckSpec()
         dims = {k: v for k, v in ve.dims.items() if k in set(before.symbols) | set(after.symbols)}

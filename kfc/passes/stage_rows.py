@@ -52,7 +52,7 @@ from ..ir.smem_ops import SmemAllocOp
 from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, MaxSumExpOp, ReduceOp, UnaryOp, WhereOp
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
-from ..target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
+from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, option, register_pass
 from .rows import find_row_loop, only_summed, row_length
 

@@ -37,7 +37,7 @@ from ..ir.rewrite import ValueMap
 from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
 from ..ir.tile_ops import ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp
 from ..ir.types import MemSpace, TensorType
-from ..target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
+from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, option, register_pass
 from .rows import body_ops, find_row_loop, only_summed, row_length
 

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from ..model.version import __version__
 
 
 def cache_dir() -> Path:

@@ -10,11 +10,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ..diagnostics import KfcError
-
-
-class GpuUnavailable(KfcError):
-    pass
+from ..diagnostics import GpuUnavailable, KfcError
+from .launcher import max_active_clusters
 
 
 def _driver():
@@ -110,8 +107,6 @@ class LoadedKernel:
                      "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
     def max_active_clusters(self, block: int, smem: int, cluster: int) -> int:
-        from .launcher import max_active_clusters
-
         return max_active_clusters(int(self.function), block, smem, cluster)
 
 

@@ -22,12 +22,13 @@ from typing import Any
 import attrs
 
 from ..diagnostics import KfcError
-from ..frontend.spec import OpSpec, load_kfc
+from ..frontend.spec import instantiate, load_kfc
+from ..model.spec import OpSpec
 from ..ir.dtypes import dtype_of_torch
 from ..ir.printer import print_ir
 from ..ir.signature import bind_dims, output_shape
 from ..ir.types import MemSpace
-from ..target import Target, parse_target
+from ..model.target import Target, parse_target
 from . import cache, contract, fastcall, tensor_maps
 from .driver import CTYPES, LoadedKernel
 
@@ -40,7 +41,7 @@ def current_target() -> Target:
     import torch
 
     if not torch.cuda.is_available():
-        from .driver import GpuUnavailable
+        from ..diagnostics import GpuUnavailable
 
         raise GpuUnavailable("no CUDA GPU is visible", hint="pass target= to compile without running")
     major, minor = torch.cuda.get_device_capability()
@@ -141,7 +142,7 @@ class KfcKernel:
             want[tv] = name
         key = tuple(sorted(want.items()))
         if key not in self._instances:
-            self._instances[key] = self.spec.instantiate(want)
+            self._instances[key] = instantiate(self.spec, want)
         spec = self._instances[key]
         if spec is self.spec:
             return self

@@ -27,8 +27,7 @@ import ctypes
 import functools
 
 try:
-    from ..diagnostics import KfcError as LaunchError
-    from .driver import GpuUnavailable
+    from ..diagnostics import GpuUnavailable, KfcError as LaunchError
 except ImportError:  # vendored into a package `kfc package` wrote, which runs without kfc
     class LaunchError(RuntimeError):
         pass

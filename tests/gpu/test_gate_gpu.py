@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 import gate_cheats as cheats  # noqa: E402
 
 from kfc.factory.gate import Case, Gate, Problem, time_on_gpu  # noqa: E402
-from kfc.factory.model import Stage  # noqa: E402
+from kfc.model.records import Stage  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -10,12 +10,12 @@ pytestmark = pytest.mark.gpu
 
 def test_a_short_tune_records_and_beats_or_keeps_the_baseline(tmp_path, monkeypatch):
     from kfc.factory.evaluate import Evaluator
-    from kfc.factory.model import Stage
+    from kfc.model.records import Stage
     from kfc.factory.offline import SearchPolicy
     from kfc.factory.tune import tune
     from kfc.frontend import load_kfc
     from kfc.kb.store import KnowledgeBase
-    from kfc.target import parse_target
+    from kfc.model.target import parse_target
 
     monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path / "cache"))
     kb = KnowledgeBase(tmp_path / "kb.sqlite")
@@ -39,7 +39,7 @@ def test_kfc_tune_killed_with_sigkill_keeps_its_records_and_the_same_command_res
     import sys
     import time
 
-    from kfc.factory.model import Stage
+    from kfc.model.records import Stage
     from kfc.kb.store import KnowledgeBase
 
     kb_path, budget = tmp_path / "kb.sqlite", 16

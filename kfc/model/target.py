@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from .diagnostics import KfcError
+from ..diagnostics import KfcError
 
 # feature -> (minimum sm, needs the arch-specific 'a' variant, exact sm families that have it)
 _FEATURES = {
