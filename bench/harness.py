@@ -17,8 +17,6 @@ import math
 import platform
 import statistics
 import subprocess
-import sys
-import traceback
 from typing import Any, Callable
 
 import attrs
@@ -203,7 +201,3 @@ def safe(make: Callable) -> Callable | str:
         return make()
     except Exception as e:  # noqa: BLE001
         return f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-
-
-def log_exception() -> None:
-    traceback.print_exc(file=sys.stderr)

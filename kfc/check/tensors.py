@@ -1,4 +1,4 @@
-"""numpy <-> torch for every kfc dtype (torch cannot wrap ml_dtypes arrays directly)."""
+"""numpy to torch for every kfc dtype (torch cannot wrap ml_dtypes arrays directly)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,3 @@ def to_torch(arr: np.ndarray, dtype: DType):
         raw = np.ascontiguousarray(arr).view(_VIEW_AS[dtype])
         return torch.from_numpy(raw.copy()).view(dtype.torch)
     return torch.from_numpy(np.ascontiguousarray(arr).copy())
-
-
-def to_numpy(t, dtype: DType | None = None) -> np.ndarray:
-    """A torch tensor as numpy: in kfc dtype `dtype`'s exact numpy form when given, else with
-    narrow floats widened to fp32."""
-    import torch
-
-    t = t.detach().cpu()
-    if dtype is None:
-        if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
-            t = t.float()
-        return t.numpy()
-    t = t.to(dtype.torch).contiguous()
-    if dtype in _VIEW_AS:
-        bits = torch.int16 if _VIEW_AS[dtype] is np.uint16 else torch.uint8
-        return t.view(bits).numpy().view(_VIEW_AS[dtype]).view(dtype.np)
-    return t.numpy()

@@ -47,10 +47,6 @@ class _Frame:
     accumulated: dict[str, tuple[Value, Any]] = attrs.Factory(dict)
 
 
-class _Literal:
-    """A number not yet given a dtype (it takes the dtype of what it meets)."""
-
-
 @attrs.frozen
 class Tensor:
     """A function argument in global memory, as a name in scope."""

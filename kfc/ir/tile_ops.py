@@ -64,12 +64,6 @@ def _check_operands(op: Op, n: int) -> None:
         raise op.error(f"expects {n} operand(s), has {len(op.operands)}")
 
 
-def _norm_axis(op: Op, axis: int, rank: int) -> int:
-    if not -rank <= axis < rank:
-        raise op.error(f"axis {axis} is out of range for a rank-{rank} tile")
-    return axis % rank
-
-
 # ---------------------------------------------------------------------------------------------
 # constants and generators
 

@@ -126,10 +126,6 @@ class TensorType(Type):
         """The type with its layout slot empty: what type inference speaks of."""
         return attrs.evolve(self, layout=None) if self.layout is not None else self
 
-    def as_tile(self) -> "TensorType":
-        """The register tile a load of this whole tensor would give."""
-        return TensorType(self.dtype, self.shape)
-
     def bind(self, env: dict[str, int]) -> "TensorType":
         return attrs.evolve(self, shape=tuple(bind_dim(d, env) for d in self.shape))
 

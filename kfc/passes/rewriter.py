@@ -16,15 +16,14 @@ import attrs
 from ..diagnostics import Span
 from ..ir.core import Op, Value
 from ..ir.func import FuncOp
-from ..ir.rewrite import ValueMap, rebuild, uses
+from ..ir.rewrite import ValueMap, rebuild
 from ..ir.types import Type
 
 
 class PatternRewriter:
-    def __init__(self, root: Op, defs: dict[Value, Op], use_counts: dict[Value, int]) -> None:
+    def __init__(self, root: Op, defs: dict[Value, Op]) -> None:
         self.root = root
         self._defs = defs
-        self._uses = use_counts
         self.created: list[Op] = []
         self.replacement: list[Value] | None = None
         self.erased = False
@@ -33,9 +32,6 @@ class PatternRewriter:
     # --- queries ------------------------------------------------------------------------------
     def defining_op(self, v: Value) -> Op | None:
         return self._defs.get(v)
-
-    def use_count(self, v: Value) -> int:
-        return self._uses.get(v, 0)
 
     # --- actions ------------------------------------------------------------------------------
     def create(self, cls: type[Op], operands: Sequence[Value], result_types: Sequence[Type] | None = None,
@@ -92,7 +88,6 @@ def apply_patterns_greedily(func: FuncOp, patterns: Sequence[RewritePattern], ma
     for _ in range(max_iterations):
         stats.iterations += 1
         changed = False
-        use_counts = uses(func)
         defs: dict[Value, Op] = {}
 
         def transform(op: Op, vmap: ValueMap):
@@ -100,7 +95,7 @@ def apply_patterns_greedily(func: FuncOp, patterns: Sequence[RewritePattern], ma
             for p in ordered:
                 if p.ROOT is not None and not isinstance(op, p.ROOT):
                     continue
-                rw = PatternRewriter(op, defs, use_counts)
+                rw = PatternRewriter(op, defs)
                 if p.match_and_rewrite(op, rw):
                     if rw.replacement is not None:
                         vmap.map_all(op.results, rw.replacement)
