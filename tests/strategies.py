@@ -16,7 +16,7 @@ import hypothesis.strategies as st
 
 from kfc.ir import ALL, Builder, BuildError, Slice, SymDim, TensorType
 from kfc.ir.dtypes import DType
-from kfc.ir.tile_ops import BINARY_OPS, UNARY_OPS, OperandKind
+from kfc.ir.tile_ops import BINARY_OPS, UNARY_OPS, kind_accepts
 from kfc.ir.types import Layout, MemSpace
 
 SYMBOLS = ["M", "N", "K"]
@@ -24,16 +24,6 @@ SYMBOLS = ["M", "N", "K"]
 NAMES = [None, None, "x", "t", "acc", "S", "y"]
 TENSOR_DTYPES = [DType.F32, DType.BF16, DType.F16, DType.F64, DType.I32, DType.I8, DType.I64, DType.BOOL]
 FLOAT_DEFAULTS = [1e-06, 0.5, -2.25, 1e30, 3.0, math.inf, -math.inf, math.nan, 5e-324, 0.1]
-
-
-def _kind_ok(kind: OperandKind, d: DType) -> bool:
-    if kind is OperandKind.FLOAT:
-        return d.is_float
-    if kind is OperandKind.NUMERIC:
-        return d.is_float or d.is_int
-    if kind is OperandKind.LOGICAL:
-        return d.is_bool or d.is_int
-    return True
 
 
 class _Gen:
@@ -196,13 +186,13 @@ class _Gen:
             self.add(b.const(value, dtype, shape, name=self.name()))
         elif kind == "unary":
             v = self.pick(pool)
-            fns = [f for f, k in UNARY_OPS.items() if _kind_ok(k, v.ttype.dtype)]
+            fns = [f for f, k in UNARY_OPS.items() if kind_accepts(k, v.ttype.dtype)]
             if fns:
                 self.add(b.unary(self.pick(fns), v, name=self.name()))
         elif kind in ("binary", "lit_binary"):
             a = self.pick(pool)
             d = a.ttype.dtype
-            fns = [f for f, k in BINARY_OPS.items() if _kind_ok(k, d)]
+            fns = [f for f, k in BINARY_OPS.items() if kind_accepts(k, d)]
             if not fns:
                 return
             fn = self.pick(fns)

@@ -29,9 +29,9 @@ from .core import Block, Op, Value
 from .dtypes import DType, promote_ints
 from .func import FuncOp
 from .tile_ops import (
-    BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
+    BINARY_CLASSES, KIND_WORDS, UNARY_CLASSES, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
     ExpandDimsOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
-    ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible,
+    ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible, kind_accepts,
 )
 from .types import Dim, MemSpace, SymDim, TensorType, Type, bare_type
 
@@ -327,10 +327,8 @@ class Builder:
             raise self.error(f"unknown unary function {fn!r}")
         (x,) = self._unify([x], fn)
         cls = UNARY_CLASSES[fn]
-        from .tile_ops import _kind_ok, _KIND_WORDS
-
-        if not _kind_ok(cls.OPERAND_KIND, x.ttype.dtype):
-            raise self.error(f"{fn} needs {_KIND_WORDS[cls.OPERAND_KIND]} operand, not {x.ttype.dtype}",
+        if not kind_accepts(cls.OPERAND_KIND, x.ttype.dtype):
+            raise self.error(f"{fn} needs {KIND_WORDS[cls.OPERAND_KIND]} operand, not {x.ttype.dtype}",
                              f"convert first, e.g. {fn}(f32(...))" if cls.OPERAND_KIND.value == "float" else None)
         return self.create(cls, [x], name=name).result
 
@@ -339,10 +337,8 @@ class Builder:
             raise self.error(f"unknown binary function {fn!r}")
         a, b = self._unify([a, b], fn)
         cls = BINARY_CLASSES[fn]
-        from .tile_ops import _kind_ok, _KIND_WORDS
-
-        if not _kind_ok(cls.OPERAND_KIND, a.ttype.dtype):
-            raise self.error(f"{fn} needs {_KIND_WORDS[cls.OPERAND_KIND].removeprefix('a ')} operands, "
+        if not kind_accepts(cls.OPERAND_KIND, a.ttype.dtype):
+            raise self.error(f"{fn} needs {KIND_WORDS[cls.OPERAND_KIND].removeprefix('a ')} operands, "
                              f"not {a.ttype.dtype}")
         return self.create(cls, [a, b], name=name).result
 

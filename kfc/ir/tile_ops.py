@@ -175,7 +175,7 @@ class OperandKind(enum.Enum):
     ANY = "any"
 
 
-def _kind_ok(kind: OperandKind, d: DType) -> bool:
+def kind_accepts(kind: OperandKind, d: DType) -> bool:
     if kind is OperandKind.FLOAT:
         return d.is_float
     if kind is OperandKind.NUMERIC:
@@ -185,7 +185,7 @@ def _kind_ok(kind: OperandKind, d: DType) -> bool:
     return True
 
 
-_KIND_WORDS = {
+KIND_WORDS = {
     OperandKind.FLOAT: "a floating-point",
     OperandKind.NUMERIC: "a numeric",
     OperandKind.LOGICAL: "a bool or integer",
@@ -206,8 +206,8 @@ class UnaryOp(Op):
         _check_operands(self, 1)
         _check_results(self, 1)
         t = _reg(self, self.operands[0], "operand")
-        if not _kind_ok(self.OPERAND_KIND, t.dtype):
-            raise self.error(f"needs {_KIND_WORDS[self.OPERAND_KIND]} operand, not {t.dtype}",
+        if not kind_accepts(self.OPERAND_KIND, t.dtype):
+            raise self.error(f"needs {KIND_WORDS[self.OPERAND_KIND]} operand, not {t.dtype}",
                              "cast it first, e.g. f32(x)")
         if self.result.type != t:
             raise self.error(f"result type {self.result.type} differs from operand type {t}")
@@ -237,8 +237,8 @@ class BinaryOp(Op):
             raise self.error(f"operand dtypes differ: {a.dtype} and {b.dtype}")
         if not _same_shape(a.shape, b.shape):
             raise self.error(f"operand shapes differ: {_shape_str(a.shape)} and {_shape_str(b.shape)}")
-        if not _kind_ok(self.OPERAND_KIND, a.dtype):
-            raise self.error(f"needs {_KIND_WORDS[self.OPERAND_KIND]} operands, not {a.dtype}")
+        if not kind_accepts(self.OPERAND_KIND, a.dtype):
+            raise self.error(f"needs {KIND_WORDS[self.OPERAND_KIND]} operands, not {a.dtype}")
         if self.result.type != a:
             raise self.error(f"result type {self.result.type} differs from operand type {a}")
 
