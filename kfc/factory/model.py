@@ -1,8 +1,7 @@
 """What a policy is told and what it must do (the records it reads are kfc.model.records).
 
-Policies see the op's features,
-the space of choices, the history of this run and what the knowledge base knows, and propose
-pipeline strings with a rationale. Nothing a policy says bypasses the verifier or the gate.
+Policies see the op's features, the space of choices, the history of this run and what the
+knowledge base knows, and propose pipeline strings with a rationale. Nothing a policy says bypasses the verifier or the gate.
 """
 
 from __future__ import annotations
