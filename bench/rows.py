@@ -1,11 +1,18 @@
 """Row ops (rmsnorm, layernorm, softmax) against torch.compile, Liger and QuACK on QuACK's shapes.
 
-    python -m bench.rmsnorm [--sweep] [--shapes 32768x4096,...] [--prebuild sm_90a]
+    python -m bench.rmsnorm [--sweep | --stage-sweep] [--shapes 32768x4096,...] [--prebuild sm_90a]
 
 bf16 x, fp32 weights; bandwidth = bytes of inputs read + outputs written, per call. kfc runs
 its default pipeline; --sweep also times a grid of tile options around the default (the best
-of those is reported separately, it is not the headline number). --prebuild compiles every
-kfc kernel the run will need into the JIT cache without a GPU.
+of those is reported separately, it is not the headline number). --stage-sweep adds rows
+staged through shared memory to that grid: register rows (`reg`) and rows staged from any
+size (`stg`) at the default tiles, and staged rows under threads x cluster choices; per shape it
+prints the six fastest variants and the reg and stg figures (eager, TB/s). It is what
+STAGED_BYTES_PER_CTA and STAGED_ELEMS_PER_THREAD in kfc.passes.tile and DEFAULT_MIN_BYTES in
+kfc.passes.stage_rows were chosen from; without --shapes it runs on STAGE_SWEEP_SHAPES, N up to
+262144 (`python -m bench.rmsnorm --stage-sweep --no-peers`). Every variant's output is checked
+against the reference like any contender's. --prebuild compiles every kfc kernel the run will
+need into the JIT cache without a GPU.
 """
 
 from __future__ import annotations
@@ -138,6 +145,29 @@ QUACK_TUNED = False
 
 # --- the tile sweep -------------------------------------------------------------------------------
 
+REG_PIPELINE = "canonicalize,cse,dce,tile{%s},lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
+STAGED_PIPELINE = ("canonicalize,cse,dce,stage-rows{min_bytes=0},tile{%s},lower-reductions,fuse-reductions,lower-ptx,"
+                   "canonicalize,cse,dce")
+STAGE_SWEEP_SHAPES = [(32768, 4096), (32768, 8192), (32768, 16384), (32768, 32768), (32768, 65536), (16384, 131072),
+                      (8192, 262144)]
+
+
+def sweep_variants(n: int, staged: bool = False) -> dict[str, str]:
+    """The swept variants for a row of n bf16 elements, name -> pipeline: tile options around
+    the default choice (named by their pipeline); with `staged`, also register rows (`reg`) and
+    staged rows (`stg`) at the default tiles, and staged rows under threads x cluster choices
+    that fit (a cluster's share of the row at most 200 KB, 8 to 128 elements per thread)."""
+    out = {p: p for p in sweep_pipelines(n)}
+    if staged:
+        out.update({"reg": REG_PIPELINE % "", "stg": STAGED_PIPELINE % ""})
+        for c in (1, 2, 4, 8, 16):
+            for t in (128, 256, 512):
+                if n * 2 / c > 200 * 1024 or n / (c * t) > 128 or n / (c * t) < 8:
+                    continue
+                out[f"stg c{c} t{t}"] = STAGED_PIPELINE % f"threads={t},cluster={c}"
+    return out
+
+
 def sweep_pipelines(n: int) -> list[str]:
     """Tile options around the default choice for a row of n bf16 elements."""
     from kfc.passes.tile import choose
@@ -150,12 +180,11 @@ def sweep_pipelines(n: int) -> list[str]:
         for c in sorted(cluster_options):
             for r in sorted({0, 2 * max(1, 256 // t)} if c == 1 and t < 256 else {0}):
                 opts = f"threads={t},cluster={c}" + (f",rows={r}" if r else "")
-                out.append(f"canonicalize,cse,dce,tile{{{opts}}},lower-reductions,fuse-reductions,lower-ptx,"
-                           "canonicalize,cse,dce")
+                out.append(REG_PIPELINE % opts)
     return out
 
 
-def prebuild(op: str, shapes, target: str, sweep: bool) -> int:
+def prebuild(op: str, shapes, target: str, sweep: bool, staged: bool = False) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from kfc.frontend import load_kfc
@@ -166,7 +195,7 @@ def prebuild(op: str, shapes, target: str, sweep: bool) -> int:
     t = parse_target(target)
     jobs = []
     for _, n in shapes:
-        for pipe in [None] + (sweep_pipelines(n) if sweep else []):
+        for pipe in [None] + (list(sweep_variants(n, staged).values()) if sweep else []):
             jobs.append((n, pipe))
 
     def build(job):
@@ -192,7 +221,7 @@ def prebuild(op: str, shapes, target: str, sweep: bool) -> int:
 TILE_PIPELINE = "canonicalize,cse,dce,stage-rows,tile{%s},lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
 
 
-def run(op: str, shapes, sweep: bool, with_peers: bool, seed: int = 0, tiles=()) -> dict:
+def run(op: str, shapes, sweep: bool, with_peers: bool, seed: int = 0, tiles=(), staged: bool = False) -> dict:
     import torch
 
     gen = torch.Generator(device="cuda")
@@ -219,20 +248,40 @@ def run(op: str, shapes, sweep: bool, with_peers: bool, seed: int = 0, tiles=())
             rows[(m, n)][c.name] = harness.measure(c, fn, sets, ref, tol, per_call)
             print(f"{op} {m}x{n} {c.name}: {rows[(m, n)][c.name]}", file=sys.stderr, flush=True)
         if sweep:
-            best = None
-            for pipe in sweep_pipelines(n):
-                c = harness.Contender(pipe, kfc_contender(op, pipe))
+            best, swept = None, []
+            for name, pipe in sweep_variants(n, staged).items():
+                c = harness.Contender(name, kfc_contender(op, pipe))
                 fn = harness.safe(c.make)
                 meas = harness.measure(c, fn, sets, ref, tol, per_call) if callable(fn) else \
-                    harness.Measurement(pipe, False, error=fn)
-                sweep_rows.setdefault(f"{m}x{n}", []).append(attrs_dict(meas))
+                    harness.Measurement(name, False, error=fn)
+                sweep_rows.setdefault(f"{m}x{n}", []).append(
+                    attrs_dict(meas) if name == pipe else {**attrs_dict(meas), "pipeline": pipe})
+                swept.append(meas)
                 if meas.ok and (best is None or meas.tbps > best.tbps):
                     best = meas
             if best is not None:
                 rows[(m, n)]["kfc_best_swept"] = best
+            if staged:
+                print(stage_line(op, m, n, swept), flush=True)
         del sets, first
         torch.cuda.empty_cache()
     return {"rows": rows, "sweep": sweep_rows}
+
+
+def stage_line(op: str, m: int, n: int, swept: list) -> str:
+    """The six fastest swept variants of a shape (eager TB/s; a failed one says why), then the
+    register (`reg`) and default staged (`stg`) figures."""
+    def short(name: str) -> str:
+        return name if name in ("reg", "stg") or name.startswith("stg ") else \
+            name[name.index("tile{") + 5:name.index("}")] or "default"
+
+    ranked = sorted(swept, key=lambda x: x.eager_tbps if x.ok else 0.0, reverse=True)
+    by_name = {x.contender: x for x in swept}
+    best = " | ".join(f"{short(x.contender)} {x.eager_tbps:.2f}" if x.ok else
+                      f"{short(x.contender)} ERR {x.error[:80]}" for x in ranked[:6])
+    figures = " ".join(f"{k} {by_name[k].eager_tbps:.2f}" if k in by_name and by_name[k].ok else f"{k} -"
+                       for k in ("reg", "stg"))
+    return f"{op} {m}x{n}: {best} || {figures}"
 
 
 def attrs_dict(m: harness.Measurement) -> dict:
@@ -276,6 +325,8 @@ def main(op: str, argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", help="MxN,... (default: QuACK's 11 shapes)")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of kfc tile options")
+    ap.add_argument("--stage-sweep", action="store_true",
+                    help="--sweep with rows staged through shared memory too (default shapes: STAGE_SWEEP_SHAPES)")
     ap.add_argument("--no-peers", action="store_true", help="time kfc and nothing else")
     ap.add_argument("--prebuild", metavar="TARGET", help="only compile kfc's kernels into the JIT cache")
     ap.add_argument("--quack-tuned", action="store_true",
@@ -287,10 +338,11 @@ def main(op: str, argv=None) -> int:
     args = ap.parse_args(argv)
     global QUACK_TUNED
     QUACK_TUNED = args.quack_tuned
-    shapes = parse_shapes(args.shapes) if args.shapes else QUACK_SHAPES
+    args.sweep = args.sweep or args.stage_sweep
+    shapes = parse_shapes(args.shapes) if args.shapes else STAGE_SWEEP_SHAPES if args.stage_sweep else QUACK_SHAPES
     if args.prebuild:
-        return prebuild(op, shapes, args.prebuild, args.sweep)
-    result = run(op, shapes, args.sweep, not args.no_peers, tiles=args.tile)
+        return prebuild(op, shapes, args.prebuild, args.sweep, args.stage_sweep)
+    result = run(op, shapes, args.sweep, not args.no_peers, tiles=args.tile, staged=args.stage_sweep)
     rows = result["rows"]
     names = ["kfc"] + (["kfc_best_swept"] if args.sweep else []) + \
         ([] if args.no_peers else [c.name for c in peers(op)])

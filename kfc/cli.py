@@ -10,13 +10,19 @@ import argparse
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .model.version import __version__
 from . import cli_args
+from .check.sandbox import DEFAULT_TIMEOUT_S, default_memory_bytes
 from .cli_args import KfcArgumentParser, float_in, gib, int_in
 from .diagnostics import InternalError, KfcError
+from .factory.cli import add_tune_command
 from .files import write_atomically
+from .kb.cli import add_commands as add_kb_commands
+from .kb.store import KnowledgeBase, default_path
+from .model.target import parse_target
 
 EXAMPLES = """\
 examples:
@@ -143,11 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: $KFC_KB, else ~/.cache/kfc/kb.sqlite, when it exists)")
     pk.set_defaults(run=cmd_package)
 
-    from .factory.cli import add_tune_command
-
     add_tune_command(sub, cli_args.shape, cli_args.dtypes, _add_reference_flags)
-
-    from .kb.cli import add_commands as add_kb_commands
 
     add_kb_commands(sub)
 
@@ -157,8 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_reference_flags(p) -> None:
-    from .check.sandbox import DEFAULT_TIMEOUT_S, default_memory_bytes
-
     p.add_argument("--reference-timeout", type=float_in(0.0, 86400.0), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop a reference call that runs longer (default {DEFAULT_TIMEOUT_S:g} s). The reference is "
                         "Python code, run with your rights in a child process")
@@ -181,10 +181,10 @@ def _add_pass_flags(p) -> None:
 
 
 def cmd_opt(args) -> int:
-    from .frontend import load_func
-    from .ir.printer import print_ir
-    from .ir.specialize import specialize
-    from .ir.verifier import verify
+    from .frontend import load_func  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .ir.printer import print_ir  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .ir.specialize import specialize  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .ir.verifier import verify  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     func, spec = load_func(args.file, args.dtype)
     if args.shape:
@@ -199,8 +199,7 @@ def cmd_opt(args) -> int:
         raise KfcError(f"{given[0]} instruments a pipeline, and kfc opt runs none without -p",
                        hint='give the passes to run, e.g. -p "canonicalize,cse,dce"')
     if args.pipeline is not None:
-        from .passes import PassContext, PassManager, VerifyEach, parse_user_pipeline
-        from .model.target import parse_target
+        from .passes import PassContext, PassManager, VerifyEach, parse_user_pipeline  # lazy: kfc.ir ~2 s; -p only
 
         verify_each = None
         if args.verify_each:
@@ -226,11 +225,11 @@ def cmd_opt(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # lazy: rich (~0.1 s), only kfc check prints a table
+    from rich.table import Table  # lazy: rich (~0.1 s), only kfc check prints a table
 
-    from .check.runner import DEFAULT_BUDGET, check_op
-    from .frontend import instances as spec_instances, load_kfc
+    from .check.runner import DEFAULT_BUDGET, check_op  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .frontend import instances as spec_instances, load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     spec = load_kfc(args.file, args.dtype)
     if spec.check is None:
@@ -296,9 +295,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .compile import check_output_dir, compile_op, write_outputs
-    from .frontend import load_kfc
-    from .model.target import parse_target
+    from .compile import check_output_dir, compile_op, write_outputs  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .frontend import load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     spec = load_kfc(args.file, args.dtype)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
@@ -340,9 +338,8 @@ def cmd_compile(args) -> int:
 def best_recorded_pipeline(spec, target, shape, kb_path) -> str:
     """The fastest timed pipeline recorded for this op instance and target at this shape (the
     shape it was tuned at: --shape, else the check block's first shape)."""
-    from .compile import choose_dims
-    from .kb.fingerprint import op_fingerprint
-    from .kb.store import KnowledgeBase
+    from .compile import choose_dims  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .kb.fingerprint import op_fingerprint  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     dims = choose_dims(spec, shape)
     kb = KnowledgeBase(kb_path)
@@ -361,12 +358,8 @@ def best_recorded_pipeline(spec, target, shape, kb_path) -> str:
 
 
 def cmd_package(args) -> int:
-    from pathlib import Path
-
-    from .frontend import load_kfc
-    from .kb.store import default_path
-    from .package.build import build_package
-    from .model.target import parse_target
+    from .frontend import load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .package.build import build_package  # lazy: pulls kfc.runtime, kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     names = args.target or load_kfc(args.file).targets or ("sm_90a",)
     targets = [parse_target(t) for t in dict.fromkeys(names)]
@@ -376,11 +369,8 @@ def cmd_package(args) -> int:
 
 
 def cmd_warm(args) -> int:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .frontend import instances as spec_instances, load_kfc
-    from .runtime.kernel import cached_compile
-    from .model.target import parse_target
+    from .frontend import instances as spec_instances, load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .runtime.kernel import cached_compile  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     target = parse_target(args.target)
     jobs = []
@@ -414,7 +404,7 @@ def cmd_warm(args) -> int:
 
 
 def cmd_passes(args) -> int:
-    from .passes import PASSES, ROW_PIPELINE
+    from .passes import PASSES, ROW_PIPELINE  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     for name, cls in sorted(PASSES.items()):
         needs = f"  [needs {', '.join(sorted(cls.REQUIRES))}]" if cls.REQUIRES else ""

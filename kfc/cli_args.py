@@ -10,6 +10,9 @@ import re
 import sys
 from typing import Callable
 
+from .check.sandbox import Limits
+from .model.target import KNOWN
+
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_SIZE = 2**62  # a dim's size; a tensor's bytes are checked against 64-bit offsets later
 
@@ -72,7 +75,7 @@ def shape(text: str) -> dict[str, int]:
 
 def dtypes(text: str) -> dict[str, str]:
     """`--dtype T=f16`: each type parameter once (the op says which dtypes it takes)."""
-    from .ir.dtypes import DTYPE_NAMES
+    from .ir.dtypes import DTYPE_NAMES  # lazy: pulls ml_dtypes (~2 s), kept off the parser's start-up
 
     def problem(name: str, value: str) -> str | None:
         return None if value in DTYPE_NAMES else f"{name}={value}: dtypes are {', '.join(DTYPE_NAMES)}"
@@ -119,8 +122,6 @@ def _range(lo: int, hi: int | None) -> str:
 
 def target(text: str) -> str:
     """`--target`: one of the known targets (checked here so the error names them)."""
-    from .model.target import KNOWN
-
     t = text.strip().lower()
     if t not in KNOWN:
         raise argparse.ArgumentTypeError(f"unknown target {text!r}: targets are {', '.join(KNOWN)}")
@@ -147,6 +148,4 @@ def gib(text: str) -> int:
 
 def reference_limits(args):
     """The reference child's limits from --reference-timeout and --reference-memory (kfc check, kfc tune)."""
-    from .check.sandbox import Limits  # numpy: a slow import kept off the start-up of every command
-
     return Limits(args.reference_timeout, args.reference_memory)

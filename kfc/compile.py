@@ -20,7 +20,7 @@ import attrs
 
 from .model.version import __version__
 from .codegen.backend import build_arch, kernel_features, program_kind
-from .codegen.cuda import LaunchPlan, generate_cuda
+from .codegen.cuda import LaunchPlan, generate_cuda, unlowered_ops
 from .codegen.grid_emitter import GridPlan
 from .codegen.resources import check_resources
 from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
@@ -28,6 +28,7 @@ from .diagnostics import KfcError
 from .files import write_atomically
 from .model.spec import OpSpec
 from .ir.func import FuncOp
+from .ir.gpu_ops import LaunchOp
 from .ir.printer import print_ir
 from .ir.specialize import specialize
 from .ir.mma_ops import GridOp
@@ -38,6 +39,9 @@ from .passes import parse_user_pipeline
 from .passes.tensor_rows import RowsOfTensors, tensor_rows_dim
 from .passes.tensor_rows import applies as computes_on_whole_tensors
 from .model.target import Target
+from .passes import ROW_PIPELINE
+from .passes.linearize import Linearize
+from .passes.split_tiles import SplitReport, SplitTiles
 
 
 @attrs.frozen
@@ -91,8 +95,6 @@ def linearize_loops(func: FuncOp, ctx) -> FuncOp:
     loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
     if not any(op.rank > 1 or rank2(op) for op in loops):
         return func
-    from .passes.linearize import Linearize
-    from .passes.split_tiles import SplitTiles
 
     return PassManager(parse_pipeline(f"{SplitTiles.NAME},{Linearize.NAME}"), ctx).run(func)
 
@@ -100,10 +102,6 @@ def linearize_loops(func: FuncOp, ctx) -> FuncOp:
 def check_lowered(func: FuncOp, pipe) -> None:
     """A pipeline given with -p must leave IR the code generator takes: one gpu.launch, every
     op inside lowered. Said of the pipeline (the source line is only where the op came from)."""
-    from .codegen.cuda import unlowered_ops
-    from .ir.gpu_ops import LaunchOp
-    from .passes import ROW_PIPELINE
-
     if any(isinstance(op, GridOp) for op in func.body.ops):
         left = unlowered_ops(func)
         if left:
@@ -177,8 +175,6 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     lowered = PassManager(pipe, ctx).run(special)
     t_passes = time.perf_counter() - t0
     if kind not in ("row", "matmul"):
-        from .passes.split_tiles import SplitReport
-
         # why the rank-2 tiles the row passes refuse stayed
         reports = [r for r in ctx.stats.values() if isinstance(r, SplitReport)]
         kept = [m for r in reports for m in r.kept] if "rank-2 tile" in why_not.message else []

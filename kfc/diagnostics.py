@@ -6,6 +6,9 @@ the span, and a hint that says what to do. The CLI prints it and exits with stat
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import attrs
 
 
@@ -115,9 +118,6 @@ def read_source(path, what: str = "a .kfc file", limit: int = MAX_SOURCE_BYTES) 
     """Read a user's file, turning every failure into one clear message: a missing file, a
     folder, a device or pipe that never ends, a symlink loop, a file over `limit` bytes, text
     that is not UTF-8 (reported at its line and column)."""
-    import stat
-    from pathlib import Path
-
     p = Path(path)
     try:
         info = p.stat()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import lark
 
+from .diagnostics import KfcError, Span
+
 _SOURCE_DIR = Path(__file__).resolve().parent.parent / "grammars"
 
 
@@ -52,8 +54,6 @@ def describe_terminal(parser: lark.Lark, name: str) -> str:
 
 def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: str, text: str):
     """Turn a lark error into a KfcError pointing at the offending token."""
-    from .diagnostics import KfcError, Span
-
     # lark counts lines by "\n" alone; str.splitlines would also split at "\r" and others
     lines = text.split("\n")
     line = getattr(e, "line", None) or 1
@@ -102,8 +102,6 @@ def check_nesting(tree: lark.Tree, file: str, chains: frozenset[str] = frozenset
     """Refuse input nested deeper than `limit` (iteratively: no recursion limit is ever met).
     A node of a left-associative chain kind whose first child has a chain kind too counts as
     the same level, so flat sums and products of any length pass."""
-    from .diagnostics import KfcError, Span
-
     stack = [(tree, 0)]
     while stack:
         node, depth = stack.pop()

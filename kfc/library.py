@@ -28,6 +28,6 @@ def kernel_path(name: str) -> Path:
 @functools.cache
 def kernel(name: str):
     """The shipped kernel `name` as a callable (kfc.runtime.kernel.KfcKernel)."""
-    from .runtime.kernel import load
+    from .runtime.kernel import load  # lazy: kfc.runtime pulls kfc.ir, ml_dtypes ~2.5 s; kernel_path() needs neither
 
     return load(kernel_path(name))

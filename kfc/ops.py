@@ -48,7 +48,7 @@ def register(kernel, name: str | None = None):
     """Register `kernel` (a kfc.KfcKernel) as torch.ops.kfc.<name> (default: the op's name).
     Registering the same op again returns the same torch op; another op under a taken name
     is an error."""
-    import torch
+    import torch  # lazy: torch (~3 s); kfc package reads schema() without it
 
     name = name or kernel.spec.name
     with _LOCK:
@@ -69,7 +69,7 @@ def register(kernel, name: str | None = None):
 
 
 def _fake(kernel):
-    import torch
+    import torch  # lazy: torch (~3 s); kfc package reads schema() without it
 
     def fake(*args):
         bound = kernel.bind(args, {})

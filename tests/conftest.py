@@ -1,8 +1,35 @@
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+_OWN_BUILD_CACHE = "_KFC_TESTS_OWN_BUILD_CACHE"
+
+
+def pytest_configure(config):
+    """One toolchain build cache for the whole run (kfc/codegen/build_cache.py): many tests build
+    the same kernel for the same target and shape, and nvcc need run once for each. Set before
+    pytest-xdist starts its workers, so they inherit and share it; a KFC_BUILD_CACHE given by
+    the caller is used as it is and kept."""
+    if "KFC_BUILD_CACHE" not in os.environ:
+        os.environ["KFC_BUILD_CACHE"] = tempfile.mkdtemp(prefix="kfc-test-builds-")
+        os.environ[_OWN_BUILD_CACHE] = os.environ["KFC_BUILD_CACHE"]
+
+
+def pytest_unconfigure(config):
+    own = os.environ.get(_OWN_BUILD_CACHE)
+    if own and not hasattr(config, "workerinput"):  # the controller made it; it removes it
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked slow (a minute or more) first: pytest-xdist hands tests out in this order
+    (one at a time with --maxschedchunk 1), so the longest start at once and the workers end
+    together instead of one running a fuzz test alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

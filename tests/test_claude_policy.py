@@ -340,7 +340,8 @@ def test_connection_refused_is_one_kfc_error():
     t = time.perf_counter()
     with pytest.raises(KfcError) as e:
         policy(base_url=url, max_retries=1).propose(context(), 1)
-    assert e.value.message.startswith("the Claude API failed after 1 retry: Connection error.")
+    # the SDK's own wording of a refused connection varies between its releases
+    assert re.match(r"the Claude API failed after 1 retry: Connection (error\.|to \S+ failed)", e.value.message)
     assert url in e.value.hint
     assert e.value.__cause__ is None
     assert time.perf_counter() - t < 5

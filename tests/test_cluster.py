@@ -137,6 +137,7 @@ def serial_records(path):
         return records(kb, r.run_id)
 
 
+@pytest.mark.slow
 def test_a_tune_over_several_actors_records_what_a_serial_one_does(ray_cluster, tmp_path):
     spec = load_kfc("kernels/rmsnorm.kfc")
     ev = RayEvaluator(actors=3, actor_class=StandInGpuActor, actor_options=STAND_IN)

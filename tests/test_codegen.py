@@ -267,6 +267,7 @@ NEW_JOBS = ([(k, "bf16", n, "sm_90a") for k in NEW_ROW_KERNELS for n in (7, 4096
             + [(k, "bf16", 4096, "sm_100a") for k in NEW_ROW_KERNELS])
 
 
+@pytest.mark.slow
 def test_the_backward_and_residual_kernels_build_without_spills_at_every_length():
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         for (name, dtype, n, target), result in pool.map(_compile, NEW_JOBS):
@@ -290,6 +291,7 @@ ALL_ROW_KERNELS = ["rmsnorm", "layernorm", "softmax", "rmsnorm_residual", "rmsno
 SWEEP_NS = [1, 7, 4104, 65537, 131072, 200000, 262143, 262144]
 
 
+@pytest.mark.slow
 def test_the_default_pipeline_builds_every_row_kernel_at_every_length_without_spills():
     jobs = [(k, "bf16", n, "sm_90a") for k in ALL_ROW_KERNELS for n in SWEEP_NS]
     # f32 rows of the kernels that also sum across rows: twice the bytes beside the sums

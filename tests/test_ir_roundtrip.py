@@ -81,6 +81,7 @@ def assert_same_program(f: FuncOp, g: FuncOp) -> None:
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@pytest.mark.slow
 @given(programs_and_sizes())
 def test_random_programs_roundtrip(case):
     func, sizes = case

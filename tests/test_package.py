@@ -10,6 +10,7 @@ from kfc.cli import main
 from tests.package_venv import build_and_install
 
 
+@pytest.mark.slow
 def test_a_packaged_rmsnorm_installs_and_passes_its_tests_without_kfc(tmp_path):
     pkg, python = build_and_install(tmp_path, "kernels/rmsnorm.kfc", [{"N": 4096}, {"N": 7}])
     r = subprocess.run([str(python), "-c", "import kfc"], capture_output=True, text=True, cwd=tmp_path)
@@ -46,6 +47,7 @@ def test_package_bad_arguments(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_packaged_op_with_an_optional_input_and_two_outputs(tmp_path):
     """rmsnorm_bwd_dx: dres is optional, dx, rstd and dw are outputs of two dtypes and shapes, and
     dw, a sum across rows, makes it two kernels with a workspace."""

@@ -292,7 +292,7 @@ def test_the_runtime_prepares_both_kernels_and_their_workspace(monkeypatch):
             self.grid, self.name, self.slots = grid, name, launcher.ArgSlots(slot_types)
 
     monkeypatch.setattr(launcher, "PreparedLaunch", Launch)
-    monkeypatch.setattr("kfc.runtime.driver.ensure_context", lambda index: 0)
+    monkeypatch.setattr(launcher, "primary_context", lambda index: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(multi_processor_count=132))
     k = runtime_kernel.KfcKernel(spec)
     x = torch.zeros(1000, 4096, dtype=torch.bfloat16)

@@ -39,6 +39,7 @@ def test_a_loop_over_heads_and_dim_becomes_rows(tmp_path, h, d):
     assert loads == {"x": (d,), "w": (d,), "g": ()}, "x by rows, the weight along D, the gate one per head"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("h, d", [(3, 128), (64, 64), (1, 7), (5, 4095)])
 def test_an_op_over_rank_2_tiles_compiles_under_verify_each(tmp_path, target, h, d):

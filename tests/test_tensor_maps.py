@@ -167,7 +167,7 @@ def test_a_package_refuses_tensor_maps_by_name(tmp_path, monkeypatch):
 
     pkg = tmp_path / "tmapkg"
     pkg.mkdir()
-    for name in ("launcher.py", "fastcall.py", "contract.py"):
+    for name in build.RUNTIME_FILES:
         shutil.copyfile(build.RUNTIME / name, pkg / name)
     shutil.copyfile(build.HERE / "standalone.py", pkg / "_op.py")
     (pkg / "__init__.py").write_text("")

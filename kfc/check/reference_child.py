@@ -15,6 +15,11 @@ import json
 import os
 import sys
 import traceback
+import resource
+import sysconfig
+import pickle
+import math
+import importlib
 
 from .wire import WireClosed, recv, send
 
@@ -22,8 +27,6 @@ from .wire import WireClosed, recv, send
 def _limit_memory(limit: int) -> None:
     """An address-space limit of what is mapped now plus `limit` (CPU only: CUDA reserves
     terabytes of address space; the parent also watches the resident size)."""
-    import resource
-
     with open("/proc/self/statm") as f:
         mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     resource.setrlimit(resource.RLIMIT_AS, (mapped + limit, resource.RLIM_INFINITY))
@@ -32,8 +35,6 @@ def _limit_memory(limit: int) -> None:
 def _user_frame(tb) -> str:
     """Where in the user's code the exception came from: the innermost frame outside Python's
     and the libraries' own files (the reference expression itself is `<reference>`)."""
-    import sysconfig
-
     lib_dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
     here = os.path.dirname(os.path.abspath(__file__))
     frames = traceback.extract_tb(tb)
@@ -68,23 +69,17 @@ def _inputs(req: dict, blobs: list, torch):
 def _from_ipc(handle_hex: str):
     """A tensor of kfc's process, mapped here through its CUDA IPC handle (the pickled reduction
     kfc wrote; the reference never writes one)."""
-    import pickle
-
     rebuild, args = pickle.loads(bytes.fromhex(handle_hex))
     return rebuild(*args)
 
 
 def _reference(req: dict):
     """A callable of the namespace for the request's reference (an expression, or module:function)."""
-    import math
-
-    import torch
-    import torch.nn.functional as F
+    import torch  # lazy: torch (~3 s), imported in the child only, after stdout is redirected to stderr
+    import torch.nn.functional as F  # lazy: torch (~3 s), imported in the child only, after stdout is redirected to stderr
 
     text = req["reference"]
     if req["kind"] == "function":
-        import importlib
-
         mod_name, fn_name = text.split(":")
         try:
             mod = importlib.import_module(mod_name)
@@ -156,7 +151,7 @@ def serve(proto_in: int, proto_out: int, device: str) -> None:
 
 def answer(req: dict, blobs: list) -> tuple[dict, list]:
     """The reply to one request: the results, or why there are none."""
-    import torch
+    import torch  # lazy: torch (~3 s), imported in the child only, after stdout is redirected to stderr
 
     try:
         sys.path[:0] = [p for p in req.get("sys_path", []) if p not in sys.path]
@@ -200,8 +195,8 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    import numpy  # noqa: F401 - imported before the memory limit is set
-    import torch
+    import numpy  # noqa: F401  # lazy: numpy (~0.3 s), in the child only, before the memory limit is set
+    import torch  # lazy: torch (~3 s), imported in the child only, after stdout is redirected to stderr
 
     if config["device"] == "cuda":
         torch.cuda.init()

@@ -26,6 +26,7 @@ from .generators import GENERATORS, draw_default
 from .sandbox import Limits, ReferenceSandbox, shared_sandbox
 from .tensors import to_torch
 from .tolerance import compare_arrays
+from ..ir import constexpr
 
 DEFAULT_BUDGET = 1 << 20  # elements over all tensors of one case, for the interpreter
 
@@ -152,8 +153,6 @@ def run_reference(spec: OpSpec, args: dict[str, Any], dims: dict[str, int], limi
 
 
 def scalar_default(spec: OpSpec, name: str, dims: dict[str, int]):
-    from ..ir import constexpr
-
     d = spec.func.default_of(name)
     return constexpr.evaluate(d, dims) if isinstance(d, str) else d
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -28,7 +29,6 @@ import time
 from typing import Any
 
 import attrs
-import numpy as np
 
 from ..diagnostics import KfcError, Span
 from .wire import WireClosed, recv, send
@@ -228,7 +228,7 @@ class ReferenceSandbox:
                 pass
         self._kill()
         if self.device == "cuda" and "torch" in sys.modules:
-            import torch
+            import torch  # lazy: torch (~3 s), imported already when a GPU reference ran
 
             torch.cuda.ipc_collect()  # the child is gone: nothing it mapped is held any more
 
@@ -257,19 +257,21 @@ class ReferenceSandbox:
         finally:
             del keep
         if self.device == "cuda":
-            import torch
+            import torch  # lazy: torch (~3 s), only a reference run on the GPU needs it
 
             torch.cuda.ipc_collect()  # free what the child mapped and has let go of
         if not answer.get("ok"):
             raise self._refusal(answer, span, outputs)
         if self.device == "cuda":
             return buffers
+        import numpy as np  # lazy: numpy (~0.3 s), kept off kfc's start-up: the parser reads this module's limits
+
         return [np.frombuffer(b, dtype=np.float64).reshape(shape) for b, (_, shape) in zip(data, outputs)]
 
     def _request(self, reference, is_function, inputs, dims, outputs):
         """The request's header and blobs, the tensors the child maps (kept alive until it
         answered), and the buffers it writes the results into (on the GPU)."""
-        import torch
+        import torch  # lazy: torch (~3 s), only a reference call needs it
 
         specs, blobs, keep, buffers = [], [], [], []
         for name, kind, value in inputs:
@@ -339,7 +341,7 @@ def _gib(n: int) -> str:
 
 
 def _as_cpu_torch(value):
-    import torch
+    import torch  # lazy: torch (~3 s), only a reference call needs it
 
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -348,9 +350,7 @@ def _as_cpu_torch(value):
 
 def _ipc_handle(t) -> str:
     """A CUDA tensor as the picklable handle torch.multiprocessing would send (hex text)."""
-    import pickle
-
-    from torch.multiprocessing.reductions import reduce_tensor
+    from torch.multiprocessing.reductions import reduce_tensor  # lazy: torch (~3 s), GPU references only
 
     return pickle.dumps(reduce_tensor(t)).hex()
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import attrs
+import numpy
 
 
 @attrs.frozen
@@ -30,10 +31,9 @@ class Comparison:
 
 def _xp(a: Any):
     if type(a).__module__.startswith("torch"):
-        import torch
+        import torch  # lazy: torch (~3 s), loaded already when the arrays are torch tensors
 
         return torch
-    import numpy
 
     return numpy
 

@@ -10,6 +10,7 @@ import math
 import attrs
 
 from ..ir.dtypes import DType
+from ..ir.types import MemSpace
 
 C_TYPES = {
     DType.F32: "float", DType.F64: "double", DType.BF16: "__nv_bfloat16", DType.F16: "__half",
@@ -131,8 +132,6 @@ def literal(value, dtype: DType) -> str:
 def argument_params(func) -> list[KernelParam]:
     """The op's arguments as kernel parameters, in signature order: a scalar by value, a tensor
     by pointer."""
-    from ..ir.types import MemSpace
-
     outputs = set(func.outputs)
     out = []
     for v in func.args:

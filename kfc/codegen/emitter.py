@@ -279,19 +279,6 @@ class KernelEmitter(CodeWriter):
         """Elements a row loop covers: the thread's share, or one chunk in the fused tail."""
         return self.V if self.chunk_local is not None else self.EV
 
-    def loop(self, body: str) -> None:
-        self.emit("#pragma unroll")
-        self.emit(f"for (int i = 0; i < {self.span}; ++i) {{ {body} }}")
-
-    def assign(self, op: Op, expr_of_i) -> None:
-        """Result = f(element i) over a row, or once for scalars/lanes."""
-        r = op.result
-        n = self.declare(r)
-        if self.kind(r) == "row":
-            self.loop(f"{n}[i] = {expr_of_i('i')};")
-        else:
-            self.emit(f"{n} = {expr_of_i(None)};")
-
     def operand(self, v: Value, i):
         return self.elem(v, i) if i is not None else self.name(v)
 

@@ -127,18 +127,6 @@ class GridKernelEmitter(CodeWriter):
         self.emit(f"{ct} {n}[{self.EV}];" if self.kind(v) == "row" else f"{ct} {n};")
         return n
 
-    def loop(self, body: str) -> None:
-        self.emit("#pragma unroll")
-        self.emit(f"for (int i = 0; i < {self.EV}; ++i) {{ {body} }}")
-
-    def assign(self, op: Op, expr_of_i) -> None:
-        r = op.result
-        n = self.declare(r)
-        if self.kind(r) == "row":
-            self.loop(f"{n}[i] = {expr_of_i('i')};")
-        else:
-            self.emit(f"{n} = {expr_of_i(None)};")
-
     def used_after(self, v: Value, op: Op) -> bool:
         """Whether anything but `op` reads v (a wgmma may then update its accumulator in place)."""
         return any(u is not op for u in self.uses.get(v, ()))

@@ -6,6 +6,8 @@ anything).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir.core import Value
 from ..ir.dtypes import DType
 from ..ir.ptx_ops import LdOp, StOp
@@ -57,8 +59,6 @@ def emit_ld(em, op: LdOp) -> None:
 
 
 def _other_bits(value, d: DType, word: int) -> str:
-    import numpy as np
-
     raw = np.asarray(value).astype(d.np).tobytes()
     per = word // len(raw) if len(raw) < word else 1
     bits = int.from_bytes(raw * per, "little")

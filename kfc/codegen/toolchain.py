@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 
 from ..diagnostics import InternalError, KfcError
+from . import build_cache
 
 MIN_VERSION = (12, 8)  # the first CUDA with sm_100a
 
@@ -93,7 +94,7 @@ def find_cuobjdump() -> str:
     if found:
         return found
     try:
-        import nvidia  # the namespace package NVIDIA's CUDA wheels install into
+        import nvidia  # lazy: an optional extra (kfc[test]: NVIDIA's CUDA wheels install into this namespace)
     except ImportError:
         nvidia = None
     for root in getattr(nvidia, "__path__", ()):
@@ -106,8 +107,6 @@ def find_cuobjdump() -> str:
 
 def disassemble(cubin: bytes) -> str:
     """The SASS of a cubin, as `cuobjdump -sass` prints it."""
-    import tempfile
-
     tool = find_cuobjdump()
     with tempfile.TemporaryDirectory(prefix="kfc-sass-") as d:
         path = Path(d) / "kernel.cubin"
@@ -219,8 +218,22 @@ def _run(cmd: list[str], what: str, sources: dict[Path, str]) -> subprocess.Comp
 
 
 def compile_cuda(cu: str, arch: str, toolchain: Toolchain | None = None, extra_flags: tuple[str, ...] = ()) -> CompiledKernel:
-    """Compile CUDA C++ for one architecture (sm_90a, sm_100, ...) into PTX and a cubin."""
+    """Compile CUDA C++ for one architecture (sm_90a, sm_100, ...) into PTX and a cubin; with
+    KFC_BUILD_CACHE set, a build made before is read back (build_cache.py)."""
     tc = toolchain or find_toolchain()
+    cache = build_cache.folder()
+    if cache is not None:
+        digest = build_cache.key(cu, arch, extra_flags, (tc.nvcc, tc.ptxas, tc.version_text))
+        if (stored := build_cache.load(cache, digest)) is not None:
+            ptx, cubin, log = stored
+            return CompiledKernel(cu, ptx, cubin, arch, parse_ptxas_report(log), log)
+    kernel = _build(cu, arch, tc, extra_flags)
+    if cache is not None:
+        build_cache.store(cache, digest, kernel.ptx, kernel.cubin, kernel.ptxas_log)
+    return kernel
+
+
+def _build(cu: str, arch: str, tc: Toolchain, extra_flags: tuple[str, ...]) -> CompiledKernel:
     compute = arch.replace("sm_", "compute_")
     with tempfile.TemporaryDirectory(prefix="kfc-nvcc-") as d:
         src = Path(d) / "kernel.cu"

@@ -10,6 +10,9 @@ from .rules import rule_for
 
 
 class CodeWriter:
+    """The emitters give `span` (the elements of a row value a thread holds), `declare` (a
+    value's C declaration) and `kind` (a value's form: "row", or a scalar form)."""
+
     names: dict[Value, str]
     lines: list[str]
     indent: int
@@ -34,3 +37,17 @@ class CodeWriter:
             raise CodegenError(f"codegen has no rule for {op.NAME}", op.loc,
                                "this op must be lowered by a pass before codegen")
         emit(self, op)
+
+    def loop(self, body: str) -> None:
+        """`body` for each element i a thread holds of a row value."""
+        self.emit("#pragma unroll")
+        self.emit(f"for (int i = 0; i < {self.span}; ++i) {{ {body} }}")
+
+    def assign(self, op: Op, expr_of_i) -> None:
+        """Result = f(element i) over a row, or once for scalars/lanes."""
+        r = op.result
+        n = self.declare(r)
+        if self.kind(r) == "row":
+            self.loop(f"{n}[i] = {expr_of_i('i')};")
+        else:
+            self.emit(f"{n} = {expr_of_i(None)};")

@@ -23,6 +23,7 @@ from ..passes.base import PASSES, PassError
 from ..passes.pipeline import parse_pipeline
 from .model import TuneContext
 from ..model.records import Outcome, Proposal, Trial
+from ..kb.graph import paying_steps
 
 PLANNER_TOOL = "propose_pipelines"
 CRITIC_TOOL = "write_lessons"
@@ -115,7 +116,7 @@ class ClaudePolicy:
             raise KfcError("the Claude policy needs ANTHROPIC_API_KEY",
                            hint="export ANTHROPIC_API_KEY=... (or pass api_key=), or use the offline policy")
         try:
-            import anthropic
+            import anthropic  # lazy: anthropic (~1.5 s), only --policy claude
         except ImportError:
             raise KfcError("the Claude policy needs the anthropic package",
                            hint="pip install anthropic, or use the offline policy") from None
@@ -273,8 +274,6 @@ def planner_prompt(ctx: TuneContext, n: int) -> str:
 
 def _step_payoffs(ctx: TuneContext, per_pass: int = 4) -> str:
     """The best steps of each pass with options, by mean speedup, one line each."""
-    from ..kb.graph import paying_steps
-
     graph = ctx.graph()
     lines = []
     for name in ("tile", "lower-ptx"):

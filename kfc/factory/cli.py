@@ -8,7 +8,10 @@ from pathlib import Path
 
 from .. import cli_args
 from ..cli_args import float_in, int_in
+from ..diagnostics import GpuUnavailable, KfcError
 from ..files import write_atomically
+from ..kb.store import KnowledgeBase
+from ..model.target import parse_target
 
 
 def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags) -> argparse.ArgumentParser:
@@ -56,14 +59,11 @@ def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags)
 
 
 def cmd_tune(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.console import Console  # lazy: rich (~0.1 s), off kfc --help
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # lazy: rich.progress (~0.2 s), off kfc --help
 
-    from ..compile import choose_dims, compile_op, write_outputs
-    from ..diagnostics import KfcError
-    from ..frontend import load_kfc
-    from ..kb.store import KnowledgeBase
-    from ..model.target import parse_target
+    from ..compile import choose_dims, compile_op, write_outputs  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from ..frontend import load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     if args.ray is not None and args.gpus:
         raise KfcError("give either --ray or --gpus, not both",
@@ -92,7 +92,7 @@ def cmd_tune(args) -> int:
                     b = f"best {best.outcome.median_us:.1f} us" if best else "nothing timed yet"
                     bar.update(task, completed=done, description=f"{spec.instance_name} {label}: {b}")
 
-                from .tune import tune
+                from .tune import tune  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
                 r = tune(spec, target, dims, args.budget, policy, kb, evaluator, on_trial=progress)
             results.append(r)
@@ -124,11 +124,10 @@ def cmd_tune(args) -> int:
 def _evaluator(args):
     """Where candidates are evaluated: this machine's GPUs, or a Ray cluster's with --ray."""
     if args.ray is not None:
-        from .cluster import RayEvaluator
+        from .cluster import RayEvaluator  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
         return RayEvaluator(args.ray, timeout_s=args.timeout, reference_limits=cli_args.reference_limits(args))
-    from ..diagnostics import GpuUnavailable
-    from .evaluate import Evaluator
+    from .evaluate import Evaluator  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     gpus = _visible_gpus(args.gpus)
     if not gpus:
@@ -152,7 +151,7 @@ def _visible_gpus(spec: list[str] | None) -> list[str]:
     if spec:
         return list(spec)
     try:
-        import torch
+        import torch  # lazy: torch (~3 s), only to count GPUs
 
         return [str(i) for i in range(torch.cuda.device_count())]
     except ImportError:
@@ -161,9 +160,9 @@ def _visible_gpus(spec: list[str] | None) -> list[str]:
 
 def _policy(args):
     if args.policy == "claude":
-        from .claude import ClaudePolicy
+        from .claude import ClaudePolicy  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
         return ClaudePolicy()
-    from .offline import SearchPolicy
+    from .offline import SearchPolicy  # lazy: pulls kfc.kb.graph, kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     return SearchPolicy(seed=args.seed)

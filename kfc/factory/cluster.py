@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import os
 import queue
+import socket
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -26,7 +27,9 @@ from ..model.target import Target, parse_target
 from .evaluate import Compiled, GpuWorker, Throughput, compile_candidate, distinct_fixed, make_job
 from .gate import GateResult
 from ..model.records import Stage
-from .worker import result_from_dict, result_to_dict
+from ..runtime import cache
+from ..runtime.kernel import kernel_cache_key
+from .worker import _spec, result_from_dict, result_to_dict
 
 # what one production actor holds: its GPU, and a core for the worker process driving it
 GPU_ACTOR_OPTIONS = {"num_gpus": 1, "num_cpus": 1}
@@ -37,7 +40,7 @@ MAX_ACTOR_DEATHS = 3
 
 def _ray():
     try:
-        import ray
+        import ray  # lazy: ray, an optional extra (kfc[cluster])
     except ImportError:
         raise KfcError("kfc tune --ray needs Ray, which is not installed: pip install 'kfc[cluster]'",
                        hint="or tune on this machine's GPUs without --ray") from None
@@ -71,8 +74,6 @@ def connect(address: str | None = None, local_cpus: int | None = None) -> bool:
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Refuse, with one message, an address where nothing listens: Ray itself would retry for
     minutes, printing its own logs."""
-    import socket
-
     if address == "auto":
         return
     rest = address.removeprefix("ray://")
@@ -94,9 +95,6 @@ def compile_task(path: str, dtypes: dict[str, str], target: str, pipeline: str,
                  dims_list: list[dict[str, int]]) -> tuple[Compiled, list[tuple[str, bytes, dict]]]:
     """Compile a candidate on whichever node runs this (a Ray task), and return its JIT cache
     entries with the outcome, for the GPU actor to install."""
-    from ..runtime import cache
-    from ..runtime.kernel import kernel_cache_key
-    from .worker import _spec
 
     spec, tgt = _spec(path, dtypes), parse_target(target)
     compiled = compile_candidate(spec, tgt, pipeline, dims_list)
@@ -118,8 +116,6 @@ class GpuActor:
         self.worker = GpuWorker(os.environ.get("CUDA_VISIBLE_DEVICES", ""), timeout_s)
 
     def run(self, job: dict, entries: list[tuple[str, bytes, dict]]) -> dict:
-        from ..runtime import cache
-
         for key, cubin, report in entries:
             if cache.lookup(key) is None:
                 cache.store(key, cubin, report)

@@ -25,7 +25,9 @@ from ..passes.pipeline import parse_pipeline
 from ..model.target import Target
 from .gate import GateResult
 from ..model.records import Outcome, Stage
+from ..runtime.kernel import cached_compile
 from .worker import result_from_dict
+from ..compile import row_dims
 
 
 @attrs.frozen
@@ -39,8 +41,6 @@ class Compiled:
 
 def compile_candidate(spec: OpSpec, target: Target, pipeline: str, dims_list: list[dict[str, int]]) -> Compiled:
     """Parse, run the passes and build the candidate for every shape it will be checked at."""
-    from ..runtime.kernel import cached_compile
-
     try:
         parse_pipeline(pipeline)
     except PassError as e:
@@ -240,8 +240,6 @@ class Evaluator:
 
 def distinct_fixed(spec: OpSpec, dims_list: list[dict[str, int]]) -> list[dict[str, int]]:
     """One compile per distinct set of fixed dims (the row count does not change the binary)."""
-    from ..compile import row_dims
-
     dynamic = set(row_dims(spec.func))
     seen, out = set(), []
     for d in dims_list:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from ..model.records import Stage
+from ..check.tolerance import compare_arrays
 
 COPY_BANDWIDTH = 4.25e12  # bytes/s read + written: the H200's device-to-device copy, measured
 ROOFLINE_SLACK = 0.97     # a time under 97% of the roofline cannot be real
@@ -88,9 +89,7 @@ def _tuple(x) -> tuple:
 
 def compare(out, ref, tol: float) -> str | None:
     """None when `out` matches `ref` by the rule of kfc.check.tolerance; else what is wrong."""
-    import torch
-
-    from ..check.tolerance import compare_arrays
+    import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
 
     # fp32 is exact enough for tolerances of 1e-6 and up, and halves the memory of a huge check
     wide = torch.float64 if tol < 1e-6 else torch.float32
@@ -130,7 +129,7 @@ class Gate:
 
     def check(self, fn: Callable, cases: Sequence[Case]) -> None:
         """Every correctness defence; raises Rejected on the first failure."""
-        import torch
+        import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
 
         for case in cases:
             where = f" at {case.label or case.dims}"
@@ -198,7 +197,7 @@ class Gate:
 
 
 def _sync(inputs) -> None:
-    import torch
+    import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
 
     if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
         torch.cuda.synchronize()
@@ -213,7 +212,7 @@ def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 1
     """CUDA events around a CUDA graph of calls over rotating inputs (a loop when the candidate
     cannot be captured), after a full device sync; a wall-clock cross-check between device
     syncs; the timed calls' outputs checked afterwards."""
-    import torch
+    import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
 
     nbytes = gate.p.bytes_moved(dims)
     rotation = max(1, min(32, math.ceil(4 * L2_BYTES / max(nbytes, 1))))

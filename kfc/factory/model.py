@@ -11,6 +11,7 @@ from typing import Any, Protocol, Sequence
 import attrs
 
 from ..model.records import Proposal, Trial
+from ..kb.graph import pipeline_graph
 
 
 @attrs.frozen
@@ -31,8 +32,6 @@ class TuneContext:
         """The pass-sequence graph (kfc.kb.graph) over the history and the prior, with payoff
         statistics per step and transition; speedups are each over their own op's baseline, so
         they compare across ops."""
-        from ..kb.graph import pipeline_graph
-
         own = {t.candidate_id for t in self.history}
         return pipeline_graph(list(self.history) + [t for t in self.prior if t.candidate_id not in own])
 

@@ -27,8 +27,11 @@ import random
 from collections import defaultdict
 from typing import Any, Sequence
 
+import numpy as np
+
 from .model import TuneContext
 from ..model.records import Proposal, Stage, Trial
+from ..kb.graph import paying_steps
 
 
 class SearchPolicy:
@@ -98,8 +101,6 @@ class SearchPolicy:
         """Effects fitted jointly (weighted ridge regression on one-hot choices): a slow trial's
         blame is shared by the choices that explain it across all trials, not charged in full to
         each of its values as a per-value mean does."""
-        import numpy as np
-
         index = {a: i for i, a in enumerate(columns)}
         x = np.zeros((len(obs), len(columns)))
         y = np.empty(len(obs))
@@ -251,8 +252,6 @@ def graph_proposal(ctx: TuneContext) -> tuple[dict[str, Any], str] | None:
     highest mean speedup, and `fuse-reductions` if the trials through it paid off better on
     average than those around it. None when the graph has no timed speedups yet or the
     recombination is not a point of the space."""
-    from ..kb.graph import paying_steps
-
     graph = ctx.graph()
 
     def best(name: str) -> tuple[str, dict] | None:

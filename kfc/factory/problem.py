@@ -7,19 +7,23 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..check.runner import require_reference, run_reference, scalar_default
 from ..check.sandbox import Limits, shared_sandbox
 from ..model.spec import CheckSpec, OpSpec
 from ..ir.dtypes import dtype_of_torch
 from ..ir.types import MemSpace, bind_dim
 from .gate import Case, Problem
+from ..check.generators import GENERATORS
+from ..ir.signature import bind_dims
 
 # generators whose values are a distribution's spread: scaled by the gate's value ranges
 SCALED = {"normal", "uniform"}
 
 
 def _draw(name: str, args: tuple, shape: tuple[int, ...], dtype, dims: dict[str, int], gen, scale: float, device):
-    import torch
+    import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
 
     args = tuple(dims[a] if isinstance(a, str) else a for a in args)
     if name == "normal":
@@ -41,9 +45,6 @@ def _draw(name: str, args: tuple, shape: tuple[int, ...], dtype, dims: dict[str,
         lo, hi = (list(args) + [0, 100][len(args):])[:2]
         return torch.randint(int(lo), int(hi), shape, generator=gen, device=device, dtype=dtype)
     elif name == "offsets":  # small: drawn on the host as kfc check draws it
-        import numpy as np
-
-        from ..check.generators import GENERATORS
 
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device=device).item())
         cu = GENERATORS["offsets"].fn(np.random.default_rng(seed), shape, *args)
@@ -58,7 +59,7 @@ def _draw(name: str, args: tuple, shape: tuple[int, ...], dtype, dims: dict[str,
 def op_problem(spec: OpSpec, device: str = "cuda", limits: Limits | None = None) -> Problem:
     """The gate's view of `spec` with inputs drawn on `device`. The reference runs in its own
     child process (kfc.check.sandbox), reading GPU inputs in place through CUDA IPC."""
-    import torch
+    import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
 
     func = spec.func
     check = spec.check or CheckSpec()
@@ -112,8 +113,6 @@ def op_problem(spec: OpSpec, device: str = "cuda", limits: Limits | None = None)
 
 
 def _dims_of(func, args: dict[str, Any]) -> dict[str, int]:
-    from ..ir.signature import bind_dims
-
     shapes = {k: (None if v is None else tuple(v.shape)) for k, v in args.items() if v is None or hasattr(v, "shape")}
     return bind_dims(func, shapes)
 

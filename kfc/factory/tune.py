@@ -36,6 +36,8 @@ from .model import TuneContext
 from ..model.records import Proposal, Stage, Trial
 from .problem import gate_cases
 from .space import SearchSpace
+from ..codegen.toolchain import find_toolchain
+from ..provenance import git_commit
 
 
 # trials of the knowledge base a policy is shown: enough of a similar op's record to see its
@@ -202,7 +204,7 @@ def _best(history: list[Trial]) -> Trial | None:
 def default_env() -> dict[str, Any]:
     env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version()}
     try:
-        import torch
+        import torch  # lazy: torch (~3 s), only for the GPU's name in the run's provenance
 
         if torch.cuda.is_available():
             env["gpu"] = torch.cuda.get_device_name()
@@ -210,12 +212,9 @@ def default_env() -> dict[str, Any]:
     except ImportError:
         pass
     try:
-        from ..codegen.toolchain import find_toolchain
-
         env["toolchain"] = find_toolchain().version_text
     except Exception:  # noqa: BLE001 - provenance only
         pass
-    from ..provenance import git_commit
 
     env["kfc_commit"] = git_commit()
     return env

@@ -18,16 +18,17 @@ from typing import Any
 
 import attrs
 
-from ..check.sandbox import ReferenceFailed
-from .gate import Case, Gate, GateResult
+from ..check.sandbox import Limits, ReferenceFailed
+from ..frontend import load_kfc
 from ..model.records import Stage
+from ..runtime.kernel import KfcKernel
+from .gate import Case, Gate, GateResult, Rejected, time_on_gpu
+from .problem import op_problem
 
 _specs: dict[tuple, Any] = {}
 
 
 def _spec(path: str, dtypes: dict[str, str]):
-    from ..frontend import load_kfc
-
     key = (path, tuple(sorted(dtypes.items())))
     if key not in _specs:
         _specs[key] = load_kfc(path, dtypes)
@@ -35,8 +36,6 @@ def _spec(path: str, dtypes: dict[str, str]):
 
 
 def _kernel(job: dict):
-    from ..runtime.kernel import KfcKernel
-
     return KfcKernel(_spec(job["kfc"], job["dtypes"]), job["target"], job["pipeline"])
 
 
@@ -55,15 +54,11 @@ def remeasure_in_fresh_process(job: dict):
 
 
 def _limits(job: dict):
-    from ..check.sandbox import Limits
-
     r = job.get("reference")
     return Limits(r["timeout_s"], r["memory_bytes"]) if r else None
 
 
 def evaluate(job: dict) -> GateResult:
-    from .problem import op_problem
-
     spec = _spec(job["kfc"], job["dtypes"])
     gate = Gate(op_problem(spec, limits=_limits(job)), seeds=tuple(job.get("seeds", (11, 12, 13))),
                 scales=tuple(job.get("scales", (1.0, 40.0))), remeasure=remeasure_in_fresh_process(job))
@@ -75,11 +70,6 @@ def evaluate(job: dict) -> GateResult:
 
 
 def time_once(job: dict) -> GateResult:
-    from .gate import time_on_gpu
-    from .problem import op_problem
-
-    from .gate import Rejected
-
     spec = _spec(job["kfc"], job["dtypes"])
     gate = Gate(op_problem(spec, limits=_limits(job)))
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import itertools
 import re
@@ -11,6 +12,7 @@ from typing import Any
 import attrs
 import lark
 
+from ..check.generators import GENERATORS
 from ..diagnostics import KfcError, read_source, register_source
 from ..grammar_files import check_nesting, lalr_parser, syntax_error
 from ..ir import constexpr
@@ -19,7 +21,8 @@ from ..ir.func import FuncOp
 from ..ir.specialize import check_dims
 from ..ir.types import MemSpace
 from ..model.spec import CheckSpec, GeneratorSpec, MetricSpec, OpSpec
-from .lower import NESTING_CHAINS, Lowerer, span_of
+from .expressions import NESTING_CHAINS
+from .lower import Lowerer, span_of
 
 GRAMMAR = "kfc.lark"
 METRICS = ("time", "bandwidth", "flops")
@@ -234,8 +237,6 @@ class _Sections:
         return tuple(seeds)
 
     def check_inputs(self, node):
-        from ..check.generators import GENERATORS
-
         if node.data != "c_dict":
             raise self.err(node, "inputs must be a {input: generator(...)} dict", "e.g. {g: logsigmoid()}")
         inputs = {v.name: v for v in self.func.inputs if v.ttype.space is not MemSpace.REG}
@@ -279,8 +280,6 @@ class _Sections:
 
 
 def _string(tok, file: str) -> str:
-    import ast
-
     try:
         return ast.literal_eval(str(tok))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:

@@ -31,7 +31,7 @@ from .func import FuncOp
 from .tile_ops import (
     BINARY_CLASSES, KIND_WORDS, UNARY_CLASSES, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
     ExpandDimsOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
-    ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible, kind_accepts,
+    ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible, indexed_shape, kind_accepts,
 )
 from .types import Dim, MemSpace, SymDim, TensorType, Type, bare_type
 
@@ -481,8 +481,6 @@ class Builder:
     def store(self, value: Operand, tensor: Value, index: Sequence) -> Op:
         t = tensor.ttype
         dims, operands = self._index(t, index)
-        from .tile_ops import indexed_shape
-
         shape = tuple(indexed_shape(t, dims))
         if not isinstance(value, Value):
             value = self.literal(value, TensorType(t.dtype))

@@ -1,14 +1,20 @@
 """The IR's building blocks: SSA values, blocks, and the frozen op base class.
 
 IR objects never change after construction: a pass builds new ops (see kfc.ir.rewrite). Values
-compare by identity. An op class declares its attributes as attrs fields; everything else an
-op has (operands, results, regions, the source span) lives on this base class, so the generic
-printer and parser handle every op the same way.
+compare by identity. An op class is declared with `define_op` (its name, traits and operand and
+result counts) and declares its attributes as attrs fields; everything else an op has
+(operands, results, regions, the source span) lives on this base class, so the generic printer
+and parser handle every op the same way:
+
+    @define_op("tile.broadcast", traits={"pure"}, operands=1, results=1)
+    class BroadcastOp(Op):
+        def verify_(self) -> None:  # what the counts do not say
+            ...
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import attrs
 
@@ -45,12 +51,32 @@ OP_REGISTRY: dict[str, type["Op"]] = {}
 
 _BASE_FIELDS = ("operands", "results", "regions", "loc")
 
+_INHERIT: Any = object()  # a count define_op is not given: the one the op's base class declares
 
-def register_op(cls: type["Op"]) -> type["Op"]:
-    if cls.NAME in OP_REGISTRY:
-        raise ValueError(f"op {cls.NAME} registered twice")
-    OP_REGISTRY[cls.NAME] = cls
-    return cls
+
+def define_op(name: str, *, traits: Iterable[str] | None = None, operands: int | None = _INHERIT,
+              results: int | None = _INHERIT) -> Callable[[type["Op"]], type["Op"]]:
+    """Declare an op class: set its NAME, TRAITS and operand and result counts (None: not fixed,
+    its verify_ checks them; the verifier checks fixed ones before verify_), make it a frozen
+    attrs class, and register it under `name` (in declaration order; a name taken raises).
+    Traits and counts left out are those of the class it derives from, as for one that
+    refines another op."""
+
+    def declare(cls: type["Op"]) -> type["Op"]:
+        if name in OP_REGISTRY:
+            raise ValueError(f"op {name} registered twice")
+        cls = attrs.frozen(eq=False, kw_only=True)(cls)
+        cls.NAME = name
+        if traits is not None:
+            cls.TRAITS = frozenset(traits)
+        if operands is not _INHERIT:
+            cls.OPERANDS = operands
+        if results is not _INHERIT:
+            cls.RESULTS = results
+        OP_REGISTRY[name] = cls
+        return cls
+
+    return declare
 
 
 @attrs.frozen(eq=False, kw_only=True)
@@ -62,6 +88,9 @@ class Op:
     # The op this one refines (a pass's lowering of it, same semantics, more decided): ptx.ld
     # refines tile.load. A pass that rewrites tile.load asks `LoadOp.unrefined(op)`.
     REFINES: ClassVar[type["Op"] | None] = None
+    # how many operands and results the op takes, None where that varies (see define_op)
+    OPERANDS: ClassVar[int | None] = None
+    RESULTS: ClassVar[int | None] = None
 
     operands: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
     results: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
@@ -84,7 +113,7 @@ class Op:
         return None
 
     def verify_(self) -> None:
-        """Op-specific invariants; raise through `self.error`."""
+        """Op-specific invariants beyond the declared counts; raise through `self.error`."""
 
     @classmethod
     def unrefined(cls, op: "Op") -> bool:

@@ -58,7 +58,7 @@ class DType(enum.Enum):
 
     @property
     def torch(self):
-        import torch  # torch is heavy; only the check runner and runtime need it
+        import torch  # lazy: ~1 s cold (measured); kfc.ir loads without torch, only checks and runtime use it
 
         return {
             DType.BF16: torch.bfloat16,

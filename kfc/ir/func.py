@@ -10,12 +10,10 @@ symbols given as a string (`%scale: f32 = "K ** -0.5"`).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 
 from . import constexpr
-from .core import Block, Op, Value, register_op
+from .core import Block, Op, Value, define_op
 from .types import MemSpace, SymDim, TensorType
 
 
@@ -23,10 +21,8 @@ def _defaults(items) -> tuple[tuple[str, object], ...]:
     return tuple((str(k), v) for k, v in items)
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("kfc.func")
 class FuncOp(Op):
-    NAME: ClassVar[str] = "kfc.func"
     sym_name: str
     num_outputs: int
     defaults: tuple[tuple[str, object], ...] = attrs.field(default=(), converter=_defaults)

@@ -23,17 +23,16 @@ as the generated code), so the interpreter checks the lowering bit for bit:
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 import numpy as np
 
 from ..diagnostics import InterpretError
 from . import layouts
 from ..model.target import LARGEST_CLUSTER, SM_THREADS
-from .core import Op, register_op
+from .core import Op, define_op
 from .dtypes import DType
-from .tile_ops import ReduceKind, _check_operands, _check_results, _int_scalar, _tt, verify_loop_reductions
+from .tile_ops import ReduceKind, verify_loop_reductions
+from .tile_ops.checks import check_int_scalar, check_operands, check_results, tensor_of
 from .types import Layout, TensorType
 
 
@@ -91,14 +90,11 @@ def lanes_layout(threads: int, cluster: int) -> Layout:
     return layouts.Lanes(threads, cluster).as_layout()
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.launch", traits={"loop"}, operands=2)
 class LaunchOp(Op):
     """Rows lo..hi mapped onto a grid; the region's one argument is the row index. Results, as
     for tile.parallel, are sums across the rows of what each row yields."""
 
-    NAME: ClassVar[str] = "gpu.launch"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"loop"})
     rows_per_cta: int = 1
     threads: int = 128          # threads per row
     vec: int = 8                # elements per thread per access
@@ -126,7 +122,6 @@ class LaunchOp(Op):
         return row_dependent(self.body)
 
     def verify_(self) -> None:
-        _check_operands(self, 2)
         if len(self.regions) != 1 or len(self.body.args) != 1:
             raise self.error("needs one region with one argument, the row index")
         verify_loop_reductions(self, self.body)
@@ -137,7 +132,7 @@ class LaunchOp(Op):
                              "one partial per row slot, and a grid of a CTA per row batch would leave as many "
                              "partials as rows")
         for v in self.operands:
-            _int_scalar(self, v, "bound")
+            check_int_scalar(self, v, "bound")
         if len(self.regions) != 1 or len(self.body.args) != 1:
             raise self.error("needs one region with one argument, the row index")
         if self.body.args[0].type != TensorType(DType.INDEX):
@@ -204,10 +199,10 @@ class _LaneReduce(Op):
         return a
 
     def _lanes(self, n_operands: int = 1):
-        _check_operands(self, n_operands)
-        _check_results(self, 1)
-        a = _tt(self, self.operands[0], "operand")
-        r = _tt(self, self.result, "result")
+        check_operands(self, n_operands)
+        check_results(self, 1)
+        a = tensor_of(self, self.operands[0], "operand")
+        r = tensor_of(self, self.result, "result")
         if r.rank != 1 or r.layout is None or r.layout.kind != "lanes":
             raise self.error(f"result must be a 1-D #lanes tile, not {r}")
         if a.dtype != r.dtype:
@@ -215,14 +210,11 @@ class _LaneReduce(Op):
         return a, r
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.thread_reduce", traits={"pure"})
 class ThreadReduceOp(_LaneReduce):
     """Each thread reduces its elements in index order; with map="mul" the two operands'
     products are summed as they are formed (acc = fma(a, b, acc))."""
 
-    NAME: ClassVar[str] = "gpu.thread_reduce"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
     kind: ReduceKind = attrs.field(converter=ReduceKind)
     map: str = ""
 
@@ -265,11 +257,8 @@ class ThreadReduceOp(_LaneReduce):
         return [acc]
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.warp_reduce", traits={"pure"})
 class WarpReduceOp(_LaneReduce):
-    NAME: ClassVar[str] = "gpu.warp_reduce"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
     kind: ReduceKind = attrs.field(converter=ReduceKind)
     width: int = 32
 
@@ -289,11 +278,8 @@ class WarpReduceOp(_LaneReduce):
         return [x]
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.cta_reduce", traits={"pure"})
 class CtaReduceOp(_LaneReduce):
-    NAME: ClassVar[str] = "gpu.cta_reduce"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
     kind: ReduceKind = attrs.field(converter=ReduceKind)
 
     def verify_(self) -> None:
@@ -312,11 +298,8 @@ class CtaReduceOp(_LaneReduce):
         return [np.repeat(acc, t).astype(np.float32)]
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.cluster_reduce", traits={"pure"})
 class ClusterReduceOp(_LaneReduce):
-    NAME: ClassVar[str] = "gpu.cluster_reduce"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
     kind: ReduceKind = attrs.field(converter=ReduceKind)
 
     def verify_(self) -> None:
@@ -345,9 +328,9 @@ class _MaxSumExp(Op):
     approx: bool = False
 
     def _pair(self, n_operands: int) -> TensorType:
-        _check_operands(self, n_operands)
-        _check_results(self, 2)
-        r = _tt(self, self.results[0], "maximum")
+        check_operands(self, n_operands)
+        check_results(self, 2)
+        r = tensor_of(self, self.results[0], "maximum")
         if r.rank != 1 or r.layout is None or r.layout.kind != "lanes" or r.dtype is not DType.F32:
             raise self.error(f"the maximum must be an f32 #lanes tile, not {r}")
         if self.results[1].type != r:
@@ -361,17 +344,13 @@ class _MaxSumExp(Op):
         return r
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.thread_max_sumexp", traits={"pure"})
 class ThreadMaxSumExpOp(_MaxSumExp):
     """Each thread's pair over its own elements, chunk by chunk in index order."""
 
-    NAME: ClassVar[str] = "gpu.thread_max_sumexp"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
-
     def verify_(self) -> None:
         r = self._pair(1)
-        a = _tt(self, self.operands[0], "operand")
+        a = tensor_of(self, self.operands[0], "operand")
         if a.rank != 1 or a.layout is None or a.layout.kind != "row" or a.dtype is not DType.F32:
             raise self.error(f"operand must be a 1-D f32 #row tile, not {a}")
         p = a.layout.get("threads") * a.layout.get("cluster")
@@ -390,11 +369,8 @@ class ThreadMaxSumExpOp(_MaxSumExp):
         return [m, s]
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.warp_max_sumexp", traits={"pure"})
 class WarpMaxSumExpOp(_MaxSumExp):
-    NAME: ClassVar[str] = "gpu.warp_max_sumexp"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
     width: int = 32
 
     def verify_(self) -> None:
@@ -412,12 +388,8 @@ class WarpMaxSumExpOp(_MaxSumExp):
         return [m, s]
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.cta_max_sumexp", traits={"pure"})
 class CtaMaxSumExpOp(_MaxSumExp):
-    NAME: ClassVar[str] = "gpu.cta_max_sumexp"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
-
     def verify_(self) -> None:
         if self._same_pairs().layout.get("threads") <= 32:
             raise self.error("a row of at most 32 threads needs no CTA step")
@@ -432,12 +404,8 @@ class CtaMaxSumExpOp(_MaxSumExp):
         return [np.repeat(am, t).astype(np.float32), np.repeat(as_, t).astype(np.float32)]
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.cluster_max_sumexp", traits={"pure"})
 class ClusterMaxSumExpOp(_MaxSumExp):
-    NAME: ClassVar[str] = "gpu.cluster_max_sumexp"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
-
     def verify_(self) -> None:
         if self._same_pairs().layout.get("cluster") <= 1:
             raise self.error("a row held by one CTA needs no cluster step")
@@ -455,19 +423,13 @@ class ClusterMaxSumExpOp(_MaxSumExp):
 MAX_SUMEXP_STEPS = (ThreadMaxSumExpOp, WarpMaxSumExpOp, CtaMaxSumExpOp, ClusterMaxSumExpOp)
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.uniform", traits={"pure"}, operands=1, results=1)
 class UniformOp(Op):
     """Lanes that all hold one value, as that scalar."""
 
-    NAME: ClassVar[str] = "gpu.uniform"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"pure"})
-
     def verify_(self) -> None:
-        _check_operands(self, 1)
-        _check_results(self, 1)
-        a = _tt(self, self.operands[0], "operand")
-        r = _tt(self, self.result, "result")
+        a = tensor_of(self, self.operands[0], "operand")
+        r = tensor_of(self, self.result, "result")
         if a.layout is None or a.layout.kind != "lanes":
             raise self.error(f"operand must be a #lanes tile, not {a}")
         if r != TensorType(a.dtype):

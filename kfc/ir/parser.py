@@ -3,6 +3,7 @@ messages on parsed IR name `file.kir:line:col`."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import lark
@@ -182,8 +183,6 @@ class IRParser:
             raise AssertionError(node)
         kind = node.data
         if kind == "string":
-            import json
-
             return json.loads(str(node.children[0]))
         if kind == "true":
             return True

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import attrs
 
-from .core import register_op
+from .core import define_op
 from .dtypes import DType
 from .tile_ops import CastOp, LoadOp, OperandKind, StoreOp, UnaryOp
 
@@ -28,10 +28,8 @@ def _cache(v: str) -> str:
     return v
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("ptx.ld")
 class LdOp(LoadOp):
-    NAME: ClassVar[str] = "ptx.ld"
     REFINES: ClassVar[type] = LoadOp
     vec: int = 1
     cache: str = attrs.field(default="", converter=_cache)
@@ -43,10 +41,8 @@ class LdOp(LoadOp):
             raise self.error(f"vec {self.vec} of {t.dtype} is not a 1..16-byte power-of-two access")
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("ptx.st")
 class StOp(StoreOp):
-    NAME: ClassVar[str] = "ptx.st"
     REFINES: ClassVar[type] = StoreOp
     vec: int = 1
     cache: str = attrs.field(default="", converter=_cache)
@@ -68,24 +64,18 @@ class _F32Unary(UnaryOp):
             raise self.error(f"operates on f32, not {self.operands[0].ttype.dtype}")
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("ptx.rsqrt_approx")
 class RsqrtApproxOp(_F32Unary):
-    NAME: ClassVar[str] = "ptx.rsqrt_approx"
     FN: ClassVar[str] = "rsqrt"  # its semantics, for the interpreter
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("ptx.ex2_approx")
 class Ex2ApproxOp(_F32Unary):
-    NAME: ClassVar[str] = "ptx.ex2_approx"
     FN: ClassVar[str] = "exp2"
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("ptx.cvt_pack")
 class CvtPackOp(CastOp):
-    NAME: ClassVar[str] = "ptx.cvt_pack"
     REFINES: ClassVar[type] = CastOp
 
     def verify_(self) -> None:

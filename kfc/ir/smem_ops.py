@@ -32,9 +32,11 @@ import attrs
 import numpy as np
 
 from ..diagnostics import InterpretError
-from .core import Op, register_op
+from .core import Op, define_op
 from .dtypes import DType, poison_value
-from .tile_ops import IndexDim, _check_operands, _check_results, _index_tuple, _tt, _verify_index, indexed_shape
+from .tile_ops import IndexDim, indexed_shape
+from .tile_ops.checks import check_results, tensor_of
+from .tile_ops.memory import index_tuple, verify_index
 from .types import MemSpace, TensorType
 
 BARRIER_TYPE = TensorType(DType.I64, (), MemSpace.SHARED)
@@ -150,15 +152,10 @@ HINT_WAIT_BEFORE_END = "wait on the barrier before the data is used or the itera
 # --- ops ---------------------------------------------------------------------------------------
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.smem_alloc", operands=0, results=1)
 class SmemAllocOp(Op):
-    NAME: ClassVar[str] = "gpu.smem_alloc"
-
     def verify_(self) -> None:
-        _check_operands(self, 0)
-        _check_results(self, 1)
-        t = _tt(self, self.result, "result")
+        t = tensor_of(self, self.result, "result")
         if not is_shared_buffer(t) or t.optional or t.layout is not None:
             raise self.error(f"allocates a shared-memory buffer (dtype[shape] @shared), not {t}")
 
@@ -168,21 +165,17 @@ class SmemAllocOp(Op):
         return [SharedBuffer(value_name(self.result), data)]
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.mbarrier_alloc", operands=0, results=1)
 class MbarrierAllocOp(Op):
     """An mbarrier for one iteration's copies. With `stages` = 2 the code generator issues the
     copies announced on it one row ahead, into a second set of their buffers, so that the next
     row's copy overlaps this row's work; each iteration's protocol (announce, copy, wait, read)
     is unchanged, and so are its semantics."""
 
-    NAME: ClassVar[str] = "gpu.mbarrier_alloc"
     arrivals: int = 1
     stages: int = 1
 
     def verify_(self) -> None:
-        _check_operands(self, 0)
-        _check_results(self, 1)
         if not is_barrier(self.result.type):
             raise self.error(f"its result is an mbarrier, {BARRIER_TYPE}, not {self.result.type}")
         if not 1 <= self.arrivals < 1 << 20:
@@ -208,16 +201,11 @@ def _barrier_operand(op: Op, v) -> None:
         raise op.error(f"operand {value_name(v)} must be an mbarrier ({BARRIER_TYPE}), not {v.type}")
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.expect_tx", traits={"writes_memory"}, operands=1, results=0)
 class ExpectTxOp(Op):
-    NAME: ClassVar[str] = "gpu.expect_tx"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory"})
     bytes: int = 0
 
     def verify_(self) -> None:
-        _check_operands(self, 1)
-        _check_results(self, 0)
         _barrier_operand(self, self.operands[0])
         if not 0 <= self.bytes < 1 << 31:
             raise self.error(f"announces {self.bytes} bytes; a phase carries 0..2^31-1")
@@ -229,30 +217,27 @@ class ExpectTxOp(Op):
         return None
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.copy_async", traits={"writes_memory", "reads_memory"})
 class CopyAsyncOp(Op):
     """Operands: the source tensor, the destination buffer, the barrier, the source's index
     operands. The indexed region of the source has the buffer's shape."""
 
-    NAME: ClassVar[str] = "gpu.copy_async"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory", "reads_memory"})
     # whether the copy's landing is an arrival on its barrier (else its bytes complete announced ones)
     ARRIVES: ClassVar[bool] = False
-    index: tuple[IndexDim, ...] = attrs.field(converter=_index_tuple)
+    index: tuple[IndexDim, ...] = attrs.field(converter=index_tuple)
 
     def verify_(self) -> None:
         if len(self.operands) < 3:
             raise self.error("needs a source tensor, a shared-memory buffer and an mbarrier")
-        _check_results(self, 0)
-        src = _tt(self, self.operands[0], "source")
-        dst = _tt(self, self.operands[1], "destination")
+        check_results(self, 0)
+        src = tensor_of(self, self.operands[0], "source")
+        dst = tensor_of(self, self.operands[1], "destination")
         _barrier_operand(self, self.operands[2])
         if src.space is not MemSpace.GLOBAL:
             raise self.error(f"copies from global memory, not from {src}")
         if not is_shared_buffer(dst):
             raise self.error(f"copies into a shared-memory buffer, not {dst}")
-        _verify_index(self, src, self.index, self.operands[3:])
+        verify_index(self, src, self.index, self.operands[3:])
         region = tuple(indexed_shape(src, self.index))
         if region != dst.shape or src.dtype is not dst.dtype:
             raise self.error(f"the indexed region {src.dtype}{list(region)} of the source is not the buffer's "
@@ -278,27 +263,19 @@ class CopyAsyncOp(Op):
         return None
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.copy_async_arrive")
 class CopyAsyncArriveOp(CopyAsyncOp):
     """gpu.copy_async made by the threads, each copying its share of the region (cp.async), and
     arriving on the barrier once its share landed: the whole copy counts as one arrival of the
     barrier's phase (the code generator initialises the barrier with an arrival per thread) and
     announces no bytes. No copy engine is involved and no thread issues the whole row."""
 
-    NAME: ClassVar[str] = "gpu.copy_async_arrive"
     ARRIVES: ClassVar[bool] = True
 
 
-@register_op
-@attrs.frozen(eq=False, kw_only=True)
+@define_op("gpu.mbarrier_wait", traits={"writes_memory"}, operands=1, results=0)
 class MbarrierWaitOp(Op):
-    NAME: ClassVar[str] = "gpu.mbarrier_wait"
-    TRAITS: ClassVar[frozenset[str]] = frozenset({"writes_memory"})
-
     def verify_(self) -> None:
-        _check_operands(self, 1)
-        _check_results(self, 0)
         _barrier_operand(self, self.operands[0])
 
     def interpret(self, interp, ins, env):

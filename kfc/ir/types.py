@@ -17,6 +17,7 @@ from typing import Union
 
 import attrs
 
+from .attributes import format_attr
 from .dtypes import DType
 
 
@@ -69,8 +70,6 @@ class Layout:
     params: tuple[tuple[str, object], ...] = ()
 
     def __str__(self) -> str:
-        from .attributes import format_attr
-
         if not self.params:
             return f"#{self.kind}"
         inner = ", ".join(f"{k} = {format_attr(v)}" for k, v in self.params)

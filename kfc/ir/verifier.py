@@ -12,6 +12,7 @@ from .func import FuncOp
 from .grid_protocol import check_grid_protocol
 from .mma_ops import GridOp
 from .tile_ops import DimOp, LoadOp, StoreOp, YieldOp
+from .tile_ops.checks import check_operands, check_results
 from .types import MemSpace, SymDim, TensorType, bare_type
 
 
@@ -33,9 +34,18 @@ def _layout_fits(op: Op, t, what: str) -> None:
             raise op.error(f"{what} type {t}: {problem}")
 
 
+def verify_op(op: Op) -> None:
+    """The op's own invariants: its declared operand and result counts, then its verify_."""
+    if op.OPERANDS is not None:
+        check_operands(op, op.OPERANDS)
+    if op.RESULTS is not None:
+        check_results(op, op.RESULTS)
+    op.verify_()
+
+
 def verify(func: FuncOp) -> FuncOp:
     """Check `func`; raise VerifyError at the first problem, return it unchanged otherwise."""
-    func.verify_()
+    verify_op(func)
     _Verifier(func).run()
     return func
 
@@ -68,7 +78,7 @@ class _Verifier:
                     raise op.error(f"tile.yield ends a loop's body or a branch, not a {owner.NAME} region")
             if isinstance(op, FuncOp):
                 raise op.error("functions do not nest")
-            op.verify_()
+            verify_op(op)
             inferred = op.infer_result_types([v.type for v in op.operands], op.attributes())
             if inferred is not None and [bare_type(r.type) for r in op.results] != [bare_type(t) for t in inferred]:
                 got = ", ".join(str(r.type) for r in op.results)

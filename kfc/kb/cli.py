@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import cli_args
-from ..diagnostics import KfcError
+from ..diagnostics import KfcError, read_source
 from ..files import write_atomically
+from .store import KnowledgeBase
 
 KB_HELP = "the knowledge base: a file, or a postgresql:// URL (default: $KFC_KB, else ~/.cache/kfc/kb.sqlite)"
 
@@ -112,13 +113,11 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
 
 
 def _open(args):
-    from .store import KnowledgeBase
-
     return KnowledgeBase(args.kb, create=False)
 
 
 def _console():
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich (~0.1 s), off kfc --help
 
     return Console(width=None if sys.stdout.isatty() else 200)
 
@@ -147,11 +146,10 @@ def _ops_named(kb, name: str | None) -> list[dict[str, Any]] | None:
 
 
 def _resolve_op(kb, text: str, dtypes) -> list[dict[str, Any]]:
-    from .fingerprint import is_fingerprint, op_fingerprint
+    from .fingerprint import is_fingerprint, op_fingerprint  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     if Path(text).is_file():
-        from ..diagnostics import read_source
-        from ..frontend import instances, load_func, load_kfc, looks_like_ir
+        from ..frontend import instances, load_func, load_kfc, looks_like_ir  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
         if dtypes or looks_like_ir(read_source(text)):
             funcs = [load_func(text, dtypes)[0]]
@@ -183,7 +181,7 @@ class _NotFound(Exception):
 
 
 def cmd_best(args) -> int:
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich (~0.1 s), off kfc --help
 
     with _open(args) as kb:
         try:
@@ -224,8 +222,8 @@ def cmd_best(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from rich.markup import escape
-    from rich.table import Table
+    from rich.markup import escape  # lazy: rich (~0.1 s), off kfc --help
+    from rich.table import Table  # lazy: rich (~0.1 s), off kfc --help
 
     with _open(args) as kb:
         if args.run_id is not None and not any(r["id"] == args.run_id for r in kb.runs()):
@@ -256,8 +254,8 @@ def cmd_show(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from rich.markup import escape
-    from rich.table import Table
+    from rich.markup import escape  # lazy: rich (~0.1 s), off kfc --help
+    from rich.table import Table  # lazy: rich (~0.1 s), off kfc --help
 
     with _open(args) as kb:
         ops = _ops_named(kb, args.op)
@@ -282,8 +280,8 @@ def cmd_runs(args) -> int:
 
 
 def cmd_lessons(args) -> int:
-    from rich.markup import escape
-    from rich.table import Table
+    from rich.markup import escape  # lazy: rich (~0.1 s), off kfc --help
+    from rich.table import Table  # lazy: rich (~0.1 s), off kfc --help
 
     with _open(args) as kb:
         ops = _ops_named(kb, args.op)
@@ -333,9 +331,9 @@ def convergence(candidates: list[dict[str, Any]], metric: str = "time") -> list[
 
 
 def cmd_plot(args) -> int:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib (~1 s), only kfc kb plot
+    from matplotlib.figure import Figure  # lazy: matplotlib (~1 s), only kfc kb plot
+    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib (~1 s), only kfc kb plot
 
     with _open(args) as kb:
         all_runs = {r["id"]: r for r in kb.runs()}

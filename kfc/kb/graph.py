@@ -29,7 +29,9 @@ from typing import Any
 
 import networkx as nx
 
+from ..diagnostics import KfcError
 from ..model.records import Stage, Trial
+from ..passes.pipeline import parse_pipeline
 
 START = "START"
 END = "END"
@@ -39,9 +41,6 @@ _STATS = ("count", "timed", "timed_rate", "best_speedup", "mean_speedup", "best_
 def split_pipeline(pipeline: str) -> list[str]:
     """The steps of a pipeline in canonical text; a text that does not parse is split at the
     commas outside braces, as written."""
-    from ..diagnostics import KfcError
-    from ..passes.pipeline import parse_pipeline
-
     try:
         return [str(p) for p in parse_pipeline(pipeline)]
     except KfcError:

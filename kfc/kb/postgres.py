@@ -120,7 +120,7 @@ class _Cursor:
 
 def _psycopg():
     try:
-        import psycopg
+        import psycopg  # lazy: psycopg, an optional extra (kfc[cluster])
     except ImportError:
         raise KfcError("a PostgreSQL knowledge base needs psycopg, which is not installed",
                        hint="pip install 'kfc[cluster]' (or psycopg[binary]); SQLite files need nothing") from None

@@ -7,7 +7,7 @@ not kfc.
     DIR/src/kfc_<op>/op.json           the op's signature, instances and launch contracts
     DIR/src/kfc_<op>/kernels/...       per instance, target and fixed dims: .cu, .ptx, .cubin
     DIR/src/kfc_<op>/op.kfc            the source it was built from
-    DIR/src/kfc_<op>/{_op,launcher,fastcall,contract}.py, fastcall.cpp   the runtime (from kfc)
+    DIR/src/kfc_<op>/{_op,calls,launcher,fastcall,contract}.py, fastcall.cpp   the runtime (from kfc)
     DIR/tests/test_<op>.py             the check block's cases against its reference (GPU), and
                                        what runs without one (CPU)
     DIR/bench/bench_<op>.py            eager and CUDA-graph timing
@@ -26,17 +26,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from ..model.version import __version__
+from ..compile import compile_op, fixed_dims, prepare_output_dir
 from ..diagnostics import KfcError
 from ..files import write_atomically
 from ..frontend.spec import instances as spec_instances, load_kfc
-from ..model.spec import OpSpec
 from ..ir.types import MemSpace
-from ..provenance import git_commit
+from ..kb.fingerprint import op_fingerprint
+from ..kb.postgres import is_url
+from ..kb.store import KnowledgeBase
+from ..model.spec import OpSpec
 from ..model.target import Target
+from ..model.version import __version__
+from ..ops import schema
+from ..provenance import git_commit
+from ..runtime.kernel import KfcKernel
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE.parent / "runtime"
+# kfc's runtime modules a package ships (self-contained: the standard library, ctypes and torch)
+RUNTIME_FILES = ("calls.py", "launcher.py", "fastcall.py", "fastcall.cpp", "contract.py")
 
 
 def module_name(spec: OpSpec) -> str:
@@ -45,8 +53,6 @@ def module_name(spec: OpSpec) -> str:
 
 def fixed_shapes(spec: OpSpec, shapes: list[dict[str, int]]) -> list[dict[str, int]]:
     """The fixed dims to build: the given ones, else every check case's (row dims dropped)."""
-    from ..compile import fixed_dims
-
     if not shapes:
         if spec.check is None or not spec.check.shapes:
             raise KfcError(f"{spec.path}: no --shape given and the op has no check block to take shapes from",
@@ -96,11 +102,6 @@ def dims_key(dims: dict[str, int]) -> str:
 def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str, int]], out_dir: Path,
                   pipeline: str | None = None, kb_path: Path | None = None,
                   progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Path:
-    from ..compile import compile_op, prepare_output_dir
-    from ..kb.fingerprint import op_fingerprint
-    from ..ops import schema
-    from ..runtime.kernel import KfcKernel
-
     spec = load_kfc(path)
     fixed = fixed_shapes(spec, shapes)
     instances = spec_instances(spec)
@@ -147,7 +148,7 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
             "instances": list(meta_instances.values()), "kfc_version": __version__}
     write_atomically(pkg / "op.json", (json.dumps(meta, indent=1) + "\n").encode())
     write_atomically(pkg / "op.kfc", Path(path).read_bytes())
-    for name in ("launcher.py", "fastcall.py", "fastcall.cpp", "contract.py"):
+    for name in RUNTIME_FILES:
         shutil.copyfile(RUNTIME / name, pkg / name)
     shutil.copyfile(HERE / "standalone.py", pkg / "_op.py")
     write_atomically(pkg / "__init__.py", _init(spec, mod).encode())
@@ -169,13 +170,8 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
 
 def _knowledge(kb_path, instances, targets, fingerprint) -> dict:
     """Per (instance, target, fixed dims): the knowledge base's fastest timed pipeline there."""
-    from ..kb.postgres import is_url
-
     if kb_path is None or not (is_url(str(kb_path)) or Path(kb_path).exists()):
         return {}
-    from ..compile import fixed_dims
-    from ..kb.store import KnowledgeBase
-
     out = {}
     kb = KnowledgeBase(kb_path, create=False)
     try:
@@ -215,8 +211,6 @@ def _check_cases(spec: OpSpec, fixed: list[dict[str, int]]) -> dict:
     check = spec.check
     if check is None:
         return {"reference": None, "cases": []}
-    from ..compile import fixed_dims
-
     cases = [dict(s) for s in check.shapes if fixed_dims(spec.func, s) in fixed]
     return {"reference": check.reference, "reference_is_function": check.reference_is_function,
             "tolerance": {d: check.tolerance_for(d) for d in ("bf16", "f16", "f32", "f64")},

@@ -23,7 +23,7 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f
 
 def eager_us(fn) -> float:
     try:
-        from triton.testing import do_bench
+        from triton.testing import do_bench  # lazy: triton is optional (the package needs torch only)
 
         return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
     except ImportError:

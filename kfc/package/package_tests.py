@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 MODULE = "__KFC_MODULE__"
 pkg = importlib.import_module(MODULE)
@@ -112,8 +113,6 @@ def draw(name: str, args: list, shape: tuple, dims: dict, gen: torch.Generator) 
 
 def reference(inputs: dict, dims: dict):
     text = CHECKS["reference"]
-    import torch.nn.functional as F
-
     if CHECKS["reference_is_function"]:
         mod, fn = text.split(":")
         return getattr(importlib.import_module(mod), fn)(**inputs)

@@ -1,6 +1,9 @@
 """The runtime of a package `kfc package` writes: calls one op's prebuilt cubins from torch,
-without kfc. Self-contained (the standard library, ctypes and torch, plus launcher.py,
-fastcall.py and contract.py copied beside it); `kfc package` copies this file into the package as _op.py.
+without kfc. Self-contained (the standard library and torch, plus kfc's runtime modules
+calls.py, launcher.py, fastcall.py and contract.py copied beside it, which bind, check, prepare
+and launch a call the same way as kfc's own runtime); `kfc package` copies this file into the
+package as _op.py. What is here is what a packaged op adds: reading op.json, picking the
+instance and the kernel, and the torch custom op.
 
 The op is described by the package's op.json (written from the op's IR by kfc.package.build):
 its inputs and outputs with their shapes as symbols, literal sizes or symbol+offset, their
@@ -14,34 +17,25 @@ launcher where it builds, else ctypes).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import threading
 from pathlib import Path
 
-from . import contract, fastcall, launcher
+import torch
+
+from . import calls, contract, fastcall, launcher
+from .calls import _MISS, CallError as OpError
 from .contract import evaluate
 
-CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,
-          "bool": ctypes.c_bool, "signed char": ctypes.c_int8}
 TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8",
                 "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "bool": "bool"}
-_MISS = object()
-
-
-class OpError(ValueError):
-    """A call the op cannot take: what is wrong and what to do."""
 
 
 def torch_dtype(name: str):
-    import torch
-
     return getattr(torch, TORCH_DTYPES[name])
 
 
 def target_of_device(index: int) -> str:
-    import torch
-
     major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major * 10 + minor}"
 
@@ -56,7 +50,7 @@ class Op:
         self.inputs = self.meta["inputs"]
         self.outputs = self.meta["outputs"]
         self._modules: dict[tuple, launcher.Module] = {}
-        self._prepared: dict[tuple, object] = {}
+        self._prepared: dict[tuple, calls.PreparedCall] = {}
         self._native = None
         self._launchers: list = []  # the compiled launcher's prepared signatures, newest first
         self._lock = threading.Lock()
@@ -66,17 +60,7 @@ class Op:
 
     # --- binding --------------------------------------------------------------------------------
     def bind(self, args: tuple, kwargs: dict) -> dict:
-        names = [i["name"] for i in self.inputs]
-        if len(args) > len(names):
-            raise OpError(f"{self.name} takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
-        bound = dict(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise OpError(f"{self.name} has no input {k!r}; its inputs are {', '.join(names)}")
-            if k in bound:
-                raise OpError(f"{self.name}: input {k!r} given twice")
-            bound[k] = v
-        return bound
+        return calls.bind(self.name, [i["name"] for i in self.inputs], args, kwargs)
 
     def instance(self, bound: dict) -> dict:
         """The instance whose type arguments the tensors' dtypes give."""
@@ -117,25 +101,7 @@ class Op:
         return dims
 
     def check(self, name: str, value, spec: dict, dtype, device):
-        import torch
-
-        if value is None:
-            if not spec.get("optional"):
-                raise OpError(f"{self.name}: missing tensor {name!r} ({spec['type']})")
-            return device
-        if not isinstance(value, torch.Tensor):
-            raise OpError(f"{self.name}: {name!r} must be a torch tensor, not {type(value).__name__}")
-        if value.dtype != dtype:
-            raise OpError(f"{self.name}: {name!r} is {value.dtype}; this instance takes {dtype}")
-        if value.device.type != "cuda":
-            raise OpError(f"{self.name}: {name!r} is on {value.device}; kernels run on the GPU (move it with .cuda())")
-        if device is not None and value.device != device:
-            raise OpError(f"{self.name}: {name!r} is on {value.device} but the other tensors are on {device}")
-        if not value.is_contiguous():
-            raise OpError(f"{self.name}: {name!r} is not contiguous; call .contiguous() first")
-        if value.data_ptr() % 16:
-            raise OpError(f"{self.name}: {name!r} is not 16-byte aligned; pass a freshly allocated tensor")
-        return value.device
+        return calls.check_tensor(self.name, name, value, dtype, spec.get("optional", False), spec["type"], device)
 
     # --- call -----------------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
@@ -147,8 +113,6 @@ class Op:
         return self._call(self.bind(args, kwargs), out, None if kwargs else args)
 
     def _call(self, bound: dict, out, positional):
-        import torch
-
         inst = self.instance(bound)
         device = None
         for i in self.inputs:
@@ -159,14 +123,12 @@ class Op:
         dims = self.dims(bound, inst)
         index = device.index if device.index is not None else torch.cuda.current_device()
         kernel = self.kernel_for(inst, dims, index)
-        shapes = {o["name"]: tuple(evaluate(d, dims) if isinstance(d, str) else d for d in o["shape"])
-                  for o in self.outputs}
+        shapes = self.output_shapes(dims)
         outs = self.outputs_for(out, inst, shapes, device)
-        prepared = self.prepare(kernel, inst, bound, dims, index)
-        prepared.run(bound, outs)
-        if positional is not None and self._native and prepared.can_be_native(positional, out, len(self.outputs)):
-            self._launchers.insert(0, prepared.native(self._native, positional, out, shapes, inst))
-            del self._launchers[16:]
+        prepared = self.prepare(kernel, inst, bound, dims, index, out is not None)
+        prepared.run_bound(bound, outs)
+        if positional is not None and self._native and prepared.can_be_native(positional, out):
+            calls._remember(self._launchers, prepared.native(self._native, positional, out))
         result = tuple(outs[o["name"]] for o in self.outputs)
         return result[0] if len(result) == 1 else result
 
@@ -182,29 +144,15 @@ class Op:
                       f"kfc package --target {target}a --shape ...")
 
     def outputs_for(self, out, inst: dict, shapes: dict, device) -> dict:
-        import torch
+        specs = [(o["name"], shapes[o["name"]], torch_dtype(inst["types"][o["name"]])) for o in self.outputs]
+        by_name = {o["name"]: (o, dtype) for o, (_, _, dtype) in zip(self.outputs, specs)}
+        return calls.make_outputs(self.name, specs, out, device,
+                                  lambda name, t: self.check(name, t, by_name[name][0], by_name[name][1], device))
 
-        given = {}
-        if out is not None:
-            given = dict(zip([o["name"] for o in self.outputs], out if isinstance(out, (tuple, list)) else (out,)))
-        outs = {}
-        for o in self.outputs:
-            dtype = torch_dtype(inst["types"][o["name"]])
-            if o["name"] in given:
-                t = given[o["name"]]
-                self.check(o["name"], t, o, dtype, device)
-                if tuple(t.shape) != shapes[o["name"]]:
-                    raise OpError(f"{self.name}: out {o['name']!r} is {tuple(t.shape)}, must be {shapes[o['name']]}")
-                outs[o["name"]] = t
-            else:
-                outs[o["name"]] = torch.empty(shapes[o["name"]], dtype=dtype, device=device)
-        return outs
-
-    def prepare(self, kernel: dict, inst: dict, bound: dict, dims: dict, index: int) -> "Prepared":
-        import torch
-
+    def prepare(self, kernel: dict, inst: dict, bound: dict, dims: dict, index: int,
+                outputs_given: bool = False) -> calls.PreparedCall:
         key = (kernel["cubin"], tuple(sorted(dims.items())), index,  # which inputs are absent fixes the defaults
-               tuple(bound.get(i["name"]) is None for i in self.inputs))
+               tuple(bound.get(i["name"]) is None for i in self.inputs), outputs_given)
         with self._lock:
             if key in self._prepared:
                 return self._prepared[key]
@@ -217,140 +165,27 @@ class Op:
                               "packages cannot launch TMA kernels yet (call the op through kfc.load)")
             module_key = (kernel["cubin"], index)
             if module_key not in self._modules:
-                context = launcher.primary_context(index)
                 self._modules[module_key] = launcher.Module((self.root / kernel["cubin"]).read_bytes(),
-                                                            launches[0]["name"], context)
-            first = self._modules[module_key]
-            stages, workspaces = [], {}
-            for n, launch in enumerate(launches):
-                module = first if n == 0 else first.sibling(launch["name"])
-                grid = contract.prepare_function(launch, dims, module,
-                                                 torch.cuda.get_device_properties(index).multi_processor_count)
-                stages.append(Prepared(self, module, launch, grid, bound, dims, index))
-                dims = contract.defined_dims(launch, dims, grid[0])
-                for p in launch["params"]:
-                    if p["kind"] == "workspace":
-                        workspaces.setdefault(p["name"], contract.workspace_shape(p, dims))
-            prepared = stages[0] if len(stages) == 1 else PreparedSequence(stages, workspaces, index)
+                                                            launches[0]["name"], launcher.primary_context(index))
+            shapes = self.output_shapes(dims)
+            outputs = [(o["name"], shapes[o["name"]], torch_dtype(inst["types"][o["name"]])) for o in self.outputs]
+            prepared = calls.prepare(self.name, self._modules[module_key], launches, [i["name"] for i in self.inputs],
+                                     bound, dims, index, outputs, self.default, outputs_given)
             self._prepared[key] = prepared
             return prepared
 
+    def output_shapes(self, dims: dict) -> dict[str, tuple]:
+        return {o["name"]: tuple(evaluate(d, dims) if isinstance(d, str) else d for d in o["shape"])
+                for o in self.outputs}
 
-class Prepared:
-    """One kernel at one set of dims on one device: its argument slots and launch."""
-
-    def __init__(self, op: Op, module, launch: dict, grid: tuple, bound: dict, dims: dict, index: int) -> None:
-        self.params = launch["params"]
-        types, self.kinds, self.fixed = [], [], {}
-        for k, p in enumerate(self.params):
-            if p["kind"] in ("tensor", "workspace"):
-                types.append(ctypes.c_void_p)
-                self.kinds.append(fastcall.KINDS["ptr"])
-            elif p["kind"] == "scalar":
-                types.append(CTYPES[p["ctype"]])
-                self.kinds.append(fastcall.KINDS[p["ctype"]])
-                if bound.get(p["name"]) is None:
-                    self.fixed[k] = _default(op, p["name"], dims)
-            else:
-                types.append(ctypes.c_longlong)
-                self.kinds.append(fastcall.KINDS["long long"])
-                self.fixed[k] = int(dims[p["name"]])
-        self.names = [i["name"] for i in op.inputs]
-        self.launch = launcher.PreparedLaunch(module.function, launcher.primary_context(index), grid,
-                                              tuple(launch["block"]), launch["cluster"][0],
-                                              launch["smem_dynamic_bytes"], types, index, module.name)
-        for k, v in self.fixed.items():
-            self.launch.slots.values[k].value = v
-        self.lock = threading.Lock()
-
-    def run(self, bound: dict, outs: dict, spaces: dict | None = None) -> None:
-        values = self.launch.slots.values
-        with self.lock:
-            for k, p in enumerate(self.params):
-                if p["kind"] == "tensor":
-                    t = outs.get(p["name"]) if p["is_output"] else bound.get(p["name"])
-                    values[k].value = 0 if t is None else t.data_ptr()
-                elif p["kind"] == "workspace":
-                    values[k].value = spaces[p["name"]].data_ptr()
-                elif p["kind"] == "scalar" and bound.get(p["name"]) is not None:
-                    v = bound[p["name"]]
-                    values[k].value = float(v) if "float" in p["ctype"] or "double" in p["ctype"] else int(v)
-            c = self.launch.config
-            if c.gridDimX and c.gridDimY and c.gridDimZ:
-                self.launch.launch()
-
-    def can_be_native(self, args: tuple, out, n_outputs: int) -> bool:
-        """Whether the compiled launcher can serve this signature: it tells scalars apart by
-        value, not from None (a default), and takes out= only as every output, each a tensor."""
-        scalars = {self.names.index(p["name"]) for p in self.params if p["kind"] == "scalar"}
-        if any(i < len(args) and args[i] is None for i in scalars):
-            return False
-        if out is None:
-            return True
-        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        return len(outs) == n_outputs and all(o is not None for o in outs)
-
-    def native(self, module, args: tuple, out, shapes: dict, inst: dict):
-        """This call's signature as a compiled launcher (fastcall.cpp)."""
-        lib = launcher.libcuda()
-        fixed, tensors, scalars, outputs = dict(self.fixed), [], [], []
-        for k, p in enumerate(self.params):
-            if p["kind"] == "tensor" and p["is_output"]:
-                outputs.append((len(outputs), k, torch_dtype(inst["types"][p["name"]]), shapes[p["name"]],
-                                self.launch.device_index))
-            elif p["kind"] == "tensor":
-                i = self.names.index(p["name"])
-                if i >= len(args):
-                    fixed[k] = 0
-                elif args[i] is None:
-                    tensors.append((i, k, None, (), -1))
-                else:
-                    tensors.append((i, k, args[i].dtype, tuple(args[i].shape), args[i].get_device()))
-            elif p["kind"] == "scalar" and p["name"] in self.names and self.names.index(p["name"]) < len(args):
-                scalars.append((self.names.index(p["name"]), k))
-        config = self.launch.config
-        return module.Launcher(
-            launch=ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value,
-            ctx_set=ctypes.cast(lib.cuCtxSetCurrent, ctypes.c_void_p).value, context=self.launch.context,
-            function=self.launch.function, grid=(config.gridDimX, config.gridDimY, config.gridDimZ),
-            block=(config.blockDimX, config.blockDimY, config.blockDimZ), cluster=self.launch.cluster,
-            smem=config.sharedMemBytes, kinds=bytes(self.kinds), fixed=fixed, nargs=len(args),
-            tensors=tensors, scalars=scalars, outputs=outputs, outputs_given=out is not None,
-            stream_of=self.launch.stream_of, device=self.launch.device_index, on_error=self.launch.raise_error,
-            miss=_MISS, name=self.launch.name)
-
-
-class PreparedSequence:
-    """An op of several kernels (a row kernel, then the kernel that adds its partial sums):
-    the workspaces they share, allocated per call, and their launches in order."""
-
-    def __init__(self, stages: list, workspaces: dict, index: int) -> None:
-        self.stages, self.workspaces, self.index = stages, workspaces, index
-
-    def run(self, bound: dict, outs: dict) -> None:
-        import torch
-
-        spaces = {name: torch.empty(shape, dtype=torch.float32, device=torch.device("cuda", self.index))
-                  for name, shape in self.workspaces.items()}
-        for stage in self.stages:
-            stage.run(bound, outs, spaces)
-
-    def can_be_native(self, args: tuple, out, n_outputs: int) -> bool:
-        return False  # the compiled launcher launches one kernel
-
-
-def _default(op: Op, name: str, dims: dict):
-    spec = next(i for i in op.inputs if i["name"] == name)
-    if "default" not in spec:
-        raise OpError(f"{op.name}: missing scalar {name!r}")
-    d = spec["default"]
-    return evaluate(d, dims) if isinstance(d, str) else d
+    def default(self, name: str, dims: dict):
+        """A scalar's default at these dims (None without one)."""
+        d = next(i for i in self.inputs if i["name"] == name).get("default")
+        return evaluate(d, dims) if isinstance(d, str) else d
 
 
 def register_torch_op(op: Op, namespace: str):
     """`op` as the torch custom op torch.ops.<namespace>.<op name>, with a fake."""
-    import torch
-
     lib = torch.library.Library(namespace, "FRAGMENT")
     lib.define(op.name + op.meta["schema"])
     lib.impl(op.name, lambda *args: op(*args), "CUDA")
@@ -360,8 +195,9 @@ def register_torch_op(op: Op, namespace: str):
         inst = op.instance(bound)
         dims = op.dims(bound, inst)
         device = next(v.device for v in bound.values() if isinstance(v, torch.Tensor))
-        outs = tuple(torch.empty(tuple(evaluate(d, dims) if isinstance(d, str) else d for d in o["shape"]),
-                                 dtype=torch_dtype(inst["types"][o["name"]]), device=device) for o in op.outputs)
+        shapes = op.output_shapes(dims)
+        outs = tuple(torch.empty(shapes[o["name"]], dtype=torch_dtype(inst["types"][o["name"]]), device=device)
+                     for o in op.outputs)
         return outs[0] if len(outs) == 1 else outs
 
     torch.library.register_fake(f"{namespace}::{op.name}", fake, lib=lib)

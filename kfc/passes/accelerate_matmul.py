@@ -32,7 +32,6 @@ makes the writes visible to wgmma and a barrier orders them before it:
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
@@ -48,7 +47,7 @@ from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
 from ..ir.tile_ops import UnaryOp, WhereOp
 from ..ir.types import MemSpace, TensorType
-from .base import Pass, PassError, option, register_pass
+from .base import Pass, PassError, define_pass, option
 
 EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
 
@@ -129,12 +128,10 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
     return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude), columns)
 
 
-@register_pass
-@attrs.frozen
+@define_pass("accelerate-matmul",
+             "a whole-tensor dot to a grid of TMA-fed, pipelined wgmma tiles (Hopper)",
+             requires={"tma", "wgmma", "mbarrier"})
 class AccelerateMatmul(Pass):
-    NAME: ClassVar[str] = "accelerate-matmul"
-    SUMMARY: ClassVar[str] = "a whole-tensor dot to a grid of TMA-fed, pipelined wgmma tiles (Hopper)"
-    REQUIRES: ClassVar[frozenset[str]] = frozenset({"tma", "wgmma", "mbarrier"})
     mma: str = option("wgmma", choices=("wgmma",))
     bm: int = option(128, choices=(64, 128))
     bn: int = option(256, choices=(64, 128, 192, 256))

@@ -1,12 +1,9 @@
-"""What a pass is: a frozen attrs class whose fields are its typed options.
+"""What a pass is: a frozen attrs class whose fields are its typed options, declared with its
+name, a one-line summary and the target features it needs (e.g. {"cluster"}):
 
-    @register_pass
-    @attrs.frozen
+    @define_pass("tile", "map the row loop onto CTAs, threads and vectors", requires=set())
     class Tile(Pass):
-        NAME = "tile"
-        SUMMARY = "map the row loop onto CTAs, threads and vectors"
-        REQUIRES = frozenset()            # target features, e.g. {"cluster"}
-        rows: int = 1
+        rows: int = option(0, lo=0, hi=1024)
         def run(self, func, ctx): ...      # returns a new FuncOp
 
 Options print and parse losslessly as `tile{rows=2,vec=8}`; only options that differ from their
@@ -17,7 +14,7 @@ them is refused with a message that names them (in a pipeline string and in Pyth
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 import attrs
 
@@ -29,10 +26,23 @@ PASSES: dict[str, type["Pass"]] = {}
 
 
 def register_pass(cls: type["Pass"]) -> type["Pass"]:
+    """Add a pass class (already an attrs class) to the registry under its NAME."""
     if cls.NAME in PASSES:
         raise ValueError(f"pass {cls.NAME} registered twice")
     PASSES[cls.NAME] = cls
     return cls
+
+
+def define_pass(name: str, summary: str, requires: Iterable[str] = ()):
+    """Declare a pass: its name (as pipelines spell it), what it does in a line (`kfc passes`
+    prints it), the target features it needs; the class becomes a frozen attrs class whose
+    fields are its options, and is registered."""
+
+    def declare(cls: type["Pass"]) -> type["Pass"]:
+        cls.NAME, cls.SUMMARY, cls.REQUIRES = name, summary, frozenset(requires)
+        return register_pass(attrs.frozen(cls))
+
+    return declare
 
 
 class PassError(KfcError):

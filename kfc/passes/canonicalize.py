@@ -8,16 +8,14 @@ constant tile; x * 1 and x + 0 on integers, x * 1.0 on floats, disappear.
 
 from __future__ import annotations
 
-from typing import ClassVar
 
-import attrs
 import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.interpreter import Interpreter
 from ..ir.tile_ops import BINARY_CLASSES, BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, UnaryOp, WhereOp
-from .base import Pass, option, register_pass
+from .base import Pass, define_pass, option
 from .rewriter import PatternRewriter, RewritePattern, RewriteStats, apply_patterns_greedily
 
 # casts that lose nothing: going A -> B -> A returns exactly A's values
@@ -138,11 +136,8 @@ PATTERNS = (IdentityCast(), IdentityBroadcast(), WideningRoundTrip(), FoldConsta
             NeutralOperand())
 
 
-@register_pass
-@attrs.frozen
+@define_pass("canonicalize", "fold constants, drop identity casts/broadcasts and neutral operands")
 class Canonicalize(Pass):
-    NAME: ClassVar[str] = "canonicalize"
-    SUMMARY: ClassVar[str] = "fold constants, drop identity casts/broadcasts and neutral operands"
     max_iterations: int = option(16, lo=1, hi=1000)
 
     def run(self, func: FuncOp, ctx) -> FuncOp:

@@ -4,14 +4,13 @@ reuse a value from outside it, never the other way round."""
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
 from ..ir.core import Block, Op
 from ..ir.func import FuncOp
 from ..ir.rewrite import ValueMap
-from .base import Pass, register_pass
+from .base import Pass, define_pass
 
 
 def _exact(v):
@@ -32,11 +31,8 @@ def _key(op: Op):
     return (op.NAME, tuple(id(v) for v in op.operands), attrs_key, tuple(r.type for r in op.results))
 
 
-@register_pass
-@attrs.frozen
+@define_pass("cse", "reuse identical pure computations")
 class CSE(Pass):
-    NAME: ClassVar[str] = "cse"
-    SUMMARY: ClassVar[str] = "reuse identical pure computations"
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         vmap = ValueMap()

@@ -3,14 +3,13 @@ loops with no store inside. Repeats until nothing more can go."""
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
 from ..ir.core import Block, Op
 from ..ir.func import FuncOp
 from ..ir.rewrite import uses
-from .base import Pass, register_pass
+from .base import Pass, define_pass
 
 
 def _has_effect(op: Op) -> bool:
@@ -23,11 +22,8 @@ def _has_effect(op: Op) -> bool:
     return True  # an op that declares nothing is assumed to have an effect
 
 
-@register_pass
-@attrs.frozen
+@define_pass("dce", "remove unused pure ops, loads and effect-free loops")
 class DCE(Pass):
-    NAME: ClassVar[str] = "dce"
-    SUMMARY: ClassVar[str] = "remove unused pure ops, loads and effect-free loops"
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         removed = 0

@@ -12,7 +12,6 @@ iterations are independent, so their order does not matter.
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
@@ -22,7 +21,7 @@ from ..ir.func import FuncOp
 from ..ir.rewrite import ValueMap, rebuild_block
 from ..ir.tile_ops import BINARY_CLASSES, ConstOp, ParallelOp
 from ..ir.types import TensorType
-from .base import Pass, register_pass
+from .base import Pass, define_pass
 
 INDEX = TensorType(DType.INDEX)
 
@@ -38,11 +37,8 @@ def _binary(name: str, a: Value, b: Value, loc, out: list) -> Value:
     return op.result
 
 
-@register_pass
-@attrs.frozen
+@define_pass("linearize", "fuse a parallel loop's indices into one (row-major), so it runs over one index")
 class Linearize(Pass):
-    NAME: ClassVar[str] = "linearize"
-    SUMMARY: ClassVar[str] = "fuse a parallel loop's indices into one (row-major), so it runs over one index"
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         defs = {r: op for op in func.body.ops for r in op.results}

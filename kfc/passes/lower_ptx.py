@@ -21,7 +21,6 @@ or none); store = the cache hint for stores.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import attrs
 
@@ -32,8 +31,9 @@ from ..ir.ptx_ops import CACHE_HINTS, CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxO
 from ..ir.rewrite import ValueMap, defining_ops, rebuild_block
 from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
 from ..ir.types import TensorType
-from .base import Pass, PassError, option, register_pass
+from .base import Pass, PassError, define_pass, option
 from .rows import find_row_loop
+from ..model.spec import CheckSpec
 
 APPROX_MIN_TOLERANCE = 1e-5
 HINT_NAMES = ("none",) + tuple(h for h in CACHE_HINTS if h)
@@ -47,11 +47,8 @@ def _hint(name: str, text: str) -> str:
     return v
 
 
-@register_pass
-@attrs.frozen
+@define_pass("lower-ptx", "vector ld/st with cache hints, approximate rsqrt/exp, packed conversions")
 class LowerPtx(Pass):
-    NAME: ClassVar[str] = "lower-ptx"
-    SUMMARY: ClassVar[str] = "vector ld/st with cache hints, approximate rsqrt/exp, packed conversions"
     approx: str = option("auto", choices=("auto", "on", "off"))
     stream: str = option("cs", choices=HINT_NAMES)
     store: str = option("cs", choices=HINT_NAMES)
@@ -138,8 +135,6 @@ class LowerPtx(Pass):
 
 def ctx_tolerance(ctx, func) -> float:
     """The smallest relative tolerance any floating-point output is checked with."""
-    from ..model.spec import CheckSpec
-
     check = getattr(ctx, "check", None) or CheckSpec()
     tols = [check.tolerance_for(str(v.ttype.dtype)) for v in func.outputs if v.ttype.dtype.is_float]
     return min(tols) if tols else 1.0

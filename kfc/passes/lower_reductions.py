@@ -6,7 +6,6 @@ pair (tile.max_sumexp) takes the same steps carrying both values."""
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
@@ -19,8 +18,9 @@ from ..ir.gpu_ops import (
 from ..ir.rewrite import ValueMap, rebuild_block
 from ..ir.tile_ops import BINARY_CLASSES, ConstOp, MaxSumExpOp, ReduceKind, ReduceOp
 from ..ir.types import TensorType
-from .base import Pass, register_pass
+from .base import Pass, define_pass
 from .rows import find_row_loop
+from ..ir.rewrite import defining_ops, uses
 
 
 # A row of t threads in each of c CTAs reduces in these steps, a value or a (max, sum) pair alike.
@@ -36,11 +36,8 @@ def steps(t: int, c: int) -> list[tuple[str, dict]]:
         ([("cta", {})] if t > 32 else []) + ([("cluster", {})] if c > 1 else [])
 
 
-@register_pass
-@attrs.frozen
+@define_pass("lower-reductions", "row reductions to thread, warp-shuffle, shared-memory and cluster steps")
 class LowerReductions(Pass):
-    NAME: ClassVar[str] = "lower-reductions"
-    SUMMARY: ClassVar[str] = "row reductions to thread, warp-shuffle, shared-memory and cluster steps"
 
     def required_features(self) -> frozenset[str]:
         return frozenset()
@@ -107,18 +104,13 @@ class LowerReductions(Pass):
         return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
 
 
-@register_pass
-@attrs.frozen
+@define_pass("fuse-reductions", "fold a product into the per-thread sum that consumes it (fma)")
 class FuseReductions(Pass):
     """fuse-reductions: the elementwise product feeding a per-thread sum is folded into it
     (acc = fma(a, b, acc)), so the product is never materialised."""
 
-    NAME: ClassVar[str] = "fuse-reductions"
-    SUMMARY: ClassVar[str] = "fold a product into the per-thread sum that consumes it (fma)"
 
     def run(self, func, ctx):
-        from ..ir.rewrite import defining_ops, uses
-
         launch = find_row_loop(func, LaunchOp)
         defs = defining_ops(func)
         counts = uses(func)

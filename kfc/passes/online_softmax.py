@@ -23,7 +23,6 @@ updates through a thread's chunks leaves less to overlap than two independent sw
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
@@ -32,7 +31,7 @@ from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, MaxSumExpOp, ParallelOp, ReduceKind, ReduceOp
 from ..ir.types import MemSpace, TensorType
-from .base import Pass, register_pass
+from .base import Pass, define_pass
 
 
 def _row_reduce(op, kind: ReduceKind) -> bool:
@@ -82,11 +81,8 @@ def fuse_max_sumexp(block: Block) -> tuple[Block, int]:
     return Block(block.args, tuple(out)), len(pairs)
 
 
-@register_pass
-@attrs.frozen
+@define_pass("online-softmax", "a row's max and sum of exp(x - max) as one reduction of (max, sum) pairs")
 class OnlineSoftmax(Pass):
-    NAME: ClassVar[str] = "online-softmax"
-    SUMMARY: ClassVar[str] = "a row's max and sum of exp(x - max) as one reduction of (max, sum) pairs"
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         total, ops = 0, []

@@ -34,7 +34,6 @@ transpose, a dot), loops with sums across their iterations and loops holding oth
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
@@ -46,7 +45,7 @@ from ..ir.tile_ops import (
     ParallelOp, ReduceKind, ReduceOp, StoreOp, UnaryOp, WhereOp, YieldOp,
 )
 from ..ir.types import MemSpace, SymDim, TensorType
-from .base import Pass, register_pass
+from .base import Pass, define_pass
 
 ELEMENTWISE = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp)
 INDEX = TensorType(DType.INDEX)
@@ -237,11 +236,8 @@ def _axis_dims(t: TensorType, index) -> list[int]:
     return [d for d, ix in enumerate(index) if ix.kind == "all"] + list(range(len(index), t.rank))
 
 
-@register_pass
-@attrs.frozen
+@define_pass("split-tiles", "a parallel loop over [A, B] tiles becomes a loop over one more index with [B] tiles")
 class SplitTiles(Pass):
-    NAME: ClassVar[str] = "split-tiles"
-    SUMMARY: ClassVar[str] = "a parallel loop over [A, B] tiles becomes a loop over one more index with [B] tiles"
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         ops, changed, kept = [], 0, []

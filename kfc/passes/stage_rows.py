@@ -40,7 +40,6 @@ and db in f32 at rows of 262144, where one of its two rows is staged). Semantics
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import attrs
 
@@ -53,7 +52,7 @@ from ..ir.tile_ops import BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, LoadOp, M
 from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
 from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
-from .base import Pass, PassError, option, register_pass
+from .base import Pass, PassError, define_pass, option
 from .rows import find_row_loop, only_summed, row_length
 
 # The bulk copy moves multiples of 16 bytes between 16-byte-aligned addresses.
@@ -168,12 +167,10 @@ def _recomputable(op, row_values: set) -> bool:
     return LoadOp.unrefined(op) and not any(v in row_values for v in op.operands[1:])
 
 
-@register_pass
-@attrs.frozen
+@define_pass("stage-rows",
+             "copy long input rows into shared memory with bulk async copies; re-read them there",
+             requires={"tma", "mbarrier"})
 class StageRows(Pass):
-    NAME: ClassVar[str] = "stage-rows"
-    SUMMARY: ClassVar[str] = "copy long input rows into shared memory with bulk async copies; re-read them there"
-    REQUIRES: ClassVar[frozenset[str]] = frozenset({"tma", "mbarrier"})
     # rows read in two stretches are staged from this many bytes on (more stretches: see above)
     min_bytes: int = option(DEFAULT_MIN_BYTES, lo=0, hi=1 << 30)
     # rows too long for registers that cannot be staged are loaded again in each stretch (above)

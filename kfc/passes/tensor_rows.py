@@ -18,7 +18,6 @@ size: `tensor_rows_dim` names the dim, so compile leaves it unspecialised.
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import attrs
 
@@ -30,7 +29,7 @@ from ..ir.tile_ops import (
     YieldOp,
 )
 from ..ir.types import SymDim, TensorType
-from .base import Pass, PassError, register_pass
+from .base import Pass, PassError, define_pass
 from .split_tiles import INDEX, NotSplit, SplitTiles, assign_roles, register_tile, rows_of
 
 # what a sum across the loop's iterations can be: the parallel loop adds, nothing else
@@ -59,11 +58,8 @@ def tensor_rows_dim(func: FuncOp) -> str | None:
     return None
 
 
-@register_pass
-@attrs.frozen
+@define_pass("rows-of-tensors", "a whole-tensor program that computes row by row becomes a parallel loop over rows")
 class RowsOfTensors(Pass):
-    NAME: ClassVar[str] = "rows-of-tensors"
-    SUMMARY: ClassVar[str] = "a whole-tensor program that computes row by row becomes a parallel loop over rows"
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         if not applies(func):

@@ -26,7 +26,6 @@ Semantics do not change.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import attrs
 
@@ -38,7 +37,7 @@ from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_ro
 from ..ir.tile_ops import ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp
 from ..ir.types import MemSpace, TensorType
 from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
-from .base import Pass, PassError, option, register_pass
+from .base import Pass, PassError, define_pass, option
 from .rows import body_ops, find_row_loop, only_summed, row_length
 
 # Bytes of each row a thread holds: enough independent 16-byte loads in flight to cover memory
@@ -246,11 +245,8 @@ def per_row_inputs(loop) -> int:
     return max(1, len(seen))
 
 
-@register_pass
-@attrs.frozen
+@define_pass("tile", "map the row loop onto CTAs, threads, vectors and clusters")
 class Tile(Pass):
-    NAME: ClassVar[str] = "tile"
-    SUMMARY: ClassVar[str] = "map the row loop onto CTAs, threads, vectors and clusters"
     rows: int = option(0, lo=0, hi=1024)
     threads: int = option(0, lo=0, hi=1024, pow2=True)
     vec: int = option(0, lo=0, hi=16, pow2=True)

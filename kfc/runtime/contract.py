@@ -119,8 +119,7 @@ def prepare_function(kernel: dict, dims: dict[str, int], function, sm_count: int
     """Allow on the loaded `function` what its launch needs (dynamic shared memory past 48 KB and
     clusters past 8, before the occupancy query that counts them) and return its grid, a
     persistent kernel's capped at one wave: the clusters the GPU holds at once, or for single
-    CTAs the `sm_count` SMs times the CTAs an SM holds. kfc's LoadedKernel and a package's
-    launcher.Module both serve as `function`."""
+    CTAs the `sm_count` SMs times the CTAs an SM holds (`function`: a launcher.Module)."""
     cluster, block, smem = kernel["cluster"][0], kernel["block"], kernel["smem_dynamic_bytes"]
     if needs_smem_opt_in(kernel):
         function.allow_dynamic_smem(smem)

@@ -84,7 +84,7 @@ def libcuda():
 def current_stream_getter():
     """A function of a device index giving torch's current raw stream handle (the private
     accessor when torch has it: it skips building a Stream object)."""
-    import torch
+    import torch  # lazy: torch, seconds cold (importtime: 14.6 s here); kfc.runtime imports without it
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
@@ -167,8 +167,9 @@ def check(err: int, what: str) -> None:
 
 
 class Module:
-    """A cubin loaded into the current context with the driver's own calls (what a package
-    that ships without kfc and cuda-python uses; kfc itself loads through kfc.runtime.driver)."""
+    """A cubin loaded into a context (torch's, from primary_context) with the driver's own calls,
+    and one kernel of it: what kfc's runtime and the packages it writes (which ship without kfc
+    and cuda-python) both load with."""
 
     def __init__(self, cubin: bytes, kernel: str, context: int) -> None:
         lib = libcuda()
@@ -179,20 +180,27 @@ class Module:
         check(lib.cuModuleGetFunction(ctypes.byref(fn), self.handle, kernel.encode()), f"cuModuleGetFunction({kernel})")
         self.function = fn.value
         self.name = kernel
+        self._siblings: dict[str, Module] = {}
+        self._large_clusters = False
 
     def sibling(self, kernel: str) -> "Module":
         """Another kernel of the same cubin, from the module already loaded."""
-        other = object.__new__(Module)
-        other._image, other.handle, other.name = self._image, self.handle, kernel
-        fn = ctypes.c_void_p()
-        check(libcuda().cuModuleGetFunction(ctypes.byref(fn), self.handle, kernel.encode()),
-              f"cuModuleGetFunction({kernel})")
-        other.function = fn.value
-        return other
+        if kernel not in self._siblings:
+            other = object.__new__(Module)
+            other._image, other.handle, other.name = self._image, self.handle, kernel
+            fn = ctypes.c_void_p()
+            check(libcuda().cuModuleGetFunction(ctypes.byref(fn), self.handle, kernel.encode()),
+                  f"cuModuleGetFunction({kernel})")
+            other.function, other._siblings, other._large_clusters = fn.value, {}, False
+            self._siblings[kernel] = other
+        return self._siblings[kernel]
 
     def allow_large_clusters(self) -> None:
-        # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 16
-        check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 16, 1), "allowing a cluster above 8")
+        """Clusters of more than 8 CTAs are 'non-portable' and must be allowed per kernel."""
+        if not self._large_clusters:
+            # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 16
+            check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 16, 1), "allowing a cluster above 8")
+            self._large_clusters = True
 
     def allow_dynamic_smem(self, nbytes: int) -> None:
         # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -221,10 +229,17 @@ def max_active_clusters(function: int, block: int, smem: int, cluster: int) -> i
     return n.value
 
 
+@functools.cache
 def primary_context(device_index: int) -> int:
-    """torch's context for the device (its primary context), made current."""
-    import torch
-
+    """torch's context for the device (its primary context, created if torch has not yet);
+    without torch, a GPU or the driver, one clear GpuUnavailable."""
+    try:
+        import torch  # lazy: torch, seconds cold (importtime: 14.6 s here); kfc.runtime imports without it
+    except ImportError:
+        raise GpuUnavailable("torch is needed to run kernels") from None
+    if not torch.cuda.is_available():
+        raise GpuUnavailable("no CUDA GPU is visible; kernels run on a machine with an NVIDIA GPU "
+                             "(`kfc compile` works without one)")
     torch.cuda.init()
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # forces the primary context

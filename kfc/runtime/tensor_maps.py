@@ -14,6 +14,7 @@ import threading
 import attrs
 
 from ..diagnostics import KfcError
+from .driver import _driver, check
 
 TENSOR_MAP_BYTES = 128
 # dtype -> (CUtensorMapDataType member, element bytes)
@@ -69,8 +70,6 @@ def tiled_layout(what: str, dtype: str, shape: tuple, strides: tuple, data_ptr: 
 def encode(what: str, dtype: str, data_ptr: int, layout: TiledLayout, swizzle: int) -> bytes:
     """The CUtensorMap's 128 bytes, through cuda-python's cuTensorMapEncodeTiled: out-of-bounds
     reads fill zeros (a kernel's last box past the tensor's edge relies on it)."""
-    from .driver import _driver, check
-
     drv = _driver()
     tensor_map = check(drv.cuTensorMapEncodeTiled(
         getattr(drv.CUtensorMapDataType, DTYPES[dtype][0]), 2, data_ptr,

@@ -1,0 +1,84 @@
+"""Names in scope while lowering: the frames of the op body, its loops and branches, and the
+rules for looking a name up (locals, parameters, dims) and assigning one."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import attrs
+
+from ..diagnostics import Span
+from ..ir.core import Value
+from ..ir.types import MemSpace
+from .calls import BUILTIN_NAMES
+from .values import Tensor
+
+
+@attrs.define
+class Frame:
+    """One scope. Loop bodies are frames whose assignments may not reach outer names."""
+
+    kind: str  # "func" | "parallel" | "for"
+    names: dict[str, Value] = attrs.Factory(dict)
+    carried: tuple[str, ...] = ()
+    assigned_at: dict[str, Span] = attrs.Factory(dict)
+    indices: frozenset[str] = frozenset()  # the loop's index names: fixed for an iteration
+    # a parallel loop's sums across its iterations: output name -> (contribution, statement)
+    accumulated: dict[str, tuple[Value, Any]] = attrs.Factory(dict)
+
+
+class ScopeLowering:
+    """Looking names up and binding them, on the Lowerer's frames, parameters and dims."""
+
+    def lookup(self, name: str, node):
+        for frame in reversed(self.frames):
+            if name in frame.names:
+                return frame.names[name]
+        if name in self.params:
+            v = self.params[name]
+            if name in self.outputs:
+                self.touch(name, node)
+            return Tensor(v) if v.ttype.space is not MemSpace.REG else v
+        if name in self.symbols:
+            with self.b.at(self.span(node)):
+                return self.b.dim(name)
+        hint = None
+        known = [n for f in self.frames for n in f.names] + list(self.params) + list(self.symbols)
+        close = [k for k in known if k.lower() == name.lower() or (len(name) > 2 and k.startswith(name[:3]))] \
+            or difflib.get_close_matches(name, known, 1, 0.6)
+        if close:
+            hint = f"did you mean {close[0]}?"
+        elif name in BUILTIN_NAMES:
+            hint = f"{name} is a function; call it, e.g. {name}(...)"
+        if hint is None:
+            shown = list(dict.fromkeys(known))
+            hint = "assign it before use" + (f"; in scope here: {', '.join(shown[:12])}" if shown else "") \
+                + (", ..." if len(shown) > 12 else "")
+        raise self.err(node, f"unknown name '{name}'", hint)
+
+    def assign(self, name: str, value: Value, node) -> None:
+        if name in self.params:
+            if name in self.outputs:
+                raise AssertionError("whole-tensor stores are handled by the caller")
+            kind = "tensor" if self.params[name].ttype.space is not MemSpace.REG else "scalar"
+            raise self.err(node, f"cannot assign to the input {kind} '{name}'; inputs are read-only",
+                           "choose a new name for the value")
+        if name in self.symbols:
+            raise self.err(node, f"cannot assign to the dimension '{name}'",
+                           "dimensions are fixed by the input shapes; choose a new name for the value")
+        frame = self.frames[-1]
+        if any(name in f.indices for f in self.frames):
+            raise self.err(node, f"'{name}' is a loop index and cannot be assigned",
+                           "choose a new name for the value")
+        if name not in frame.names and frame.kind != "if":  # a branch may assign outer names: the if's results
+            for outer in reversed(self.frames[:-1]):
+                if name in outer.names:
+                    if frame.kind == "for":
+                        raise self.err(node, f"'{name}' is defined outside this loop and assigned inside it",
+                                       f"to update it on every iteration, carry it: carry ({name})")
+                    raise self.err(node, f"'{name}' is defined outside this parallel loop and cannot be "
+                                         "reassigned inside it (iterations are independent)",
+                                   "use a new name inside the loop")
+        frame.names[name] = self.b.name_value(value, name)
+        frame.assigned_at[name] = self.span(node)

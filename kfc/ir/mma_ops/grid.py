@@ -1,0 +1,173 @@
+"""The grid of CTAs that tensor-core programs run in (gpu.grid, gpu.cta_barrier,
+gpu.single_thread), the types and sizes of staged tiles and mbarrier arrays, and the machine
+model the protocol ops of kfc.ir.mma_ops.tma and kfc.ir.mma_ops.wgmma move."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from ...diagnostics import InterpretError
+from ..core import Op, define_op
+from ..dtypes import DType
+from ..gpu_ops import check_layouts
+from ..smem_ops import HINT_WAIT_BEFORE_READ, HazardError
+from ..types import MemSpace, TensorType
+
+TMA_BOX_LIMIT = 256     # elements along each dim of a TMA box
+TMA_GRANULE = 16        # bytes: a tensor map's row pitch and base are multiples of it
+CHUNK_BYTES = 128       # a staged chunk's row: one 128-byte swizzle span
+GRID_THREADS = (128, 256, 384)
+
+
+def barrier_array_type(stages: int) -> TensorType:
+    return TensorType(DType.I64, (stages,), MemSpace.SHARED)
+
+
+def is_barrier_array(t) -> bool:
+    return isinstance(t, TensorType) and t.dtype is DType.I64 and t.space is MemSpace.SHARED and t.rank == 1 \
+        and t.layout is None
+
+
+def is_staged_tile(t) -> bool:
+    return isinstance(t, TensorType) and t.space is MemSpace.SHARED and t.rank == 4 and t.layout is not None \
+        and t.layout.kind == "shared"
+
+
+# --- the machine model the interpreter runs ------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class StagedTile:
+    """A staged shared-memory tile: data [stages, chunks, rows, cols] (None when only the protocol
+    is followed, kfc.ir.grid_protocol), and per (stage, chunk) the barrier whose phase will
+    deliver a copy in flight."""
+
+    name: str
+    data: np.ndarray | None
+    pending: dict = attrs.Factory(dict)  # (stage, chunk) -> MBarrier
+
+    def stage_ready(self, op: Op, s: int) -> None:
+        for (stage, _), bar in self.pending.items():
+            if stage == s:
+                raise HazardError(f"{op.NAME}: reads stage {s} of {self.name} while the copy into it is in flight "
+                                  f"(nobody waited on {bar.name})", op.loc, HINT_WAIT_BEFORE_READ)
+
+    def refill(self, op: Op, machine, s: int) -> None:
+        """A copy into stage s begins: no wgmma in flight may still read it."""
+        for group in wgmma_groups_of(machine):
+            if (id(self), s) in group:
+                raise HazardError(f"{op.NAME}: overwrites stage {s} of {self.name} while a wgmma reading it is in "
+                                  "flight", op.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage")
+
+
+@attrs.frozen
+class StagedCopy:
+    """A copy into one chunk of one stage, landing when its barrier's phase completes."""
+
+    tile: StagedTile
+    stage: int
+    chunk: int
+
+    @property
+    def name(self) -> str:
+        return f"stage {self.stage} of {self.tile.name}"
+
+
+# The protocol's state lives on the machine that runs it: the interpreter, or the static walk of
+# kfc.ir.grid_protocol. Each protocol op's `advance` moves it; its `interpret` adds the data.
+def unfenced_of(machine) -> set:
+    """The (staged tile, stage) pairs the threads wrote that no gpu.fence_proxy_async has yet
+    made visible to the async proxy."""
+    if not hasattr(machine, "unfenced"):
+        machine.unfenced = set()
+    return machine.unfenced
+
+
+def wgmma_groups_of(machine) -> list:
+    """The wgmma groups in flight: each a set of (staged tile, stage) it reads."""
+    if not hasattr(machine, "wgmma_groups"):
+        machine.wgmma_groups = []
+    return machine.wgmma_groups
+
+
+def stage_index(op: Op, value, stages: int) -> int:
+    s = int(np.asarray(value))
+    if not 0 <= s < stages:
+        raise InterpretError(f"{op.NAME}: stage {s} is out of range for {stages} stages", op.loc)
+    return s
+
+
+# --- the grid -------------------------------------------------------------------------------------
+
+
+@define_op("gpu.grid", traits={"loop"}, operands=0, results=0)
+class GridOp(Op):
+    """Independent programs over an N-D grid of program ids (the region's index arguments), one
+    CTA of `threads` threads each."""
+
+    grid: tuple[int, ...] = attrs.field(converter=tuple)
+    threads: int = 128
+    group: int = 1  # raster order: program rows launched together along the first grid dim
+
+    @property
+    def body(self):
+        return self.regions[0]
+
+    def verify_(self) -> None:
+        if len(self.regions) != 1 or len(self.body.args) != len(self.grid):
+            raise self.error(f"needs one region with an index argument per grid dim ({len(self.grid)})")
+        if not 1 <= len(self.grid) <= 3 or any(not isinstance(g, int) or g < 1 for g in self.grid):
+            raise self.error(f"the grid has 1 to 3 dims of at least one program, not {list(self.grid)}")
+        if any(a.type != TensorType(DType.INDEX) for a in self.body.args):
+            raise self.error("program ids are index scalars")
+        if self.threads not in GRID_THREADS:
+            raise self.error(f"threads must be whole warpgroups ({', '.join(map(str, GRID_THREADS))}), "
+                             f"not {self.threads}")
+        if self.group < 1:
+            raise self.error(f"group must be positive, not {self.group}")
+        check_layouts(self.body, self.threads, 1, 1)
+
+    def interpret(self, interp, ins, env):
+        for pid in np.ndindex(*self.grid):
+            for arg, i in zip(self.body.args, pid):
+                env[arg] = np.asarray(i, dtype=np.int64)
+            interp.wgmma_groups = []
+            interp.exec_iteration(self.body, env)
+            self.program_ends(interp)
+        return None
+
+    def program_ends(self, machine) -> None:
+        if wgmma_groups_of(machine):
+            raise HazardError(f"{self.NAME}: a program ends with {len(machine.wgmma_groups)} wgmma group(s) in "
+                              "flight", self.loc, "end the program's MMAs with gpu.wgmma_wait {pending = 0}")
+
+
+@define_op("gpu.cta_barrier", traits={"writes_memory"}, operands=0, results=0)
+class CtaBarrierOp(Op):
+    """Every thread of the CTA meets here (bar.sync): orders what warpgroups did to shared memory
+    before it against what any thread does after."""
+
+    def advance(self, machine, ins) -> None:
+        pass  # one thread of control runs the protocol: nothing to order
+
+    def interpret(self, interp, ins, env):
+        return None
+
+
+@define_op("gpu.single_thread", traits={"writes_memory"}, operands=0, results=0)
+class SingleThreadOp(Op):
+    """Its region runs in one thread of the CTA (thread 0): who announces a stage's bytes and
+    issues its TMA loads. The interpreter runs it once per program, as that thread does."""
+
+    @property
+    def body(self):
+        return self.regions[0]
+
+    def verify_(self) -> None:
+        if len(self.regions) != 1 or self.body.args:
+            raise self.error("needs one region without arguments")
+
+    def interpret(self, interp, ins, env):
+        interp.exec_block(self.body, env)
+        return None

@@ -1,0 +1,60 @@
+"""The tile dialect's contraction: tile.dot, a matrix product of 2-D tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import Op, define_op
+from ..dtypes import DType
+from ..types import TensorType, bare_type
+from .checks import reg_tile_of, shape_str
+
+
+@define_op("tile.dot", traits={"pure"}, operands=2, results=1)
+class DotOp(Op):
+    """Matrix product of 2-D tiles with fp32 accumulation (i32 for integer operands)."""
+
+    trans_a: bool = False
+    trans_b: bool = False
+
+    @staticmethod
+    def mnk(a: TensorType, b: TensorType, trans_a: bool, trans_b: bool):
+        m, ka = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+        return m, n, ka, kb
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        a, b = operand_types
+        m, n, _, _ = cls.mnk(a, b, attributes.get("trans_a", False), attributes.get("trans_b", False))
+        acc = DType.I32 if a.dtype.is_int else DType.F32
+        return [TensorType(acc, (m, n))]
+
+    def verify_(self) -> None:
+        a = reg_tile_of(self, self.operands[0], "lhs")
+        b = reg_tile_of(self, self.operands[1], "rhs")
+        if a.rank != 2 or b.rank != 2:
+            raise self.error(f"operands must be 2-D, not {shape_str(a.shape)} and {shape_str(b.shape)}")
+        if a.dtype != b.dtype:
+            raise self.error(f"operand dtypes differ: {a.dtype} and {b.dtype}")
+        if not (a.dtype.is_float or a.dtype in (DType.I8,)):
+            raise self.error(f"operands must be floating point or i8, not {a.dtype}")
+        m, n, ka, kb = self.mnk(a, b, self.trans_a, self.trans_b)
+        if ka != kb:
+            raise self.error(f"contraction dims differ: {ka} and {kb} "
+                             f"({shape_str(a.shape)}{'ᵀ' if self.trans_a else ''} · "
+                             f"{shape_str(b.shape)}{'ᵀ' if self.trans_b else ''})")
+        if bare_type(self.result.type) != bare_type(self.infer_result_types([a, b], self.attributes())[0]):
+            raise self.error(f"result type {self.result.type} must be {self.infer_result_types([a, b], self.attributes())[0]}")
+
+    def interpret(self, interp, ins, env):
+        a, b = ins
+        if self.operands[0].ttype.dtype.is_int:
+            a, b = a.astype(np.int64), b.astype(np.int64)
+        else:
+            a, b = a.astype(np.float32), b.astype(np.float32)
+        if self.trans_a:
+            a = a.T
+        if self.trans_b:
+            b = b.T
+        return [interp.result_array(self, np.matmul(a, b))]
