@@ -1,5 +1,6 @@
-"""The launch fast path's C structures match cuda.h: compiled and run on the host (no GPU),
-the toolkit's own sizeof/offsetof must equal the ctypes layout kfc.runtime.launcher uses."""
+"""The launch fast path's C structures and constants match cuda.h: compiled and run on the host
+(no GPU), the toolkit's own sizeof/offsetof and enum values must equal what kfc.runtime.launcher
+uses through ctypes."""
 
 import ctypes
 import subprocess
@@ -12,10 +13,11 @@ PROBE = r"""
 #include <cstddef>
 #include <cstdio>
 int main() {
-  std::printf("%zu %zu %zu %zu %zu %zu %zu %d\n", sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream),
+  std::printf("%zu %zu %zu %zu %zu %zu %zu %d %d %d\n", sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream),
               offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs), sizeof(CUlaunchAttribute),
               offsetof(CUlaunchAttribute, value), sizeof(CUlaunchAttributeValue),
-              (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+              (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (int)CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+              (int)CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED);
   return 0;
 }
 """
@@ -30,7 +32,8 @@ def test_the_launch_structures_have_cuda_h_layout(tmp_path):
     cfg, attr = launcher._LaunchConfig, launcher._LaunchAttribute
     assert got == [ctypes.sizeof(cfg), cfg.hStream.offset, cfg.attrs.offset, cfg.numAttrs.offset,
                    ctypes.sizeof(attr), attr.value.offset, ctypes.sizeof(launcher._AttrValue),
-                   launcher.CLUSTER_DIMENSION]
+                   launcher.CLUSTER_DIMENSION, launcher.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                   launcher.NON_PORTABLE_CLUSTER_SIZE_ALLOWED]
 
 
 def test_argument_slots_point_at_their_values():

@@ -17,8 +17,8 @@ The CUDA structures are laid out as cuda.h declares them (CUDA 12 and 13):
                      sharedMemBytes; CUstream hStream; CUlaunchAttribute *attrs; unsigned numAttrs; }
     CUlaunchAttribute { CUlaunchAttributeID id; char pad[4]; CUlaunchAttributeValue value; }
     CUlaunchAttributeValue: a 64-byte union; clusterDim is { unsigned x, y, z } at its start
-    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
-INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: no current context on this thread
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4; CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14 (tests/test_launcher.py reads them from cuda.h)
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ except ImportError:  # vendored into a package `kfc package` wrote, which runs w
     class GpuUnavailable(LaunchError):
         pass
 
-CLUSTER_DIMENSION = 4
+CLUSTER_DIMENSION = 4                   # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8       # CU_FUNC_ATTRIBUTE_*, as cuda.h numbers them
+NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: no current context on this thread
 
 
@@ -198,13 +200,12 @@ class Module:
     def allow_large_clusters(self) -> None:
         """Clusters of more than 8 CTAs are 'non-portable' and must be allowed per kernel."""
         if not self._large_clusters:
-            # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 16
-            check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 16, 1), "allowing a cluster above 8")
+            check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                  "allowing a cluster above 8")
             self._large_clusters = True
 
     def allow_dynamic_smem(self, nbytes: int) -> None:
-        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-        check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), 8, nbytes),
+        check(libcuda().cuFuncSetAttribute(ctypes.c_void_p(self.function), MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
               f"allowing {nbytes} bytes of dynamic shared memory")
 
     def max_active_blocks(self, block: int, smem: int = 0) -> int:
