@@ -26,9 +26,9 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests marked slow (a minute or more) first: pytest-xdist hands tests out in this order
-    (one at a time with --maxschedchunk 1), so the longest start at once and the workers end
-    together instead of one running a fuzz test alone at the end."""
+    """The tests marked slow (tens of seconds or more) first: pytest-xdist hands tests (or a
+    module's xdist_group) out in this order with --no-loadscope-reorder, so the longest start at
+    once and the workers end together instead of one running a fuzz test alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -23,6 +23,8 @@ from kfc.frontend import load_kfc
 from kfc.kb.store import KnowledgeBase
 from kfc.model.target import parse_target
 
+pytestmark = pytest.mark.xdist_group("cluster")  # on one pytest-xdist worker: it starts one Ray cluster
+
 TARGET = parse_target("sm_90a")
 DIMS = {"M": 32768, "N": 4096}
 BUDGET, BATCH, SEED = 7, 4, 5

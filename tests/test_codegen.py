@@ -17,6 +17,8 @@ from kfc.frontend import load_kfc
 from kfc.model.target import parse_target
 from tests.vocabulary_loss import XENT
 
+pytestmark = pytest.mark.xdist_group("codegen")  # on one pytest-xdist worker: it compiles every row kernel once
+
 GOLDEN = Path("tests/golden/codegen")
 ROW_KERNELS = ["rmsnorm", "layernorm", "softmax"]
 

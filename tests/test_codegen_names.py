@@ -16,6 +16,8 @@ from kfc.model.target import parse_target
 
 from hostile_names import NEUTRAL, cases, source
 
+pytestmark = pytest.mark.xdist_group("codegen_names")  # on one pytest-xdist worker: it compiles its cases once
+
 CASES = cases()
 
 

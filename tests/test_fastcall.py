@@ -14,6 +14,8 @@ import torch
 from kfc.codegen.toolchain import find_toolchain
 from kfc.runtime import fastcall, launcher
 
+pytestmark = pytest.mark.xdist_group("fastcall")  # on one pytest-xdist worker: it builds the fast-call extension once
+
 MISS = object()
 
 

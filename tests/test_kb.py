@@ -33,6 +33,8 @@ from kfc.kb import (
 from kfc.kb.cli import add_commands, convergence
 from kfc.kb.store import SCHEMA_VERSION
 
+pytestmark = pytest.mark.xdist_group("kb")  # on one pytest-xdist worker: it starts one PostgreSQL server
+
 SM = "sm_90a"
 SHAPE = {"N": 4096}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

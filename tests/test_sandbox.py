@@ -19,6 +19,8 @@ from kfc.cli import main
 from kfc.diagnostics import KfcError
 from kfc.frontend import parse_kfc
 
+pytestmark = pytest.mark.xdist_group("sandbox")  # on one pytest-xdist worker: it starts one reference child
+
 OP = """op twice(x: f32[M, N], s: f32 = 2.0) -> (y: f32[M, N]) {{
   parallel m in 0..M {{ y[m, :] = x[m, :] * s }}
 }}
