@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -32,3 +34,22 @@ def write_atomically(path: Path, data: bytes | str | None = None,
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_folder_atomically(path: Path, files: dict[str, bytes | str]) -> None:
+    """Write `files` (name -> content) into a temporary folder beside `path`, then rename it into
+    place: readers see the whole folder or none. Where another process put the folder there
+    first, theirs stays. An error writing the files is raised (OSError)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name[:24]}.", dir=path.parent))
+    try:
+        for name, content in files.items():
+            (tmp / name).write_bytes(content.encode() if isinstance(content, str) else content)
+        try:
+            os.replace(tmp, path)
+        except OSError:  # another process stored it first
+            pass
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

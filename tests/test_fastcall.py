@@ -243,7 +243,7 @@ def test_an_empty_grid_dimension_launches_nothing(native):
 def test_which_signatures_the_compiled_launcher_serves():
     """A scalar passed as None takes its default, which the launcher cannot tell from a value;
     out= must give every output as a tensor."""
-    from kfc.runtime.kernel import PreparedCall
+    from kfc.runtime.calls import PreparedCall
 
     call = PreparedCall.__new__(PreparedCall)
     call.scalar_args, call.outputs = {2}, [("y", 3), ("z", 4)]

@@ -17,21 +17,11 @@ from kfc.diagnostics import KfcError
 from kfc.model.records import Outcome, Proposal, Stage, Trial
 from kfc.frontend import load_kfc
 from kfc.ir import parse_ir, print_ir
-from kfc.kb import (
-    END,
-    START,
-    KnowledgeBase,
-    best_steps,
-    canonical_shape,
-    default_path,
-    op_features,
-    op_fingerprint,
-    pipeline_graph,
-    similarity,
-    step_payoff,
-)
 from kfc.kb.cli import add_commands, convergence
-from kfc.kb.store import SCHEMA_VERSION
+from kfc.kb.fingerprint import op_features, op_fingerprint
+from kfc.kb.graph import END, START, best_steps, pipeline_graph, step_payoff
+from kfc.kb.op_similarity import similarity
+from kfc.kb.store import SCHEMA_VERSION, KnowledgeBase, canonical_shape, default_path
 
 pytestmark = pytest.mark.xdist_group("kb")  # on one pytest-xdist worker: it starts one PostgreSQL server
 
@@ -323,7 +313,7 @@ def test_bad_files_are_clear_errors(tmp_path):
 
 CHILD = r"""
 import sys
-from kfc.kb import KnowledgeBase
+from kfc.kb.store import KnowledgeBase
 from kfc.model.records import Outcome, Proposal, Stage
 kb = KnowledgeBase(sys.argv[1])
 op = kb.op_id("0123456789abcdef", "rmsnorm", {"ops": {"tile.add": 1}})

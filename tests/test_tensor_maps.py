@@ -13,7 +13,7 @@ import pytest
 from kfc.codegen.c_names import KernelParam
 from kfc.diagnostics import KfcError
 from kfc.runtime import contract, tensor_maps
-from kfc.runtime.kernel import _MISS, PreparedCall, Stage
+from kfc.runtime.calls import MISS, PreparedCall, Stage
 from kfc.runtime.launcher import ArgSlots, TensorMapSlot
 from kfc.runtime.tensor_maps import TiledLayout, tiled_layout
 
@@ -150,7 +150,7 @@ def test_a_prepared_call_encodes_its_tensor_maps_and_takes_the_python_path(encod
     assert call.call((FakeTensor(0x2000, (64, 64), (64, 1)),), []) == ()
     assert launch.launched == [b"\x01" * 128, b"\x02" * 128] and launch.slots.values[0].value == 0x2000
     # what the fast path cannot check goes the full way, which says what is wrong
-    assert call.call((FakeTensor(0x1000, (64, 64), (128, 1)),), []) is _MISS
+    assert call.call((FakeTensor(0x1000, (64, 64), (128, 1)),), []) is MISS
     assert len(launch.launched) == 2
     without, _ = _call([])
     assert without.can_be_native((FakeTensor(0x1000, (64, 64), (64, 1)),), None)

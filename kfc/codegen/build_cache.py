@@ -4,16 +4,18 @@ back instead of run again. Off unless `KFC_BUILD_CACHE` names a folder; the test
 per run, because many tests build the same kernel for the same target and shape.
 
 An entry is a folder named by the key's SHA-256 holding `kernel.ptx`, `kernel.cubin` and
-`ptxas.log`; it is written beside its final name and renamed into place, so processes sharing
-the folder (pytest-xdist workers) never read half an entry. A failed build is not stored."""
+`ptxas.log`, written as the JIT cache writes its entries (kfc.files.write_folder_atomically), so
+processes sharing the folder (pytest-xdist workers) never read half an entry. A failed build is
+not stored."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
+
+from ..files import write_folder_atomically
 
 ENV = "KFC_BUILD_CACHE"
 
@@ -47,14 +49,7 @@ def load(root: Path, digest: str) -> tuple[str, bytes, str] | None:
 
 def store(root: Path, digest: str, ptx: str, cubin: bytes, log: str) -> None:
     """Keep a build; a cache that cannot be written is skipped, never an error of the build."""
-    staging = None
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=root))
-        (staging / "kernel.ptx").write_text(ptx)
-        (staging / "kernel.cubin").write_bytes(cubin)
-        (staging / "ptxas.log").write_text(log)
-        os.replace(staging, root / digest)
-    except OSError:  # another process stored it first (the rename finds a full folder), or no space
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+        write_folder_atomically(root / digest, {"kernel.ptx": ptx, "kernel.cubin": cubin, "ptxas.log": log})
+    except OSError:  # no space, or the folder is not writable
+        pass

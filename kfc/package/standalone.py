@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import calls, contract, fastcall, launcher
-from .calls import _MISS, CallError as OpError
+from .calls import MISS, CallError as OpError
 from .contract import evaluate
 
 TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8",
@@ -107,8 +107,8 @@ class Op:
     def __call__(self, *args, out=None, **kwargs):
         if not kwargs:
             if self._native:
-                hit = self._native.dispatch(self._launchers, args, out, _MISS)
-                if hit is not _MISS:
+                hit = self._native.dispatch(self._launchers, args, out, MISS)
+                if hit is not MISS:
                     return hit
         return self._call(self.bind(args, kwargs), out, None if kwargs else args)
 
@@ -128,7 +128,7 @@ class Op:
         prepared = self.prepare(kernel, inst, bound, dims, index, out is not None)
         prepared.run_bound(bound, outs)
         if positional is not None and self._native and prepared.can_be_native(positional, out):
-            calls._remember(self._launchers, prepared.native(self._native, positional, out))
+            calls.remember(self._launchers, prepared.native(self._native, positional, out))
         result = tuple(outs[o["name"]] for o in self.outputs)
         return result[0] if len(result) == 1 else result
 

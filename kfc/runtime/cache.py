@@ -7,11 +7,10 @@ import functools
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..files import write_folder_atomically
 from ..model.version import __version__
 
 
@@ -50,18 +49,6 @@ def lookup(key: str) -> tuple[bytes, dict[str, Any]] | None:
 
 
 def store(key: str, cubin: bytes, report: dict[str, Any]) -> None:
-    """Write the entry into a temporary folder and rename it into place: readers see a whole
-    entry or none, and two processes compiling the same kernel do not collide."""
-    root = cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-    try:
-        (tmp / "kernel.cubin").write_bytes(cubin)
-        (tmp / "report.json").write_text(json.dumps(report, indent=2))
-        try:
-            os.replace(tmp, root / key)
-        except OSError:  # another process stored it first
-            pass
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    """Readers see a whole entry or none, and two processes compiling the same kernel do not
+    collide (write_folder_atomically)."""
+    write_folder_atomically(cache_dir() / key, {"kernel.cubin": cubin, "report.json": json.dumps(report, indent=2)})

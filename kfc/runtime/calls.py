@@ -172,7 +172,7 @@ def prepare_stage(what: str, function, launch: dict, names: list[str], bound: di
 
 
 # --- the signature's call -----------------------------------------------------------------------
-_MISS = object()
+MISS = object()
 
 
 @functools.cache
@@ -183,20 +183,20 @@ def _torch():
     return torch
 
 
-def _signature(args: tuple) -> tuple:
+def call_signature(args: tuple) -> tuple:
     """What a call's launch depends on, per positional argument: a tensor's dtype, shape and
     device; for anything else its type (a scalar's value goes into its slot on every call)."""
     return tuple((a.dtype, a.shape, a.get_device()) if isinstance(a, _torch().Tensor) else type(a)
                  for a in args)
 
 
-def _out_signature(out) -> tuple | None:
+def out_signature(out) -> tuple | None:
     if out is None:
         return None
-    return _signature(tuple(out) if isinstance(out, (tuple, list)) else (out,))
+    return call_signature(tuple(out) if isinstance(out, (tuple, list)) else (out,))
 
 
-def _remember(launchers: list, prepared, keep: int = 16) -> None:
+def remember(launchers: list, prepared, keep: int = 16) -> None:
     """Put a prepared signature first; the oldest goes beyond `keep` (each miss costs a check)."""
     launchers.insert(0, prepared)
     del launchers[keep:]
@@ -350,7 +350,7 @@ class PreparedCall:
             block=(config.blockDimX, config.blockDimY, config.blockDimZ), cluster=launch.cluster,
             smem=config.sharedMemBytes, kinds=bytes(self.kinds), fixed=fixed, nargs=len(args), tensors=tensors,
             scalars=[(i, k) for i, _, k, _ in self.scalars], outputs=outputs, outputs_given=self.outputs_given,
-            stream_of=launch.stream_of, device=launch.device_index, on_error=launch.raise_error, miss=_MISS,
+            stream_of=launch.stream_of, device=launch.device_index, on_error=launch.raise_error, miss=MISS,
             name=launch.name)
 
     def call(self, args: tuple, out):
@@ -364,16 +364,16 @@ class PreparedCall:
                 continue
             p = t.data_ptr()
             if p & 15 or not t.is_contiguous():
-                return _MISS
+                return MISS
             ptrs.append(p)
         maps = [args[i] if i < n else None for i, _, _, _ in self.maps]
         if any(t is not None and (t.data_ptr() & 15 or not t.is_contiguous()) for t in maps):
-            return _MISS
+            return MISS
         if self.outputs_given:
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             for o in outs:
                 if o is not None and (o.data_ptr() & 15 or not o.is_contiguous()):
-                    return _MISS
+                    return MISS
         else:
             outs = tuple(alloc(args) for alloc in self.allocators)
         self.run(ptrs, [args[i] for i, _, _, _ in self.scalars], outs, maps)

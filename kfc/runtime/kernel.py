@@ -30,7 +30,7 @@ from ..ir.types import MemSpace
 from ..model.target import Target, parse_target
 from ..ops import register
 from . import cache, calls, contract, fastcall, launcher
-from .calls import _MISS, Allocation, PreparedCall, Stage, _out_signature, _remember, _signature  # noqa: F401
+from .calls import MISS, PreparedCall, call_signature, out_signature, remember
 
 
 def spec_key(spec: OpSpec) -> tuple:
@@ -125,10 +125,10 @@ class KfcKernel:
     def __call__(self, *args, out=None, **kwargs):
         if not kwargs:
             native = self._native
-            fast = native.dispatch(self._launchers, args, out, _MISS) if native else _MISS
-            if fast is _MISS:  # a signature the compiled launcher does not serve (several kernels)
+            fast = native.dispatch(self._launchers, args, out, MISS) if native else MISS
+            if fast is MISS:  # a signature the compiled launcher does not serve (several kernels)
                 fast = self._fast_call(args, out)
-            if fast is not _MISS:
+            if fast is not MISS:
                 return fast
         bound = self.bind(args, kwargs)
         inst = self.instance_for(bound)
@@ -137,23 +137,23 @@ class KfcKernel:
             if self._native is _UNRESOLVED:  # the instance chose the launcher on its first launch
                 self._native = inst._native
             if not kwargs:  # the instance's prepared calls serve this signature from here on
-                key = (_signature(args), _out_signature(out))
+                key = (call_signature(args), out_signature(out))
                 if key in inst._fast:
                     self._fast[key] = inst._fast[key]
                 for known in inst._launchers:
                     if known not in self._launchers:
-                        _remember(self._launchers, known)
+                        remember(self._launchers, known)
             return result
         return self._call(bound, out, args if not kwargs else None)
 
     def _fast_call(self, args: tuple, out):
         """A call whose signature was seen before: check contiguity and alignment, allocate
-        the outputs, fill the argument slots, launch. _MISS when the signature is new (or a
+        the outputs, fill the argument slots, launch. MISS when the signature is new (or a
         check fails: the full path then says what is wrong)."""
-        key = (_signature(args), _out_signature(out))
+        key = (call_signature(args), out_signature(out))
         prepared = self._fast.get(key)
         if prepared is None:
-            return _MISS
+            return MISS
         return prepared.call(args, out)
 
     def _call(self, bound: dict[str, Any], out, positional: tuple | None = None):
@@ -183,9 +183,9 @@ class KfcKernel:
         call.run_bound(bound, outs)
         if positional is not None:  # the same signature skips all of this next time
             if self._native and call.can_be_native(positional, out):
-                _remember(self._launchers, call.native(self._native, positional, out))
+                remember(self._launchers, call.native(self._native, positional, out))
             else:
-                self._fast[(_signature(positional), _out_signature(out))] = call
+                self._fast[(call_signature(positional), out_signature(out))] = call
         result = tuple(outs[v.name] for v in func.outputs)
         return result[0] if len(result) == 1 else result
 
