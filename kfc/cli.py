@@ -21,6 +21,7 @@ from .diagnostics import InternalError, KfcError
 from .factory.cli import add_tune_command
 from .files import write_atomically
 from .kb.cli import add_commands as add_kb_commands
+from .kb.database import reporting_damage
 from .kb.store import KnowledgeBase, default_path
 from .model.target import parse_target
 
@@ -51,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--full), draw fresh random inputs for each seed (the block's seeds plus one new seed per run), "
         "run the IR interpreter with NaN-poisoned outputs and the torch reference, and compare every "
         "output: relative RMSE within the dtype's tolerance, every element within tol·(|ref| + rms(ref)), "
-        "no unwritten element, inputs unchanged. Ops with optional inputs run with them given and absent.",
+        "no unwritten element, inputs unchanged. Ops with optional inputs run with them given and absent. "
+        "The IR after the passes kfc compile would run (-p, else the default) at each shape is run and "
+        "compared too (rows marked 'final'); where it departs and the op as written does not, the first "
+        "pass whose IR departs is named.",
         epilog="example:\n  kfc check kernels/kda_fwd.kfc --seed 7 --shape N=2,T=100,H=1,K=16,V=16",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", help="a .kfc file with a check block")
@@ -64,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check only this instance of the op's type parameters (default: every combination)")
     c.add_argument("--budget", type=int_in(1), default=None, metavar="ELEMS",
                    help="scale a case down until its tensors hold at most this many elements (default 1048576)")
+    c.add_argument("--target", type=cli_args.target, default=None, metavar="SM",
+                   help="the target whose pipeline's final IR is checked; default: the file's first target, else sm_90a")
+    c.add_argument("-p", "--pipeline", metavar="PIPELINE",
+                   help="check the final IR of these passes (default: the pipeline kfc compile runs)")
+    c.add_argument("--source-only", action="store_true", help="check the op as written only, not its final IR")
     _add_reference_flags(c)
     c.set_defaults(run=cmd_check)
 
@@ -230,6 +239,8 @@ def cmd_check(args) -> int:
 
     from .check.runner import DEFAULT_BUDGET, check_op  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .frontend import instances as spec_instances, load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .ir.specialize import check_dims  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .proof import lower_stages  # lazy: kfc.compile, kfc.passes ~2 s; off kfc --help
 
     spec = load_kfc(args.file, args.dtype)
     if spec.check is None:
@@ -242,6 +253,7 @@ def cmd_check(args) -> int:
             if unknown or missing:
                 raise KfcError(f"--shape must size exactly the dims {', '.join(spec.func.symbols)}",
                                hint=f"unknown: {unknown}, missing: {missing}")
+            check_dims(spec.func, s, "--shape")  # as a check block's shapes are: no tensor past 2**63 - 1 bytes
     console = Console(width=None if sys.stdout.isatty() else 140)
     err = Console(stderr=True)
     started = time.perf_counter()
@@ -257,17 +269,30 @@ def cmd_check(args) -> int:
     if status is not None:
         status.start()
     instances = [spec] if args.dtype else spec_instances(spec)
+    target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
+    not_compiled: dict[str, str] = {}  # instance -> why it has no final IR (kfc compile refuses it)
+
+    def stages_for(inst):
+        def at(dims):
+            got = lower_stages(inst, target, args.pipeline, dims)
+            if hasattr(got, "reason"):
+                not_compiled.setdefault(inst.instance_name, got.reason)
+            return got
+        return None if args.source_only else at
+
     try:
         results = []
         for inst in instances:
             results += check_op(inst, seeds=args.seed, full=args.full, budget=args.budget or DEFAULT_BUDGET,
-                                shapes=args.shape, on_result=progress, limits=cli_args.reference_limits(args))
+                                shapes=args.shape, on_result=progress, limits=cli_args.reference_limits(args),
+                                stages_at=stages_for(inst))
     finally:
         if status is not None:
             status.stop()
     table = Table(title=f"kfc check {args.file}: {spec.name} (interpreter vs reference)")
     several = len(instances) > 1
-    for col, just in ([("op", "left")] if several else []) + [("case", "right"), ("shape", "left"), ("variant", "left"), ("seed", "right"),
+    for col, just in ([("op", "left")] if several else []) + [("case", "right"), ("shape", "left"), ("IR", "left"),
+                      ("variant", "left"), ("seed", "right"),
                       ("output", "left"), ("max abs err", "right"), ("rel RMSE", "right"), ("tol", "right"),
                       ("", "left")]:
         table.add_column(col, justify=just)
@@ -276,7 +301,7 @@ def cmd_check(args) -> int:
         if r.scaled_from:
             shape += " (scaled)"
         verdict = "[green]ok[/]" if r.ok else f"[red]FAIL[/] {r.note}"
-        table.add_row(*([r.instance] if several else []), str(r.case), shape, r.variant, str(r.seed), f"{r.output}: {r.dtype}", f"{r.max_abs:.3g}",
+        table.add_row(*([r.instance] if several else []), str(r.case), shape, r.ir, r.variant, str(r.seed), f"{r.output}: {r.dtype}", f"{r.max_abs:.3g}",
                       f"{r.rel_rmse:.3g}", f"{r.tol:g}", verdict)
     console.print(table)
     failed = [r for r in results if not r.ok]
@@ -285,6 +310,11 @@ def cmd_check(args) -> int:
     for ci, orig in scaled.items():
         console.print(f"case {ci}: scaled down from " + ", ".join(f"{k}={v}" for k, v in orig.items())
                       + " (pass --full to run it as written)")
+    departed = sorted({r.note.split("first departs: ")[1] for r in failed if r.ir == "final" and "first departs: " in r.note})
+    for where in departed:
+        console.print(f"the final IR departs from the reference; first departs: {where}")
+    for name, why in not_compiled.items():
+        console.print(f"final IR of {name} not checked: {why}")
     if failed:
         console.print(f"[red]FAILED[/]: {len(failed)} of {len(results)} output comparisons ({took:.1f} s). "
                       f"Replay with --seed {failed[0].seed}.")
@@ -326,6 +356,9 @@ def cmd_compile(args) -> int:
         print(f"  then      {follower['name']}: the row kernel's partial sums added in a fixed order")
     print(f"  ptxas     {rep.registers} registers, {rep.spills} spill bytes, {rep.smem_bytes} B shared, "
           f"{rep.stack_bytes} B stack")
+    approx = result.report["approximations"]
+    if approx:  # each rewrite that may move a result within the tolerance, where it applies
+        print(f"  approx    {len(approx)}: " + "; ".join(f"{a['what']} at {a['at']}" for a in approx))
     print(f"  time      {result.report['seconds']['passes'] * 1e3:.1f} ms passes, "
           f"{result.report['seconds']['nvcc_ptxas']:.2f} s nvcc+ptxas")
     if target.sm == 100:
@@ -344,7 +377,8 @@ def best_recorded_pipeline(spec, target, shape, kb_path) -> str:
     dims = choose_dims(spec, shape)
     kb = KnowledgeBase(kb_path)
     try:
-        best = kb.best_by_fingerprint(op_fingerprint(spec.func), target.name, dims)
+        with reporting_damage(kb_path or default_path()):
+            best = kb.best_by_fingerprint(op_fingerprint(spec.func), target.name, dims)
     finally:
         kb.close()
     if best is None:
@@ -370,9 +404,11 @@ def cmd_package(args) -> int:
 
 def cmd_warm(args) -> int:
     from .frontend import instances as spec_instances, load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .runtime.cache import writable_cache_dir  # lazy: beside cached_compile's import
     from .runtime.kernel import cached_compile  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     target = parse_target(args.target)
+    writable_cache_dir()  # before any work: a file where the cache folder should be is one error
     jobs = []
     for f in args.files:
         for inst in spec_instances(load_kfc(f)):

@@ -146,34 +146,33 @@ def ir_hash(func: FuncOp) -> str:
     return hashlib.sha256(print_ir(func).encode()).hexdigest()[:16]
 
 
-def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape: dict[str, int] | None = None,
-               verify_each: bool = False, print_ir_after_all: bool = False, print_ir_before=(), timing: bool = False,
-               out=None, allow_spills: bool = False) -> CompileResult:
-    started = time.perf_counter()
+@attrs.frozen
+class Lowering:
+    """An op run through its pipeline at fixed dims: the final IR, and what led to it."""
+
+    func: FuncOp          # the final IR
+    pipeline: Any         # the Pipeline run
+    fixed: dict[str, int]
+    dynamic: list[str]
+    ctx: PassContext
+
+
+def lower_op(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int], ctx: PassContext) -> Lowering:
+    """Specialise every dim of `dims` but the row count and run the pipeline (-p, else the
+    default for the kind of op); an op the code generator cannot take is one clear error."""
     func = spec.func
     dynamic = row_dims(func)
-    dims = choose_dims(spec, shape)
     fixed = fixed_dims(func, dims)
     missing = [s for s in func.symbols if s not in dims and s not in dynamic]
     if missing:
         raise KfcError(f"no size for {', '.join(missing)}: kfc compile fixes every dim but the row count, and "
                        "neither --shape nor a check block's shapes give it", dim_span(func, missing[0]),
                        hint=f"pass --shape {','.join(f'{m}=...' for m in missing)}")
-    special = specialize(func, fixed, partial=True,
-                         where="--shape" if shape else "the check block's first shape")
-    # --verify-each runs the interpreter on a few rows (3 where nothing gives the row count)
-    sample = {k: min(dims.get(k, 3), 5) for k in dynamic}
-    ctx_kwargs = dict(target=target, check=spec.check, print_ir_after_all=print_ir_after_all, print_ir_before=frozenset(print_ir_before),
-                      timing=timing, verify_each=VerifyEach({**fixed, **sample}, spec.check) if verify_each else None)
-    if out is not None:
-        ctx_kwargs["out"] = out
-    ctx = PassContext(**ctx_kwargs)
+    special = specialize(func, fixed, partial=True, where=ctx.where)
     special = linearize_loops(special, ctx)
     kind, why_not = program_kind(special)
     pipe = parse_user_pipeline(pipeline) if pipeline is not None else parse_pipeline(default_pipeline(kind))
-    t0 = time.perf_counter()
     lowered = PassManager(pipe, ctx).run(special)
-    t_passes = time.perf_counter() - t0
     if kind not in ("row", "matmul"):
         # why the rank-2 tiles the row passes refuse stayed
         reports = [r for r in ctx.stats.values() if isinstance(r, SplitReport)]
@@ -183,6 +182,27 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
                        f"split-tiles: the {kept[0]}" if kept else why_not.hint or "`kfc opt` still parses, verifies "
                        "and lowers it; code generation covers row ops such as rmsnorm, layernorm and softmax")
     check_lowered(lowered, pipe)
+    return Lowering(lowered, pipe, fixed, dynamic, ctx)
+
+
+def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape: dict[str, int] | None = None,
+               verify_each: bool = False, print_ir_after_all: bool = False, print_ir_before=(), timing: bool = False,
+               out=None, allow_spills: bool = False) -> CompileResult:
+    started = time.perf_counter()
+    func = spec.func
+    dims = choose_dims(spec, shape)
+    # --verify-each runs the interpreter on a few rows (3 where nothing gives the row count)
+    sample = {k: min(dims.get(k, 3), 5) for k in row_dims(func)}
+    ctx_kwargs = dict(target=target, check=spec.check, print_ir_after_all=print_ir_after_all, print_ir_before=frozenset(print_ir_before),
+                      timing=timing, where="--shape" if shape else "the check block's first shape",
+                      verify_each=VerifyEach({**fixed_dims(func, dims), **sample}, spec.check) if verify_each else None)
+    if out is not None:
+        ctx_kwargs["out"] = out
+    ctx = PassContext(**ctx_kwargs)
+    t0 = time.perf_counter()
+    lowering = lower_op(spec, target, pipeline, dims, ctx)
+    t_passes = time.perf_counter() - t0
+    lowered, pipe, fixed, dynamic = lowering.func, lowering.pipeline, lowering.fixed, lowering.dynamic
     code, plan = generate_cuda(lowered)
     features = kernel_features(lowered)
     arch, arch_note = build_arch(target, features)
@@ -211,6 +231,8 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         "seconds": {"passes": round(t_passes, 4), "nvcc_ptxas": round(t_nvcc, 3),
                     "total": round(time.perf_counter() - started, 3)},
         "pass_notes": [f"{p}: {m}" for p, m in ctx.notes],
+        # what may differ from exact arithmetic within the op's tolerance, and where
+        "approximations": [{"pass": p, "what": w, "at": at} for p, w, at in ctx.approximations],
     }
     return CompileResult(func.sym_name, target, arch, str(pipe), fixed, tuple(dynamic), print_ir(lowered), kernel,
                          plan, report)

@@ -95,23 +95,41 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: st
     return KfcError(f"syntax error: {msg}", span, hint)
 
 
-MAX_NESTING = 200  # levels of the parse tree; a chain `a + b + c ...` counts as one level
+MAX_NESTING = 200  # levels: each call, parenthesis, index, block and operator; a chain `a + b + c ...` is one
 
 
-def check_nesting(tree: lark.Tree, file: str, chains: frozenset[str] = frozenset(), limit: int = MAX_NESTING) -> None:
+def check_nesting(tree: lark.Tree, file: str, chains: frozenset[str] = frozenset(), limit: int = MAX_NESTING,
+                  free: frozenset[str] = frozenset()) -> None:
     """Refuse input nested deeper than `limit` (iteratively: no recursion limit is ever met).
     A node of a left-associative chain kind whose first child has a chain kind too counts as
-    the same level, so flat sums and products of any length pass."""
+    the same level, so flat sums and products of any length pass; a node of a `free` kind (the
+    grammar's wrappers: a call's argument list, an index, a statement around its block) adds
+    no level of its own."""
     stack = [(tree, 0)]
     while stack:
         node, depth = stack.pop()
         if depth > limit:
             m = node.meta
             span = None if getattr(m, "empty", True) else Span(file, m.line, m.column, m.end_line, m.end_column)
-            raise KfcError(f"the text nests more than {limit} levels deep here (calls, parentheses, indexing and "
-                           "blocks each count); kfc reads no deeper", span,
+            raise KfcError(f"the text nests more than {limit} levels deep here (each call, parenthesis, index, block "
+                           "and operator counts one); kfc reads no deeper", span,
                            "name intermediate values (t = ...) instead of nesting expressions this deeply")
         for i, child in enumerate(node.children):
             if isinstance(child, lark.Tree):
-                same = i == 0 and node.data in chains and child.data in chains
+                same = (i == 0 and node.data in chains and child.data in chains) or child.data in free
                 stack.append((child, depth if same else depth + 1))
+
+
+def without(tree: lark.Tree, kind: str) -> lark.Tree:
+    """The tree with every node of `kind` replaced by its only child (iteratively: parentheses
+    count as nesting, then leave nothing behind for the lowering to walk)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for i, child in enumerate(node.children):
+            while isinstance(child, lark.Tree) and child.data == kind:
+                child = child.children[0]
+            node.children[i] = child
+            if isinstance(child, lark.Tree):
+                stack.append(child)
+    return tree

@@ -83,17 +83,17 @@ def _softplus64(x):
 UNARY_REF64 = {
     "neg": lambda x: -x, "abs": np.abs, "exp": np.exp, "exp2": lambda x: 2.0 ** x, "log": np.log,
     "log2": lambda x: np.log(x) / np.log(2.0), "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "softplus": _softplus64, "tanh": np.tanh,
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "softplus": _softplus64, "tanh": np.tanh, "round": np.rint,
 }
 # the same functions as an fp32 computation would do them (for the narrow-float rule)
 UNARY_F32 = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2,
-    "sqrt": np.sqrt, "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "tanh": np.tanh,
+    "sqrt": np.sqrt, "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "tanh": np.tanh, "round": np.rint,
     "sigmoid": lambda x: (1.0 / (1.0 + np.exp(-x.astype(F64)))).astype(F32),
     "softplus": lambda x: _softplus64(x.astype(F64)).astype(F32),
 }
 POSITIVE = {"log", "log2", "sqrt", "rsqrt"}
-CORRECTLY_ROUNDED = {"neg", "abs", "sqrt"}  # one IEEE operation: fp32 result is exact-rounded
+CORRECTLY_ROUNDED = {"neg", "abs", "sqrt", "round"}  # one IEEE operation: fp32 result is exact-rounded
 
 
 def test_unary_table_is_covered():

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -680,3 +681,43 @@ def test_wired_into_kfc(filled):
     r = subprocess.run([sys.executable, "-m", "kfc.cli", "kb", "show", "--kb", filled["path"]], capture_output=True,
                        text=True, check=False)
     assert r.returncode == 0 and "cse,lower-ptx" in r.stdout
+
+
+KB_READERS = [["kb", "show"], ["kb", "runs"], ["kb", "lessons"], ["kb", "best", "kernels/rmsnorm.kfc"],
+              ["kb", "export", "-o", "EXPORT"], ["kb", "plot", "-o", "PLOT"]]
+
+
+def _damaged_reads(path, tmp_path, capsys):
+    """Every reading command on a damaged knowledge base: one clear error, exit 2."""
+    messages = []
+    for argv in KB_READERS:
+        argv = [a.replace("EXPORT", str(tmp_path / "x.json")).replace("PLOT", str(tmp_path / "x.png")) for a in argv]
+        rc = run_kb([*argv, "--kb", str(path)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "damaged" in err and "Traceback" not in err, (argv, rc, err)
+        messages.append(err)
+    return messages
+
+
+@pytest.mark.parametrize("kb_location", ["sqlite"], indirect=True)  # the damage is done to the SQLite file
+def test_garbage_in_json_columns_is_one_clear_error_from_every_reader(filled, tmp_path, capsys):
+    with sqlite3.connect(filled["path"]) as c:
+        c.execute("UPDATE runs SET shape = '{garbage', env = '[[['")
+        c.execute("UPDATE outcomes SET times_us = 'nope'")
+        c.execute("UPDATE lessons SET evidence = '{x'")
+        c.execute("UPDATE candidates SET config = '{bad'")
+        c.execute("UPDATE ops SET features = '[oops'")
+    for err in _damaged_reads(filled["path"], tmp_path, capsys):
+        assert "is not JSON" in err
+
+
+@pytest.mark.parametrize("kb_location", ["sqlite"], indirect=True)
+def test_a_torn_knowledge_base_is_one_clear_error(filled, tmp_path, capsys):
+    path = Path(filled["path"])
+    with sqlite3.connect(path) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    page = 4096
+    data[page:] = b"\xff" * (len(data) - page)  # every page after the first torn: the tables are gone
+    path.write_bytes(bytes(data))
+    _damaged_reads(path, tmp_path, capsys)

@@ -23,6 +23,11 @@ def test_a_packaged_rmsnorm_installs_and_passes_its_tests_without_kfc(tmp_path):
                        capture_output=True, text=True, cwd=pkg, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
+    # run as a user runs it, GPU cases included: on a machine without a GPU they skip, saying why
+    r = subprocess.run([str(python), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests"],
+                       capture_output=True, text=True, cwd=pkg, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " skipped" in r.stdout and "no CUDA GPU visible" in r.stdout and "failed" not in r.stdout
     meta = json.loads((pkg / "src" / "kfc_rmsnorm" / "op.json").read_text())
     assert {i["name"] for i in meta["instances"]} == {"rmsnorm_bf16", "rmsnorm_f16", "rmsnorm_f32"}
     assert {(k["target"], k["dims"]["N"]) for i in meta["instances"] for k in i["kernels"]} == \

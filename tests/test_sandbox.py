@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +188,38 @@ def test_limits_are_checked():
         Limits(timeout_s=0)
     with pytest.raises(KfcError, match="at least 64 MiB"):
         Limits(memory_bytes=1000)
+
+
+@pytest.mark.parametrize("how", ["a plain child", "a child that left the session (setsid)"])
+def test_what_a_reference_starts_ends_with_its_process(tmp_path, how):
+    """A reference that leaves a process behind, even one detached into its own session: the
+    reference's child process is its subreaper, and closing the sandbox ends it."""
+    marker = f"kfc-orphan-{os.getpid()}-{len(how)}"
+    script = tmp_path / f"{marker}.sh"
+    script.write_text("sleep 600\n")
+    start = (f"__import__('subprocess').Popen(['sh', '-c', '(setsid sh {script} &) ; exit 0']).wait()"
+             if "setsid" in how else f"__import__('subprocess').Popen(['sh', '{script}'])")
+    box = ReferenceSandbox(Limits(timeout_s=30))
+    try:
+        x = np.ones((3, 5), np.float32)
+        out = run_reference(spec_with(f"({start}, x * s)[1]"), {"x": x, "s": 2.0}, {"M": 3, "N": 5}, sandbox=box)
+        assert np.array_equal(out[0], 2 * x)
+        assert _running(marker), "the reference's process started"
+    finally:
+        box.close()
+    deadline = time.monotonic() + 10
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(marker), f"{how} outlived the sandbox"
+
+
+def _running(marker: str) -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline and b"sh\x00" in cmdline:
+                return True
+    return False

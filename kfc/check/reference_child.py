@@ -21,6 +21,7 @@ import pickle
 import math
 import importlib
 
+from .descendants import become_subreaper, kill_descendants
 from .wire import WireClosed, recv, send
 
 
@@ -144,6 +145,7 @@ def serve(proto_in: int, proto_out: int, device: str) -> None:
         try:
             req, blobs = recv(proto_in)
         except WireClosed:
+            kill_descendants(os.getpid())  # what the reference started ends with this process
             return
         header, out_blobs = answer(req, blobs)  # its tensors are gone once it returns (CUDA IPC views too)
         send(proto_out, header, out_blobs)
@@ -189,6 +191,7 @@ def answer(req: dict, blobs: list) -> tuple[dict, list]:
 
 def main() -> int:
     config = json.loads(sys.argv[1])
+    become_subreaper()  # a detached grandchild stays in this process's tree, to be ended with it
     # the protocol keeps the original stdin/stdout; the user's code gets stderr and end-of-file
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -46,6 +46,7 @@ class OutputResult:
     ok: bool
     note: str = ""
     instance: str = ""  # the op with its type arguments, e.g. rmsnorm_f16
+    ir: str = "source"  # which IR the interpreter ran: the op as written, or "final" (after the passes)
 
 
 def case_elements(spec: OpSpec, dims: dict[str, int]) -> int:
@@ -167,7 +168,7 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: float) -> tuple[float, float,
     elif c.special_mismatch:
         note = "reference has NaN/inf where the output differs"
     elif tol == 0.0 and not c.ok:
-        note = "integers differ"
+        note = "not equal (tolerance 0)"
     elif c.beyond:
         note = f"{c.beyond} element(s) off, first at {list(c.first_bad)}"
     elif not c.ok:
@@ -180,8 +181,13 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: float) -> tuple[float, float,
 def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, budget: int = DEFAULT_BUDGET,
              shapes: list[dict[str, int]] | None = None,
              on_result: Callable[[OutputResult], None] | None = None,
-             limits: Limits | None = None) -> list[OutputResult]:
-    """Run every case; return one result per (case, variant, seed, output)."""
+             limits: Limits | None = None,
+             stages_at: Callable[[dict[str, int]], Any] | None = None) -> list[OutputResult]:
+    """Run every case; return one result per (case, variant, seed, output). With `stages_at`
+    (dims -> the IR after each pass of the pipeline at those dims, as `.stages`, or something
+    without them where the op does not compile there), the final IR runs on the same inputs
+    too, with its own results; where it departs from the reference, the first pass whose IR
+    departs is named in the note."""
     check = spec.check
     if check is None:
         raise KfcError(f"{spec.name} has no check block", spec.func.loc, hint="add check { reference = ... shapes = [...] }")
@@ -201,6 +207,7 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
         run_dims = dict(dims) if full else scale_down(spec, dims, budget)
         scaled = dict(dims) if run_dims != dims else None
         func = verify(specialize(spec.func, run_dims, where=f"check case {ci}" + (" scaled down" if scaled else "")))
+        lowered = getattr(stages_at(run_dims), "stages", None) if stages_at is not None else None
         for with_opt, label in variants:
             for seed in seeds:
                 rng = np.random.default_rng(seed)
@@ -230,4 +237,39 @@ def check_op(spec: OpSpec, seeds: list[int] | None = None, full: bool = False, b
                     results.append(res)
                     if on_result is not None:
                         on_result(res)
+                if lowered:
+                    source_ok = all(r.ok for r in results[-len(refs):])
+                    for res in final_ir_results(spec, lowered, {**args, **before}, refs, source_ok,
+                                                (ci, run_dims, scaled, label, seed)):
+                        results.append(res)
+                        if on_result is not None:
+                            on_result(res)
     return results
+
+
+def final_ir_results(spec: OpSpec, stages, inputs: dict, refs, source_ok: bool, where: tuple) -> list[OutputResult]:
+    """The final IR (the last of `stages`, (pass, IR) pairs) run on copies of the inputs and
+    compared with the reference; where it departs and the source did not, the first pass whose
+    IR departs."""
+    check = spec.check
+    outputs = spec.func.outputs
+
+    def compared(func):
+        args = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+        outs = run(func, args)
+        return [(v, *compare(outs[v.name], ref, check.tolerance_for(str(v.ttype.dtype))))
+                for v, ref in zip(outputs, refs)]
+
+    final = compared(stages[-1][1])
+    departed = ""
+    if not source_ok:
+        departed = "none: the source departs too"
+    elif not all(ok for _, _, _, ok, _ in final):
+        departed = "after pass " + next((name for name, func in stages
+                                         if not all(ok for _, _, _, ok, _ in compared(func))), stages[-1][0])
+    ci, run_dims, scaled, label, seed = where
+    return [OutputResult(ci, run_dims, scaled, label, seed, v.name, str(v.ttype.dtype), max_abs, rel,
+                         check.tolerance_for(str(v.ttype.dtype)), ok,
+                         note if ok else f"{note}; first departs: {departed}".lstrip("; "),
+                         spec.instance_name, "final")
+            for v, max_abs, rel, ok, note in final]

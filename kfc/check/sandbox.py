@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from ..diagnostics import KfcError, Span
+from .descendants import kill_descendants
 from .wire import WireClosed, recv, send
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -199,6 +200,7 @@ class ReferenceSandbox:
 
     def _kill(self) -> None:
         if self.proc is not None:
+            kill_descendants(self.proc.pid)  # the reference's processes, detached ones too (its subreaper)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

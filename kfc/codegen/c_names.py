@@ -8,13 +8,15 @@ from __future__ import annotations
 import math
 
 import attrs
+import numpy as np
 
-from ..ir.dtypes import DType
+from ..ir.dtypes import DType, convert
 from ..ir.types import MemSpace
 
 C_TYPES = {
     DType.F32: "float", DType.F64: "double", DType.BF16: "__nv_bfloat16", DType.F16: "__half",
-    DType.I8: "signed char", DType.I32: "int", DType.I64: "long long", DType.INDEX: "long long",
+    DType.E4M3: "unsigned char", DType.E5M2: "unsigned char",  # fp8 travels as its bits
+    DType.I8: "signed char", DType.U8: "unsigned char", DType.I32: "int", DType.I64: "long long", DType.INDEX: "long long",
     DType.BOOL: "bool",
 }
 # 16-bit floats travel through registers as raw bits
@@ -89,22 +91,42 @@ class KernelParam:
                             else v)
 
 
+# fp8 to and from f32 (kfc.codegen.ptx's prelude): torch's rounding, saturation and NaNs
+FP8_TO_F32 = {DType.E4M3: "kfc_e4m3_to_f32", DType.E5M2: "kfc_e5m2_to_f32"}
+F32_TO_FP8 = {DType.E4M3: "kfc_f32_to_e4m3", DType.E5M2: "kfc_f32_to_e5m2"}
+
+
 def as_float(expr: str, dtype: DType) -> str:
-    """A 16-bit float as f32 (other dtypes as they are)."""
+    """A 16-bit or 8-bit float as f32 (other dtypes as they are)."""
     if dtype is DType.BF16:
         return f"__bfloat162float({expr})"
     if dtype is DType.F16:
         return f"__half2float({expr})"
+    if dtype in FP8_TO_F32:
+        return f"{FP8_TO_F32[dtype]}({expr})"
     return expr
 
 
 def from_float(expr: str, dtype: DType) -> str:
-    """An f32 rounded to a 16-bit float (other dtypes as they are)."""
+    """An f32 rounded to a 16-bit or 8-bit float (other dtypes as they are)."""
     if dtype is DType.BF16:
         return f"__float2bfloat16_rn({expr})"
     if dtype is DType.F16:
         return f"__float2half_rn({expr})"
+    if dtype in F32_TO_FP8:
+        return f"{F32_TO_FP8[dtype]}({expr})"
     return expr
+
+
+def to_int(expr: str, dtype: DType) -> str:
+    """An f32 as an integer the way the GPU's cvt.rzi converts (and kfc.ir.dtypes.convert
+    computes): truncated, clamped to the type's range, NaN to 0. C++'s cast of a float to a
+    narrow integer is undefined out of range, so 8-bit ones clamp the 32-bit conversion."""
+    if dtype is DType.I8:
+        return f"(signed char)max(-128, min(127, (int)({expr})))"
+    if dtype is DType.U8:
+        return f"(unsigned char)max(0, min(255, (int)({expr})))"
+    return f"({C_TYPES[dtype]})({expr})"
 
 
 def _f32_literal(v: float) -> str:
@@ -123,6 +145,8 @@ def literal(value, dtype: DType) -> str:
             return text
         if dtype is DType.F64:
             return text[:-1] if text.endswith("f") else f"(double){text}"
+        if dtype in F32_TO_FP8:  # its bits, rounded as a cast would round
+            return f"(unsigned char){int(convert(float(value), dtype).view(np.uint8))}u"
         return f"({C_TYPES[dtype]})({text})"
     if dtype.is_bool:
         return "true" if value else "false"

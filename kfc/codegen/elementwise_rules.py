@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from ..ir.dtypes import DType
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, RsqrtApproxOp
-from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IotaOp, UnaryOp, WhereOp
+from ..ir.tile_ops import BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IotaOp, UnaryOp, WhereOp
 from . import ptx
-from .c_names import BITS_TO, C_TYPES, c_dim, literal
+from .c_names import BITS_TO, C_TYPES, F32_TO_FP8, TO_BITS, c_dim, literal, to_int
 from .errors import CodegenError
 from .rules import rule
 
@@ -63,6 +63,7 @@ def emit_unary(em, op: UnaryOp) -> None:
                 "log": f"logf({f})", "log2": f"log2f({f})", "sqrt": f"sqrtf({f})",
                 "rsqrt": f"(1.0f / sqrtf({f}))", "sigmoid": f"(1.0f / (1.0f + expf(-{f})))",
                 "softplus": f"({f} > 20.0f ? {f} : log1pf(expf({f})))", "tanh": f"tanhf({f})",
+                "round": f"rintf({f})",
             }[fn]
             if d is DType.F64:
                 e = e.replace("f(", "(").replace("1.0f", "1.0").replace("20.0f", "20.0")
@@ -127,18 +128,43 @@ def emit_cast(em, op: CastOp) -> None:
     src, dst = op.operands[0].ttype.dtype, op.result.ttype.dtype
     x = op.operands[0]
 
+    if src is DType.F64 and dst in F32_TO_FP8:
+        raise CodegenError(f"a cast from f64 to {dst} would round twice on the GPU (through f32)", op.loc,
+                           f"cast through f32 on purpose: {dst}(f32(x))")
+
     def expr(i):
         a = em.operand(x, i)
         if src.is_float and dst.is_float:
             return em.from_float(em.as_float(a, src), dst) if DType.F64 not in (src, dst) else \
                 f"({C_TYPES[dst]})({em.as_float(a, src)})"
         if src.is_float:
-            return f"({C_TYPES[dst]})({em.as_float(a, src)})"
+            return to_int(em.as_float(a, src), dst)
         if dst.is_float:
             return em.from_float(f"(float)({a})", dst)
         return f"({C_TYPES[dst]})({a})"
 
     em.assign(op, expr)
+
+
+def _bits_of(expr: str, d: DType) -> str:
+    """A value's bits as an unsigned integer of its width."""
+    if d in TO_BITS:
+        return f"{TO_BITS[d]}({expr})"
+    return {DType.F32: f"__float_as_uint({expr})", DType.F64: f"(unsigned long long)__double_as_longlong({expr})"}.get(
+        d, f"({ {1: 'unsigned char', 4: 'unsigned', 8: 'unsigned long long'}[d.itemsize]})({expr})")
+
+
+def _from_bits(expr: str, d: DType) -> str:
+    if d in BITS_TO:
+        return f"{BITS_TO[d]}({expr})"
+    return {DType.F32: f"__uint_as_float({expr})", DType.F64: f"__longlong_as_double((long long)({expr}))"}.get(
+        d, f"({C_TYPES[d]})({expr})")
+
+
+@rule(BitcastOp)
+def emit_bitcast(em, op: BitcastOp) -> None:
+    src, dst = op.operands[0].ttype.dtype, op.result.ttype.dtype
+    em.assign(op, lambda i: _from_bits(_bits_of(em.operand(op.operands[0], i), src), dst))
 
 
 @rule(CvtPackOp)

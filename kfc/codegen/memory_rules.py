@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.core import Value
-from ..ir.dtypes import DType
+from ..ir.dtypes import DType, convert
 from ..ir.ptx_ops import LdOp, StOp
 from ..ir.tile_ops import IndexDim
 from ..ir.types import MemSpace
 from . import ptx
-from .c_names import BITS_TO, TO_BITS, literal
+from .c_names import BITS_TO, C_TYPES, TO_BITS, literal
 from .errors import CodegenError
 from .rules import rule
 
@@ -40,7 +40,7 @@ def emit_ld(em, op: LdOp) -> None:
     base = em.row.chunk_start_c("e", "kfc_g")
     for a in range(accesses):
         words = [em.fresh("w") for _ in range(nwords)]
-        wt = "unsigned" if word == 4 else "unsigned short"
+        wt = WORD_C[word]
         fill = _other_bits(op.other, d, word)
         em.emit(f"{wt} {', '.join(f'{w} = {fill}' for w in words)};")
         if shared:  # this CTA's part of a staged row: its spans one after another
@@ -54,36 +54,45 @@ def emit_ld(em, op: LdOp) -> None:
                                     op.cache, word))
         for wi, w in enumerate(words):
             for k in range(per_word):
-                em.emit(f"{em.chunk_elem(r, a * op.vec + wi * per_word + k)} = {_from_bits(w, d, k, word)};")
+                em.emit(f"{em.chunk_elem(r, a * op.vec + wi * per_word + k)} = {_from_bits(w, d, k, word, op.loc)};")
     em.close_chunks()
 
 
 def _other_bits(value, d: DType, word: int) -> str:
-    raw = np.asarray(value).astype(d.np).tobytes()
+    raw = convert(value, d).tobytes()
     per = word // len(raw) if len(raw) < word else 1
     bits = int.from_bytes(raw * per, "little")
     return f"{bits}u"
 
 
-def _from_bits(w: str, d: DType, k: int, word: int) -> str:
+def _from_bits(w: str, d: DType, k: int, word: int, loc) -> str:
+    """Element k of a loaded word (of `word` bytes) as a value of d."""
+    bits = 8 * d.itemsize
+    part = f"(({w} >> {bits * k}) & {hex((1 << bits) - 1)}u)" if word > d.itemsize else w
     if d in (DType.BF16, DType.F16):
-        part = f"(unsigned short)(({w} >> {16 * k}) & 0xffffu)" if word == 4 else w
-        return f"{BITS_TO[d]}({part})"
+        return f"{BITS_TO[d]}({'(unsigned short)' if word > d.itemsize else ''}{part})"
     if d is DType.F32:
         return f"__uint_as_float({w})"
     if d is DType.I32:
         return f"(int)({w})"
-    raise CodegenError(f"row loads of {d} are not supported yet")
+    if d.itemsize == 1:  # fp8 as its bits, i8 and u8 as themselves
+        return f"({C_TYPES[d]})({part})"
+    raise CodegenError(f"row loads of {d} are not supported yet", loc,
+                       "load it one element at a time, or in a dtype of at most 4 bytes")
 
 
-def _to_bits(x: str, d: DType) -> str:
+def _to_bits(x: str, d: DType, loc) -> str:
+    """A value of d as the low bits of an unsigned word."""
     if d in (DType.BF16, DType.F16):
         return f"(unsigned){TO_BITS[d]}({x})"
     if d is DType.F32:
         return f"__float_as_uint({x})"
     if d is DType.I32:
         return f"(unsigned)({x})"
-    raise CodegenError(f"row stores of {d} are not supported yet")
+    if d.itemsize == 1:
+        return f"(unsigned)(unsigned char)({x})"
+    raise CodegenError(f"row stores of {d} are not supported yet", loc,
+                       "store it one element at a time, or in a dtype of at most 4 bytes")
 
 
 @rule(StOp)
@@ -106,10 +115,10 @@ def emit_st(em, op: StOp) -> None:
         for wi in range(nwords):
             parts = []
             for k in range(per_word):
-                bits = _to_bits(em.chunk_elem(value, a * op.vec + wi * per_word + k), d)
-                parts.append(f"({bits} << {16 * k})" if per_word > 1 else bits)
+                bits = _to_bits(em.chunk_elem(value, a * op.vec + wi * per_word + k), d, op.loc)
+                parts.append(f"({bits} << {8 * d.itemsize * k})" if per_word > 1 else bits)
             w = em.fresh("s")
-            wt = "unsigned" if word == 4 else "unsigned short"
+            wt = WORD_C[word]
             em.emit(f"const {wt} {w} = ({wt})({' | '.join(parts)});")
             words.append(w)
         at = f"{base} + {a * op.vec}"
@@ -168,11 +177,16 @@ def scalar_access_conds(em, op, tensor: Value, index: tuple[IndexDim, ...], idx_
     return conds or ["true"]
 
 
+# the C type a word travels in: a byte in a 16-bit register (PTX has no 8-bit registers)
+WORD_C = {4: "unsigned", 2: "unsigned short", 1: "unsigned short"}
+
+
 def access_plan(em, op, d: DType, guard: str | None):
-    """How a chunk of `vec` elements moves: 32-bit words (16-bit for 2-byte accesses), words
-    per access, elements per word, accesses per chunk, and the predicate of chunk e."""
+    """How a chunk of `vec` elements moves: 32-bit words (16-bit for 2-byte accesses, one byte
+    for a single 1-byte element), words per access, elements per word, accesses per chunk, and
+    the predicate of chunk e."""
     acc_bytes = op.vec * d.itemsize
-    word = 4 if acc_bytes >= 4 else 2
+    word = 4 if acc_bytes >= 4 else acc_bytes
     nwords = max(1, acc_bytes // word)
     per_word = word // d.itemsize if d.itemsize < word else 1
     conds = ["kfc_rowvalid"] if em.row_dependent(op) else []

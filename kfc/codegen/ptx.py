@@ -2,7 +2,11 @@
 
 Each function returns a C++ statement (or expression) string; operands are C++ expressions.
 Golden tests pin the exact text. Facts (operand order, qualifiers) are from the PTX ISA:
-- `cvt.rn.bf16x2.f32 d, a, b` puts a in the upper half of d and b in the lower;
+- `cvt.rn.bf16x2.f32 d, a, b` puts a in the upper half of d and b in the lower; so does
+  `cvt.rn.satfinite.e4m3x2.f32` (upper and lower byte; .satfinite is required from f32: a
+  finite or infinite value beyond the format's largest becomes the largest, so e5m2's overflow
+  to infinity, as torch rounds it, and NaN's sign are set apart); `cvt.rn.f16x2.e4m3x2 d, a`
+  widens a's lower byte into d's lower half;
 - `shfl.sync.bfly.b32 d, a, lane_mask, clamp, membermask`: with clamp 0x1f the xor stays within
   the warp; a butterfly over the low bits stays within aligned lane groups;
 - `shfl.sync.up/down/idx.b32 d, a, b, c, membermask`: c packs a segment mask (bits 12:8, 32 -
@@ -38,7 +42,7 @@ def _vector_load(space: str, words: list[str], addr: str, addr_constraint: str, 
     vec = f".v{n}" if n > 1 else ""
     typ = _WORD_TYPES[word_bytes]
     dst = "{" + _regs(n) + "}" if n > 1 else "%0"
-    con = "h" if word_bytes == 2 else "r"
+    con = "r" if word_bytes == 4 else "h"  # a byte travels in a 16-bit register
     outs = ", ".join(f'"+{con}"({w})' for w in words)
     if pred is None:
         return f'asm volatile("ld.{space}{vec}.{typ} {dst}, [%{n}];" : {outs} : "{addr_constraint}"({addr}));'
@@ -49,8 +53,6 @@ def _vector_load(space: str, words: list[str], addr: str, addr_constraint: str, 
 
 def ld_global(words: list[str], addr: str, pred: str | None, hint: str = "", word_bytes: int = 4) -> str:
     """Load len(words) words of `word_bytes` each from global `addr` (a pointer)."""
-    if word_bytes == 1:
-        raise ValueError("byte loads go through 16-bit registers; widen the access")
     return _vector_load(f"global{LD_HINTS[hint]}", words, addr, "l", pred, word_bytes)
 
 
@@ -59,7 +61,7 @@ def st_global(words: list[str], addr: str, pred: str | None, hint: str = "", wor
     vec = f".v{n}" if n > 1 else ""
     typ = _WORD_TYPES[word_bytes]
     src = "{" + _regs(n, 1) + "}" if n > 1 else "%1"
-    con = "h" if word_bytes == 2 else "r"
+    con = "r" if word_bytes == 4 else "h"
     ins = ", ".join(f'"{con}"({w})' for w in words)
     if pred is None:
         return f'asm volatile("st.global{ST_HINTS[hint]}{vec}.{typ} [%0], {src};" :: "l"({addr}), {ins} : "memory");'
@@ -251,6 +253,23 @@ static __device__ __forceinline__ unsigned kfc_cvt_pack_bf16(float hi, float lo)
 }
 static __device__ __forceinline__ unsigned kfc_cvt_pack_f16(float hi, float lo) {
   unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+static __device__ __forceinline__ float kfc_e4m3_to_f32(unsigned char b) {
+  unsigned w; asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(w) : "h"((unsigned short)b));
+  return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+}
+static __device__ __forceinline__ float kfc_e5m2_to_f32(unsigned char b) {
+  return __half2float(__ushort_as_half((unsigned short)(b << 8)));
+}
+static __device__ __forceinline__ unsigned char kfc_f32_to_e4m3(float x) {
+  unsigned short h; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(x));
+  const unsigned sign = __float_as_uint(x) >> 24 & 0x80u;
+  return (unsigned char)(x != x ? sign | 0x7fu : h & 0xffu);
+}
+static __device__ __forceinline__ unsigned char kfc_f32_to_e5m2(float x) {
+  unsigned short h; asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(x));
+  const unsigned sign = __float_as_uint(x) >> 24 & 0x80u;
+  return (unsigned char)(x != x ? sign | 0x7fu : fabsf(x) >= 61440.0f ? sign | 0x7cu : h & 0xffu);
 }
 static __device__ __forceinline__ unsigned kfc_cluster_ctarank() {
   unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;

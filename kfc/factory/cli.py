@@ -148,14 +148,24 @@ def _report_shape(console, r, target) -> None:
 
 
 def _visible_gpus(spec: list[str] | None) -> list[str]:
-    if spec:
-        return list(spec)
+    """The GPUs to evaluate on: --gpus, each checked against the GPUs this machine shows before
+    anything is compiled or recorded; else all of them."""
     try:
         import torch  # lazy: torch (~3 s), only to count GPUs
 
-        return [str(i) for i in range(torch.cuda.device_count())]
+        count = torch.cuda.device_count()
     except ImportError:
-        return []
+        count = 0
+    if not spec:
+        return [str(i) for i in range(count)]
+    absent = [g for g in spec if int(g) >= count]
+    if absent:
+        shown = "no GPU is visible here" if count == 0 else \
+            f"this machine shows {count} GPU(s), numbered 0 to {count - 1}"
+        raise GpuUnavailable(f"--gpus names GPU {absent[0]}, but {shown}",
+                             hint="list GPUs this machine has (nvidia-smi -L), or --gpus all; "
+                                  "kfc compile and kfc check need none")
+    return list(spec)
 
 
 def _policy(args):

@@ -64,7 +64,12 @@ def op_problem(spec: OpSpec, device: str = "cuda", limits: Limits | None = None)
     func = spec.func
     check = spec.check or CheckSpec()
     require_reference(spec)
-    sandbox = shared_sandbox(limits, "cuda" if torch.device(device).type == "cuda" else "cpu")
+    on_gpu = torch.device(device).type == "cuda"
+    # exact outputs (integers, bools, fp8) take their bits from the check block's authority:
+    # torch on the CPU unless it says "device" (torch's GPU kernels may round otherwise)
+    host_reference = on_gpu and check.exact_reference == "cpu" and any(
+        not v.ttype.dtype.is_float or v.ttype.dtype.bits < 16 for v in func.outputs)
+    sandbox = shared_sandbox(limits, "cuda" if on_gpu and not host_reference else "cpu")
     tensors = [v for v in func.inputs if v.ttype.space is not MemSpace.REG]
 
     def shape_of(v, dims):
@@ -89,15 +94,24 @@ def op_problem(spec: OpSpec, device: str = "cuda", limits: Limits | None = None)
                              scale if name in SCALED else 1.0, device))
         return tuple(out)
 
+    def poisoned(v, dims):
+        t = v.ttype
+        if t.dtype.is_float and t.dtype.itemsize == 1:  # torch cannot fill fp8: all ones is its NaN
+            return torch.full(shape_of(v, dims), 0xFF, dtype=torch.uint8, device=device).view(t.dtype.torch)
+        return torch.full(shape_of(v, dims), float("nan") if t.dtype.is_float else 0, dtype=t.dtype.torch,
+                          device=device)
+
     def make_outputs(dims: dict[str, int]) -> tuple:
-        return tuple(torch.full(shape_of(v, dims), float("nan") if v.ttype.dtype.is_float else 0,
-                                dtype=v.ttype.dtype.torch, device=device) for v in func.outputs)
+        return tuple(poisoned(v, dims) for v in func.outputs)
 
     def reference(*inputs) -> tuple:
         args = dict(zip(func.input_names, inputs))
         dims = _dims_of(func, args)
+        if host_reference:
+            args = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
         out = run_reference(spec, args, dims, sandbox=sandbox)
-        return tuple(torch.as_tensor(o).float() for o in out)
+        return tuple(torch.as_tensor(o).float().to(device) if host_reference else torch.as_tensor(o).float()
+                     for o in out)
 
     def tolerance(out) -> float:
         d = dtype_of_torch(out.dtype)

@@ -186,6 +186,11 @@ def _iota(lw: CallLowering, node, pos, kw):
     return lw.b.iota(n, dtype)
 
 
+def _bitcast(lw: CallLowering, node, pos, kw):
+    x = lw.tile_value(pos[0], "bitcast's operand")
+    return lw.b.bitcast(x, lw.dtype_arg(pos[1]))
+
+
 def _tri(lower: bool):
     def h(lw: CallLowering, node, pos, kw):
         rows = lw.const_int(pos[0], "the row count")
@@ -227,7 +232,8 @@ def _reshape(lw: CallLowering, node, pos, kw):
 
 _BUILTINS: dict[str, tuple[Callable, tuple[str, ...], int, int]] = {
     **{fn: (_unary(fn), (), 1, 1) for fn in
-       ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "softplus", "tanh", "abs")},
+       ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "softplus", "tanh", "abs", "round")},
+    "bitcast": (_bitcast, (), 2, 2),
     "max": (_minmax("max"), ("axis", "keepdims"), 1, 2),
     "min": (_minmax("min"), ("axis", "keepdims"), 1, 2),
     "sum": (_reduce("sum"), ("axis", "keepdims"), 1, 1),
@@ -247,7 +253,9 @@ _BUILTINS: dict[str, tuple[Callable, tuple[str, ...], int, int]] = {
 }
 
 _SIGNATURES = {
-    **{fn: f"{fn}(x)" for fn in ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "softplus", "tanh", "abs")},
+    **{fn: f"{fn}(x)" for fn in ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "softplus", "tanh", "abs",
+                                 "round")},
+    "bitcast": "bitcast(x, u8): the same bits as another dtype of one width",
     "max": "max(a, b) elementwise, or max(x, axis=..., keepdims=...) to reduce",
     "min": "min(a, b) elementwise, or min(x, axis=..., keepdims=...) to reduce",
     "sum": "sum(x, axis=..., keepdims=...)", "mean": "mean(x, axis=..., keepdims=...)",

@@ -23,6 +23,10 @@ _BINOPS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv
            "and_": "and", "or_": "or"}
 # the left-associative chains the lowering walks in a loop (they do not count as nesting)
 NESTING_CHAINS = frozenset(_BINOPS)
+# the grammar's wrappers, no level of their own: a call's arguments, an index and its entries, a
+# statement around its block (the block counts), the op around its body
+NESTING_FREE = frozenset({"args", "kwarg", "index", "idx_point", "idx_slice", "idx_new", "assign", "store",
+                          "accumulate", "parallel", "prange", "for_loop", "if_stmt", "carry", "op_def"})
 _BINOP_PY: dict[str, Callable] = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "truediv": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,

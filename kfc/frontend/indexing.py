@@ -94,7 +94,15 @@ class IndexLowering:
         size = b[1] - a[1]
         if size <= 0:
             raise self.err(node, f"the slice is empty or reversed (size {size})")
+        if size > MAX_SLICE:
+            raise self.err(node, f"a slice of {size} elements is more than a tile holds (at most {MAX_SLICE})",
+                           "slice a chunk and loop over the dim: for t in 0..N step 4096 { x[m, t:t+4096 limit N] }")
         return size
+
+
+# a tile lives in registers or shared memory: 2**24 elements is far past what either holds, and
+# keeps the interpreter from being asked for an array no memory holds
+MAX_SLICE = 1 << 24
 
 
 def _affine(node):

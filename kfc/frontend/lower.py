@@ -146,11 +146,18 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
                 raise self.err(seen[n], f"{n} names both a parameter and a shape dimension",
                                "rename one of them")
         input_syms = {d.name for _, t in inputs for d in t.shape if isinstance(d, SymDim)}
+        required_syms = {d.name for _, t in inputs if not t.optional for d in t.shape if isinstance(d, SymDim)}
         for n, t in outputs:
             missing = sorted(t.symbols - input_syms)
             if missing:
                 raise KfcError(f"output {n} uses dimension {missing[0]}, which no input has",
                                self.param_spans[n], "outputs are sized from the inputs; give an input that dim")
+            optional_only = sorted(t.symbols - required_syms)
+            if optional_only:
+                holders = ", ".join(name for name, ti in inputs if optional_only[0] in ti.symbols)
+                raise KfcError(f"output {n} uses dimension {optional_only[0]}, which only the optional input "
+                               f"{holders} has: without it the output has no size", self.param_spans[n],
+                               f"give {optional_only[0]} through a required input too, or make {holders} required")
         for n, value in defaults.items():
             if isinstance(value, str):
                 unknown = constexpr.symbols_of(value) - set(self.symbols)

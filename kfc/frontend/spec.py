@@ -14,14 +14,14 @@ import lark
 
 from ..check.generators import GENERATORS
 from ..diagnostics import KfcError, read_source, register_source
-from ..grammar_files import check_nesting, lalr_parser, syntax_error
+from ..grammar_files import check_nesting, lalr_parser, syntax_error, without
 from ..ir import constexpr
 from ..ir.dtypes import DTYPE_NAMES, parse_dtype
 from ..ir.func import FuncOp
 from ..ir.specialize import check_dims
 from ..ir.types import MemSpace
 from ..model.spec import CheckSpec, GeneratorSpec, MetricSpec, OpSpec
-from .expressions import NESTING_CHAINS
+from .expressions import NESTING_CHAINS, NESTING_FREE
 from .lower import Lowerer, span_of
 
 GRAMMAR = "kfc.lark"
@@ -33,7 +33,9 @@ CHECK_KEYS = {
     "tolerance": "{dtype: relative tolerance}",
     "seeds": "a list of integer seeds",
     "inputs": "{input: generator(...)} to draw inputs other than from normal()",
+    "exact_reference": "\"cpu\" or \"device\": where the reference runs for exact outputs on a GPU (default cpu)",
 }
+EXACT_REFERENCES = ("cpu", "device")
 def instantiate(spec: OpSpec, dtypes: dict[str, str]) -> OpSpec:
     """The same op with other type arguments."""
     return parse_kfc(spec.text, spec.path, {**spec.dtypes, **dtypes})
@@ -57,7 +59,8 @@ def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = No
         raise syntax_error(e, parser, file, text) from None
     except lark.exceptions.VisitError as e:  # pragma: no cover - no callbacks are registered
         raise KfcError(str(e.orig_exc), None) from None
-    check_nesting(tree, file, NESTING_CHAINS)
+    check_nesting(tree, file, NESTING_CHAINS, free=NESTING_FREE)
+    tree = without(tree, "paren")
     op_node, *sections = tree.children
     lowerer = Lowerer(file, text, dtypes)
     func = lowerer.lower_op(op_node)
@@ -221,6 +224,14 @@ class _Sections:
                 raise self.err(v, f"the tolerance for {name} must be a non-negative number")
             out[name] = float(v.children[0])
         return out
+
+    def check_exact_reference(self, node):
+        text = self.string(node.children[0]) if node.data == "c_string" else None
+        if text not in EXACT_REFERENCES:
+            raise self.err(node, "exact_reference must be \"cpu\" or \"device\"",
+                           "\"cpu\" (the default) makes torch on the CPU the authority for integer, bool and fp8 "
+                           "outputs wherever kfc runs the reference; \"device\" runs it beside the kernel")
+        return text
 
     def check_seeds(self, node):
         if node.data != "c_list":

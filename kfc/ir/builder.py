@@ -29,7 +29,7 @@ from .core import Block, Op, Value
 from .dtypes import DType, promote_ints
 from .func import FuncOp
 from .tile_ops import (
-    BINARY_CLASSES, KIND_WORDS, UNARY_CLASSES, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
+    BINARY_CLASSES, KIND_WORDS, UNARY_CLASSES, BitcastOp, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
     ExpandDimsOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
     ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible, indexed_shape, kind_accepts,
 )
@@ -264,6 +264,15 @@ class Builder:
         if t.dtype == dtype:
             return v
         return self.create(CastOp, [v], [t.with_dtype(dtype)], name=name).result
+
+    def bitcast(self, v: Value, dtype: DType, name: str | None = None) -> Value:
+        t = self.tile_of(v, "bitcast operand")
+        if t.dtype == dtype:
+            return v
+        if t.dtype.is_bool or dtype.is_bool or t.dtype.bits != dtype.bits:
+            raise self.error(f"bitcast keeps the width: {t.dtype} has {t.dtype.bits} bits, {dtype} has {dtype.bits}",
+                             "bitcast between dtypes of one width (e4m3, e5m2, i8, u8; bf16, f16; f32, i32; f64, i64)")
+        return self.create(BitcastOp, [v], [t.with_dtype(dtype)], name=name).result
 
     def broadcast_to(self, v: Value, shape: Sequence[Dim]) -> Value:
         t = v.ttype

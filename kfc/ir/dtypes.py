@@ -16,6 +16,7 @@ class DType(enum.Enum):
     E4M3 = "e4m3"
     E5M2 = "e5m2"
     I8 = "i8"
+    U8 = "u8"
     I32 = "i32"
     I64 = "i64"
     INDEX = "index"
@@ -30,7 +31,7 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.I8, DType.I32, DType.I64, DType.INDEX)
+        return self in (DType.I8, DType.U8, DType.I32, DType.I64, DType.INDEX)
 
     @property
     def is_bool(self) -> bool:
@@ -68,6 +69,7 @@ class DType(enum.Enum):
             DType.E4M3: torch.float8_e4m3fn,
             DType.E5M2: torch.float8_e5m2,
             DType.I8: torch.int8,
+            DType.U8: torch.uint8,
             DType.I32: torch.int32,
             DType.I64: torch.int64,
             DType.INDEX: torch.int64,
@@ -75,10 +77,11 @@ class DType(enum.Enum):
         }[self]
 
 
+_NARROW_FLOATS = (np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
 _FLOATS = frozenset({DType.BF16, DType.F16, DType.F32, DType.F64, DType.E4M3, DType.E5M2})
 _BITS = {
     DType.BF16: 16, DType.F16: 16, DType.F32: 32, DType.F64: 64, DType.E4M3: 8,
-    DType.E5M2: 8, DType.I8: 8, DType.I32: 32, DType.I64: 64, DType.INDEX: 64, DType.BOOL: 1,
+    DType.E5M2: 8, DType.I8: 8, DType.U8: 8, DType.I32: 32, DType.I64: 64, DType.INDEX: 64, DType.BOOL: 1,
 }
 _NUMPY = {
     DType.BF16: np.dtype(ml_dtypes.bfloat16),
@@ -88,6 +91,7 @@ _NUMPY = {
     DType.E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
     DType.E5M2: np.dtype(ml_dtypes.float8_e5m2),
     DType.I8: np.dtype(np.int8),
+    DType.U8: np.dtype(np.uint8),
     DType.I32: np.dtype(np.int32),
     DType.I64: np.dtype(np.int64),
     DType.INDEX: np.dtype(np.int64),
@@ -95,6 +99,39 @@ _NUMPY = {
 }
 
 DTYPE_NAMES = {d.value: d for d in DType}
+
+E4M3_MAX = 448.0  # e4m3fn has no infinity: torch saturates to its largest finite value
+
+
+def convert(x, dtype: DType) -> np.ndarray:
+    """x as an array of `dtype`, rounded as torch's `.to()` rounds, which is what the generated
+    code computes too: floats to nearest even; e4m3 saturated to ±448 (infinities too); e5m2
+    overflowing to ±inf; NaN to the sign-keeping NaN torch writes (0x7f/0xff in both fp8
+    formats); floats to integers truncated toward zero, clamped to the integer's range, NaN to 0
+    (the GPU's cvt.rzi; torch wraps out-of-range values on the CPU, a result C++ leaves undefined)."""
+    a = np.asarray(x)
+    src = a.dtype
+    if dtype.is_int and (np.issubdtype(src, np.floating) or src in _NARROW_FLOATS):
+        f = a.astype(np.float64)
+        info = np.iinfo(dtype.np)
+        with np.errstate(invalid="ignore"):
+            f = np.clip(np.trunc(np.nan_to_num(f, nan=0.0, posinf=info.max, neginf=info.min)), info.min, info.max)
+        return f.astype(dtype.np)
+    if dtype in (DType.E4M3, DType.E5M2) and a.dtype != dtype.np:
+        # one rounding: narrow floats widen exactly, numpy's floats and integers convert directly
+        f = a.astype(np.float32) if src in _NARROW_FLOATS else a if np.issubdtype(src, np.floating) else a.astype(np.float64)
+        if dtype is DType.E4M3:
+            with np.errstate(invalid="ignore"):
+                f = np.where(np.isnan(f), f, np.clip(f, -E4M3_MAX, E4M3_MAX))
+        out = np.asarray(f.astype(dtype.np))
+        nan = np.isnan(f)
+        if nan.any():
+            bits = out.view(np.uint8).copy()
+            bits[nan] = np.where(np.signbit(f[nan]), 0xFF, 0x7F)
+            out = bits.view(dtype.np)
+        return out
+    with np.errstate(all="ignore"):
+        return a.astype(dtype.np)
 
 
 def parse_dtype(name: str) -> DType | None:

@@ -26,6 +26,7 @@ UNARY_FNS: dict[str, Callable] = {
     "neg": np.negative, "abs": np.abs, "not": _not, "exp": np.exp, "exp2": np.exp2, "log": np.log,
     "log2": np.log2, "sqrt": np.sqrt, "rsqrt": _rsqrt, "sigmoid": _sigmoid,
     "softplus": lambda x: np.logaddexp(np.zeros_like(x), x), "tanh": np.tanh,
+    "round": np.rint,  # half to even, as torch.round
 }
 
 

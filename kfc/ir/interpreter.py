@@ -19,7 +19,7 @@ import numpy as np
 from ..diagnostics import InterpretError, KfcError
 from . import constexpr
 from .core import Block, Op, Value
-from .dtypes import poison_value
+from .dtypes import convert, poison_value
 from .func import FuncOp
 from .tile_ops import IndexDim, StoreOp, YieldOp
 from .signature import bind_dims
@@ -66,7 +66,7 @@ def bind_arguments(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | No
             raise KfcError(f"missing scalar input {v.name!r} (it has no default)")
         if isinstance(value, str):
             value = constexpr.evaluate(value, dims)
-        env[v] = np.asarray(value).astype(v.ttype.dtype.np)
+        env[v] = convert(value, v.ttype.dtype)
     outputs = dict(outputs or {})
     for v in func.outputs:
         t = v.ttype
@@ -157,8 +157,7 @@ class Interpreter:
     @staticmethod
     def result_array(op: Op, value: np.ndarray, i: int = 0) -> np.ndarray:
         """value as result i of op: an array of that result's element type."""
-        dt = op.results[i].ttype.dtype.np
-        return np.asarray(value).astype(dt, copy=False)
+        return convert(value, op.results[i].ttype.dtype)
 
     def empty_reduction(self, op: Op, identity: float) -> np.ndarray:
         """The result of a max or min over no elements: the identity (0 for integers)."""

@@ -21,7 +21,7 @@ from .attributes import format_attr
 from .dtypes import DType
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class SymDim:
     """A symbolic dimension `name + offset`, bound to an int when a kernel is specialised."""
 
@@ -34,6 +34,9 @@ class SymDim:
         if self.offset < 0:
             return f"{self.name} - {-self.offset}"
         return self.name
+
+    # as written in .kfc, also inside a formatted list or tuple of dims: messages show [N, K]
+    __repr__ = __str__
 
     def bind(self, env: dict[str, int]) -> "Dim":
         if self.name in env:

@@ -14,6 +14,7 @@ from typing import Any
 from .. import cli_args
 from ..diagnostics import KfcError, read_source
 from ..files import write_atomically
+from .database import default_path, reporting_damage
 from .store import KnowledgeBase
 
 KB_HELP = "the knowledge base: a file, or a postgresql:// URL (default: $KFC_KB, else ~/.cache/kfc/kb.sqlite)"
@@ -59,7 +60,7 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the .kfc file's type parameters")
     b.add_argument("--pipeline-only", action="store_true",
                    help="print only the pipeline (exactly one target and shape must match)")
-    b.set_defaults(run=cmd_best)
+    b.set_defaults(run=reading(cmd_best))
 
     s = _sub(sub, "show", "a table of candidates: proposer, stage, time, speedup, pipeline",
              "List candidates, oldest first: id, run, proposer, the stage reached (pending: no outcome yet), "
@@ -69,26 +70,26 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--op", metavar="NAME", help="only this op's (a name or a fingerprint)")
     s.add_argument("--target", type=cli_args.target, metavar="SM", help="only this target, e.g. sm_90a")
     s.add_argument("--limit", type=cli_args.int_in(1), metavar="N", help="only the newest N (1 or more)")
-    s.set_defaults(run=cmd_show)
+    s.set_defaults(run=reading(cmd_show))
 
     r = _sub(sub, "runs", "a table of runs: op, target, shape, policy, status, best",
              "List the tuning runs, oldest first, with their provenance and best result.",
              "kfc kb runs --op rmsnorm")
     r.add_argument("--op", metavar="NAME", help="only this op's runs (a name or a fingerprint)")
-    r.set_defaults(run=cmd_runs)
+    r.set_defaults(run=reading(cmd_runs))
 
     le = _sub(sub, "lessons", "the lessons drawn from experiments",
               "List lessons: short texts written by a policy or a person, with the candidate ids behind them. "
               "With --op: that op's lessons and the general ones.",
               "kfc kb lessons --op rmsnorm")
     le.add_argument("--op", metavar="NAME", help="only lessons about this op (a name or a fingerprint)")
-    le.set_defaults(run=cmd_lessons)
+    le.set_defaults(run=reading(cmd_lessons))
 
     e = _sub(sub, "export", "everything as JSON",
              "Write every op, run, candidate, outcome and lesson as one JSON document (to stdout, or atomically "
              "to -o).", "kfc kb export -o kb.json")
     e.add_argument("-o", "--output", metavar="FILE", help="write here instead of to stdout")
-    e.set_defaults(run=cmd_export)
+    e.set_defaults(run=reading(cmd_export))
 
     pl = _sub(sub, "plot", "plot best-so-far against candidate number, one line per run",
               "Draw, for each run (all of them, or those given), the best time (or speedup) found so far against "
@@ -100,8 +101,16 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
     pl.add_argument("--metric", choices=("time", "speedup"), default="time",
                     help="best median time in µs (default), or best speedup over the default pipeline")
     pl.add_argument("-o", "--output", metavar="FILE.png", required=True, help="the PNG to write")
-    pl.set_defaults(run=cmd_plot)
+    pl.set_defaults(run=reading(cmd_plot))
     return kb
+
+
+def reading(command):
+    """A kb command whose knowledge base SQLite finds damaged (a torn page) ends in one clear error."""
+    def run(args) -> int:
+        with reporting_damage(args.kb or default_path()):
+            return command(args)
+    return run
 
 
 def _print_help(parser: argparse.ArgumentParser) -> int:

@@ -19,8 +19,17 @@ from typing import Self
 
 from ..diagnostics import KfcError
 from . import postgres
-from .rows import now_utc
+from .rows import DAMAGED_HINT, now_utc
 from .schema import APPLICATION_ID, BUSY_TIMEOUT_S, HINT, SCHEMA, SCHEMA_VERSION, TABLES
+
+
+@contextmanager
+def reporting_damage(location) -> Iterator[None]:
+    """Reading a knowledge base: a file SQLite finds damaged (a torn page) is one clear error."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        raise KfcError(f"the knowledge base {location} is damaged: {e}", hint=DAMAGED_HINT) from None
 
 
 def default_path() -> Path | str:
@@ -75,7 +84,9 @@ class Database:
             conn.close()
             self._conn = None
             msg = str(e)
-            if "not a database" in msg or "malformed" in msg or "encrypted" in msg:
+            if "malformed" in msg:
+                raise KfcError(f"the knowledge base {self.path} is damaged: {msg}", hint=DAMAGED_HINT) from None
+            if "not a database" in msg or "encrypted" in msg:
                 raise KfcError(f"{self.path} is not a kfc knowledge base (not an SQLite file: {msg})",
                                hint=HINT) from None
             raise KfcError(f"cannot open the knowledge base {self.path}: {msg}", hint=HINT) from None

@@ -44,12 +44,26 @@ def to_json(value: Any, what: str) -> str:
         raise KfcError(f"{what} must be JSON-able: {e}") from None
 
 
+DAMAGED_HINT = ("the file was changed outside kfc or torn: restore it from a backup, or give --kb a new "
+                 "file (kfc tune fills it again)")
+
+
+def from_json(text: str, column: str, row_id: Any) -> Any:
+    """A JSON column's value, or one clear error naming the column and row that hold garbage."""
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise KfcError(f"the knowledge base is damaged: column {column} of row {row_id} is not JSON "
+                       f"({getattr(e, 'msg', e)}): {text[:60]!r}", hint=DAMAGED_HINT) from None
+
+
 def decode_row(row: sqlite3.Row) -> dict[str, Any]:
     out = {}
-    for k in row.keys():  # noqa: SIM118 - a Row iterates over values
+    keys = row.keys()
+    for k in keys:
         v = row[k]
         if k in JSON_COLUMNS and isinstance(v, str):
-            v = json.loads(v)
+            v = from_json(v, k, row["id"] if "id" in keys else "?")
         out[k] = v
     return out
 
@@ -64,7 +78,8 @@ def outcome_of(row: sqlite3.Row) -> Outcome:
         stage=stage, error=row["error"], registers=row["registers"], spills=row["spills"],
         smem_bytes=row["smem_bytes"], median_us=row["median_us"], spread_us=row["spread_us"],
         bytes_moved=row["bytes_moved"], flops=row["flops"], roofline_fraction=row["roofline_fraction"],
-        speedup=row["speedup"], times_us=tuple(json.loads(row["times_us"] or "[]")), notes=row["notes"])
+        speedup=row["speedup"], times_us=tuple(from_json(row["times_us"] or "[]", "times_us", row["candidate_id"])),
+        notes=row["notes"])
 
 
 def proposal_of(row: sqlite3.Row) -> Proposal:

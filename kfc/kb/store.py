@@ -8,7 +8,6 @@ Ids only grow (AUTOINCREMENT), so "oldest first" is "by id".
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..diagnostics import KfcError
@@ -16,7 +15,7 @@ from ..model.records import Outcome, Proposal, Stage, Trial
 from .database import Database, default_path
 from .op_similarity import similarity
 from .rows import (
-    TRIAL_SELECT, canonical_pipeline, canonical_shape, decode_row, now_utc, proposal_of, to_json, trial_of,
+    TRIAL_SELECT, canonical_pipeline, canonical_shape, decode_row, from_json, now_utc, proposal_of, to_json, trial_of,
 )
 from .schema import ENV_COLUMNS, FLOAT_FIELDS, INT_FIELDS, OUTCOME_FIELDS, RUN_STATUSES, SCHEMA_VERSION, TABLES
 
@@ -252,7 +251,7 @@ class KnowledgeBase(Database):
         for row in self.conn.execute("SELECT id, fingerprint, name, features FROM ops ORDER BY id"):
             if exclude_fingerprint is not None and row["fingerprint"] == exclude_fingerprint:
                 continue
-            s = similarity(features or {}, json.loads(row["features"] or "{}"))
+            s = similarity(features or {}, from_json(row["features"] or "{}", "features", row["id"]))
             if s >= min_similarity:
                 scored.append((row["id"], row["name"], s))
         scored.sort(key=lambda t: (-t[2], t[0]))

@@ -12,7 +12,7 @@ import attrs
 from ..diagnostics import Span
 
 DEFAULT_TOLERANCE = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-5, "f64": 1e-10, "e4m3": 1.3e-1, "e5m2": 2.5e-1,
-                     "i8": 0.0, "i32": 0.0, "i64": 0.0, "bool": 0.0, "index": 0.0}
+                     "i8": 0.0, "u8": 0.0, "i32": 0.0, "i64": 0.0, "bool": 0.0, "index": 0.0}
 
 
 @attrs.frozen
@@ -32,6 +32,9 @@ class CheckSpec:
     tolerance: dict[str, float] = attrs.Factory(dict)
     seeds: tuple[int, ...] = (0,)
     inputs: dict[str, GeneratorSpec] = attrs.Factory(dict)
+    # where the reference runs when an output is exact (integers, bools, fp8) and the kernel on a
+    # GPU: "cpu" (torch on the CPU decides the bits) or "device" (torch beside the kernel)
+    exact_reference: str = "cpu"
     span: Span | None = attrs.field(default=None, eq=False)  # the check block itself
 
     @property

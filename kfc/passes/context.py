@@ -32,11 +32,18 @@ class PassContext:
     print_ir_before: frozenset[str] = frozenset()
     print_ir_after: frozenset[str] = frozenset()
     timing: bool = False
+    where: str = ""  # what the dims the pipeline runs at came from, for specialisation's errors
+    stages: list | None = None  # given a list, the manager appends (pass, IR after it) for each pass
     dump_dir: Path | None = None
     out: TextIO = attrs.field(factory=lambda: sys.stderr)
     notes: list[tuple[str, str]] = attrs.Factory(list)
     timings: list[tuple[str, float]] = attrs.Factory(list)
     stats: dict[str, Any] = attrs.Factory(dict)
+    # every rewrite that may change results within the op's tolerance: (pass, what, where)
+    approximations: list[tuple[str, str, str]] = attrs.Factory(list)
+
+    def approximated(self, p, what: str, loc) -> None:
+        self.approximations.append((str(p), what, str(loc) if loc is not None else "?"))
 
     def note(self, p, message: str, stats: Any = None) -> None:
         self.notes.append((str(p), message))

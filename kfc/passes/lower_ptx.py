@@ -4,8 +4,9 @@
   cache hint: rows that stream through once (they move with the row index) take `stream`
   (default `cs`, evict-first: measured 5-10% faster than `nc_na` on the H200 for rows of up to
   4096 bf16), data every row re-reads (a weight vector) keeps the default so it stays in cache;
-- with `approx` (on when every floating-point output tolerates 1e-5 relative error, the
-  approximate instructions' error being about 2^-22), f32 rsqrt and exp become
+- with `approx` (auto: on when every output is a float of 16 bits or more that tolerates 1e-5
+  relative error, the approximate instructions' error being about 2^-22; off when any output
+  is exact — an integer, bool or fp8, where one ulp moves a code), f32 rsqrt and exp become
   rsqrt.approx and ex2.approx (exp(x) = 2^(x·log2 e)), so do the exponentials of the steps of a
   (max, sum of exp) reduction (gpu.*_max_sumexp), and a division of a tile by a value
   the whole row shares (softmax's e / sum(e)) becomes a product with its reciprocal, taken once:
@@ -57,7 +58,9 @@ class LowerPtx(Pass):
         if self.approx not in ("auto", "on", "off"):
             raise PassError(f"lower-ptx: approx must be auto, on or off, not {self.approx!r}")
         stream, store_hint = _hint("stream", self.stream), _hint("store", self.store)
-        approx = self.approx == "on" or (self.approx == "auto" and ctx_tolerance(ctx, func) >= APPROX_MIN_TOLERANCE)
+        exact = exact_outputs(func)
+        approx = self.approx == "on" or (self.approx == "auto" and not exact
+                                         and ctx_tolerance(ctx, func) >= APPROX_MIN_TOLERANCE)
         launch = find_row_loop(func, LaunchOp)
         row_values = launch.row_dependent_values()
         counts = {"ld": 0, "st": 0, "approx": 0, "cvt": 0}
@@ -93,9 +96,11 @@ class LowerPtx(Pass):
             f32 = isinstance(t, TensorType) and t.dtype is DType.F32
             if approx and f32 and isinstance(op, UNARY_CLASSES["rsqrt"]):
                 counts["approx"] += 1
+                ctx.approximated(self, "rsqrt.approx for rsqrt", op.loc)
                 return [RsqrtApproxOp(operands=op.operands, results=op.results, loc=op.loc)]
             if approx and f32 and isinstance(op, UNARY_CLASSES["exp"]):
                 counts["approx"] += 1
+                ctx.approximated(self, "ex2.approx for exp", op.loc)
                 x = op.operands[0]
                 c = ConstOp(operands=(), results=(Value(TensorType(DType.F32)),), loc=op.loc, value=math.log2(math.e))
                 ops = [c]
@@ -109,9 +114,11 @@ class LowerPtx(Pass):
                 return ops + [m, e]
             if approx and isinstance(op, MAX_SUMEXP_STEPS) and not op.approx:
                 counts["approx"] += 1
+                ctx.approximated(self, "ex2.approx in a running max and sum of exponentials", op.loc)
                 return [attrs.evolve(op, approx=True)]
             if approx and f32 and isinstance(op, BINARY_CLASSES["div"]) and shared_divisor(op) is not None:
                 counts["approx"] += 1
+                ctx.approximated(self, "a product with the reciprocal for a division by one value a row shares", op.loc)
                 s = vmap[shared_divisor(op)]
                 scalar = TensorType(DType.F32)
                 one = ConstOp(operands=(), results=(Value(scalar),), loc=op.loc, value=1.0)
@@ -129,8 +136,15 @@ class LowerPtx(Pass):
         new_launch = attrs.evolve(launch, regions=(body,))
         ops = tuple(new_launch if o is launch else o for o in func.body.ops)
         ctx.note(self, f"{counts['ld']} loads, {counts['st']} stores, {counts['approx']} approximate functions"
-                       f"{'' if approx else ' (approx off)'}, {counts['cvt']} packed conversions")
+                       f"{'' if approx else ' (approx off' + (f': exact outputs {exact}' if exact and self.approx == 'auto' else '') + ')'}"
+                       f", {counts['cvt']} packed conversions")
         return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
+
+
+def exact_outputs(func) -> str:
+    """The outputs where one rounding step moves a code (integers, bools, fp8), as `name (dtype)`."""
+    return ", ".join(f"{v.name} ({v.ttype.dtype})" for v in func.outputs
+                     if not v.ttype.dtype.is_float or v.ttype.dtype.bits < 16)
 
 
 def ctx_tolerance(ctx, func) -> float:

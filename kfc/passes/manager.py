@@ -82,6 +82,8 @@ class PassManager:
             if self.ctx.verify_each is not None:
                 self._verify_semantics(p, func, new)
             self._dump(i, p.NAME, new)
+            if self.ctx.stages is not None:
+                self.ctx.stages.append((str(p), new))
             if self.ctx.print_ir_after_all or p.NAME in self.ctx.print_ir_after:
                 self._print(f"IR after {p}", new)
             func = new

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..diagnostics import KfcError
 from ..files import write_folder_atomically
 from ..model.version import __version__
 
@@ -19,6 +20,19 @@ def cache_dir() -> Path:
     if base:
         return Path(base)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kfc"
+
+
+def writable_cache_dir() -> Path:
+    """The cache folder, or one clear error where something other than a folder holds its place."""
+    d = cache_dir()
+    for p in (d, *d.parents):
+        if p.exists():
+            if not p.is_dir():
+                named = "KFC_CACHE_DIR" if os.environ.get("KFC_CACHE_DIR") else "the JIT cache folder"
+                raise KfcError(f"{named} is {d}, but {p} is a file, not a folder",
+                               hint="point KFC_CACHE_DIR at a folder (it is created if missing)")
+            break
+    return d
 
 
 @functools.cache
@@ -51,4 +65,4 @@ def lookup(key: str) -> tuple[bytes, dict[str, Any]] | None:
 def store(key: str, cubin: bytes, report: dict[str, Any]) -> None:
     """Readers see a whole entry or none, and two processes compiling the same kernel do not
     collide (write_folder_atomically)."""
-    write_folder_atomically(cache_dir() / key, {"kernel.cubin": cubin, "report.json": json.dumps(report, indent=2)})
+    write_folder_atomically(writable_cache_dir() / key, {"kernel.cubin": cubin, "report.json": json.dumps(report, indent=2)})

@@ -31,6 +31,29 @@ def test_a_short_tune_records_and_beats_or_keeps_the_baseline(tmp_path, monkeypa
     assert len(trials) == 5  # the baseline and four candidates, each with its outcome
 
 
+def test_a_quantisation_passes_the_gate_against_torchs_cpu_bytes(tmp_path, monkeypatch):
+    """Exact outputs (e4m3 codes) are gated against the check block's authority, torch on the
+    CPU, not torch's GPU kernels (whose scale divides through a reciprocal)."""
+    from kfc.factory.evaluate import Evaluator
+    from kfc.model.records import Stage
+    from kfc.factory.offline import SearchPolicy
+    from kfc.factory.tune import tune
+    from kfc.frontend import load_kfc
+    from kfc.kb.store import KnowledgeBase
+    from kfc.model.target import parse_target
+
+    monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path / "cache"))
+    kb = KnowledgeBase(tmp_path / "kb.sqlite")
+    spec = load_kfc("examples/fp8_quant.kfc", {"T": "bf16"})
+    assert spec.check.exact_reference == "cpu"
+    ev = Evaluator(["0"], timeout_s=300)
+    try:
+        r = tune(spec, parse_target("sm_90a"), {"M": 4096, "N": 4096}, 1, SearchPolicy(seed=1), kb, ev)
+    finally:
+        ev.close()
+    assert r.baseline is not None and r.baseline.outcome.stage is Stage.TIMED, r.baseline
+
+
 def test_kfc_tune_killed_with_sigkill_keeps_its_records_and_the_same_command_resumes(tmp_path):
     import os
     import signal

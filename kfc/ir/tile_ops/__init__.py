@@ -13,7 +13,7 @@ ops register.
 """
 
 from .elementwise import (
-    BINARY_CLASSES, BINARY_OPS, COMMUTATIVE, KIND_WORDS, UNARY_CLASSES, UNARY_OPS, BinaryOp, CastOp, CmpOp, CmpPred,
+    BINARY_CLASSES, BINARY_OPS, COMMUTATIVE, KIND_WORDS, UNARY_CLASSES, UNARY_OPS, BinaryOp, BitcastOp, CastOp, CmpOp, CmpPred,
     ConstOp, DimOp, IotaOp, OperandKind, TriOp, UnaryOp, WhereOp, kind_accepts,
 )
 from .shape import BroadcastOp, ExpandDimsOp, ReshapeOp, TransposeOp, broadcast_compatible
@@ -23,7 +23,7 @@ from .memory import IndexDim, LoadOp, StoreOp, indexed_shape
 from .control import LOOP_REDUCE_KINDS, ForOp, IfOp, ParallelOp, YieldOp, verify_loop_reductions
 
 __all__ = [
-    "BINARY_CLASSES", "BINARY_OPS", "COMMUTATIVE", "KIND_WORDS", "UNARY_CLASSES", "UNARY_OPS", "BinaryOp", "CastOp",
+    "BINARY_CLASSES", "BINARY_OPS", "COMMUTATIVE", "KIND_WORDS", "UNARY_CLASSES", "UNARY_OPS", "BinaryOp", "BitcastOp", "CastOp",
     "CmpOp", "CmpPred", "ConstOp", "DimOp", "IotaOp", "OperandKind", "TriOp", "UnaryOp", "WhereOp", "kind_accepts",
     "BroadcastOp", "ExpandDimsOp", "ReshapeOp", "TransposeOp", "broadcast_compatible",
     "MaxSumExpOp", "ReduceKind", "ReduceOp", "ScanOp", "reduced_shape",

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...diagnostics import InterpretError
 from ..core import Op, define_op
-from ..dtypes import DType
+from ..dtypes import DType, convert
 from ..elementwise_fns import BINARY_FNS, CMP_FNS, UNARY_FNS
 from ..types import TensorType
 from .checks import check_operands, check_results, reg_tile_of, same_shape, shape_str
@@ -47,7 +47,7 @@ class ConstOp(Op):
 
     def interpret(self, interp, ins, env):
         t = self.result.ttype
-        return [np.full(interp.shape_of(t), self.value, dtype=t.dtype.np)]
+        return [convert(np.full(interp.shape_of(t), self.value, dtype=np.float64 if t.dtype.is_float else None), t.dtype)]
 
 
 @define_op("tile.dim", traits={"pure"}, operands=0, results=1)
@@ -189,6 +189,7 @@ UNARY_OPS: dict[str, OperandKind] = {
     "exp": OperandKind.FLOAT, "exp2": OperandKind.FLOAT, "log": OperandKind.FLOAT,
     "log2": OperandKind.FLOAT, "sqrt": OperandKind.FLOAT, "rsqrt": OperandKind.FLOAT,
     "sigmoid": OperandKind.FLOAT, "softplus": OperandKind.FLOAT, "tanh": OperandKind.FLOAT,
+    "round": OperandKind.FLOAT,
 }
 BINARY_OPS: dict[str, OperandKind] = {
     "add": OperandKind.NUMERIC, "sub": OperandKind.NUMERIC, "mul": OperandKind.NUMERIC,
@@ -266,9 +267,29 @@ class WhereOp(Op):
         return [interp.result_array(self, np.where(c, a, b))]
 
 
+@define_op("tile.bitcast", traits={"pure", "elementwise"}, operands=1, results=1)
+class BitcastOp(Op):
+    """The same bits read as another dtype of the same width (an e4m3 code as a u8, an f32's
+    bits as an i32)."""
+
+    def verify_(self) -> None:
+        a = reg_tile_of(self, self.operands[0], "operand")
+        r = reg_tile_of(self, self.result, "result")
+        if not same_shape(a.shape, r.shape):
+            raise self.error(f"a bitcast keeps the shape: {shape_str(a.shape)} became {shape_str(r.shape)}")
+        if a.dtype.is_bool or r.dtype.is_bool or a.dtype.bits != r.dtype.bits:
+            raise self.error(f"a bitcast keeps the width: {a.dtype} has {a.dtype.bits} bits, {r.dtype} {r.dtype.bits}",
+                             "bitcast between dtypes of one width (e4m3, e5m2, i8, u8; bf16, f16; f32, i32; f64, i64)")
+
+    def interpret(self, interp, ins, env):
+        x = np.ascontiguousarray(ins[0])
+        return [x.view(self.result.ttype.dtype.np).reshape(x.shape)]
+
+
 @define_op("tile.cast", traits={"pure", "elementwise"}, operands=1, results=1)
 class CastOp(Op):
-    """Convert element type; floats round to nearest even, floats to ints truncate."""
+    """Convert element type as torch's `.to()` does (kfc.ir.dtypes.convert): floats round to
+    nearest even, e4m3 saturates, floats to ints truncate and clamp, NaN to an int is 0."""
 
     def verify_(self) -> None:
         a = reg_tile_of(self, self.operands[0], "operand")
@@ -277,13 +298,4 @@ class CastOp(Op):
             raise self.error(f"a cast keeps the shape: {shape_str(a.shape)} became {shape_str(r.shape)}")
 
     def interpret(self, interp, ins, env):
-        src = self.operands[0].ttype.dtype
-        dst = self.result.ttype.dtype
-        x = ins[0]
-        if src.is_float and (dst.is_int):
-            with np.errstate(invalid="ignore"):
-                x = np.trunc(x.astype(np.float64))
-        if dst.is_float and not src.is_float:
-            x = x.astype(np.float64)
-        with np.errstate(all="ignore"):
-            return [np.asarray(x).astype(dst.np)]
+        return [convert(ins[0], self.result.ttype.dtype)]
