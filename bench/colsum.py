@@ -33,7 +33,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
     import torch
-    from triton.testing import do_bench_cudagraph
 
     import kfc
 
@@ -60,13 +59,10 @@ def main(argv=None) -> int:
                     r["max_err_rel"] = err
                     if not err < 1e-4:
                         raise AssertionError(f"wrong: max |err| / max |ref| = {err:.3g}")
-                r["eager_us"] = harness.time_eager(fn, ())
-                r["graph_us"] = do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
-                r["eager_gbs"] = nbytes / (r["eager_us"] * 1e-6) / 1e9
-                r["graph_gbs"] = nbytes / (r["graph_us"] * 1e-6) / 1e9
+                r.update(harness.eager_and_graph(fn, nbytes))
                 r["ok"] = True
             except Exception as e:  # noqa: BLE001 - reported, and the run exits non-zero
-                r.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+                r.update(harness.failed(e))
                 failures.append(f"{name} {m}x{n}: {r['error']}")
             row[name] = r
             print(f"colsum {m}x{n} {name}: {r}", file=sys.stderr, flush=True)

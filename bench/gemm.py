@@ -79,7 +79,7 @@ def run(shapes, pipeline: str | None, seed: int = 0) -> tuple[list[dict], list[s
                 r["graph_tflops"] = flops / (r["graph_us"] * 1e-6) / 1e12
                 r["ok"] = True
             except Exception as e:  # noqa: BLE001 - reported, and the run exits non-zero
-                r.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+                r.update(harness.failed(e))
                 failures.append(f"{name} {m}x{n}x{k}: {r['error']}")
                 print(f"FAILED {failures[-1]}", file=sys.stderr, flush=True)
             row[name] = r

@@ -117,6 +117,22 @@ def time_eager(fn: Callable, args: tuple) -> float:
     return do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median") * 1e3
 
 
+def eager_and_graph(fn: Callable, nbytes: int) -> dict[str, float]:
+    """A call timed both ways the benchmarks report, with the bandwidth each implies: eager
+    (time_eager) and the kernel alone (triton's do_bench_cudagraph median)."""
+    from triton.testing import do_bench_cudagraph
+
+    r = {"eager_us": time_eager(fn, ()), "graph_us": do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3}
+    r["eager_gbs"] = nbytes / (r["eager_us"] * 1e-6) / 1e9
+    r["graph_gbs"] = nbytes / (r["graph_us"] * 1e-6) / 1e9
+    return r
+
+
+def failed(e: Exception) -> dict[str, Any]:
+    """A contender's failure as a result row: its type and the first line of its message."""
+    return {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+
+
 def measure(c: Contender, fn: Callable, arg_sets: list[tuple], reference: Callable, tol: float,
             bytes_per_call: int) -> Measurement:
     import torch

@@ -5,8 +5,9 @@ Each contender is checked against the fp32 reference first, warmed up, then call
 back on a tiny tensor (1 x 256 bf16, so the GPU is never the bottleneck); the figure is the
 wall-clock time of a burst of calls divided by its length, before the device sync that ends
 it (bursts stay below the launch queue's depth, so a call never waits for the GPU). Median of
-several bursts. Also times kfc's call with `out=` given (no allocation) and kfc's call through
-its ctypes launcher (what a machine without a C compiler gets).
+several bursts. Also times kfc's call by keyword (`k(x=x, w=w)`), mixed (`k(x, w=w, eps=...)`),
+with `out=` given (no allocation), and through its ctypes launcher (what a machine without a C
+compiler gets).
 
     python -m bench.launch_overhead [--calls 400] [--bursts 15] [--out FILE]
 """
@@ -33,6 +34,21 @@ def kfc_rmsnorm():
 
     k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
     return lambda x, w: k(x, w)
+
+
+def kfc_rmsnorm_by_keyword():
+    import kfc
+
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    return lambda x, w: k(x=x, w=w)
+
+
+def kfc_rmsnorm_mixed():
+    """Positional x, keyword w and eps: a defaulted scalar given by name."""
+    import kfc
+
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    return lambda x, w: k(x, w=w, eps=EPS)
 
 
 def kfc_rmsnorm_ctypes():
@@ -108,7 +124,8 @@ def triton_rmsnorm():
     return run
 
 
-CONTENDERS = {"kfc": kfc_rmsnorm, "kfc (out=)": kfc_rmsnorm_out, "kfc (ctypes)": kfc_rmsnorm_ctypes, "quack": quack, "F.rms_norm": torch_rms_norm,
+CONTENDERS = {"kfc": kfc_rmsnorm, "kfc (keywords)": kfc_rmsnorm_by_keyword, "kfc (mixed)": kfc_rmsnorm_mixed,
+              "kfc (out=)": kfc_rmsnorm_out, "kfc (ctypes)": kfc_rmsnorm_ctypes, "quack": quack, "F.rms_norm": torch_rms_norm,
               "liger": liger, "triton": triton_rmsnorm}
 
 
@@ -166,7 +183,7 @@ def main(argv=None) -> int:
     print(f"\nhost time per eager call, rmsnorm {m}x{n} bf16 ({args.bursts} bursts of {args.calls} calls, median)")
     for name, r in rows.items():
         shown = f"{r['host_us_per_call']:8.2f} us" if r["ok"] else f"   {r['note']}"
-        print(f"  {name:12} {shown}")
+        print(f"  {name:14} {shown}")
     payload = {"shape": [m, n], "calls": args.calls, "bursts": args.bursts, "results": rows,
                "provenance": harness.provenance(["quack-kernels", "liger-kernel", "nvidia-cutlass-dsl"])}
     path = provenance.save("launch_overhead", payload, also=args.out)

@@ -61,7 +61,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
     import torch
-    from triton.testing import do_bench_cudagraph
 
     import kfc
 
@@ -87,14 +86,10 @@ def main(argv=None) -> int:
                         if who == "kfc" and r["differing_from_torch_cpu"]:
                             raise AssertionError(f"wrong: {r['differing_from_torch_cpu']} codes or scales differ "
                                                  "from torch's CPU result")
-                    moved = 2 * m * n * x.element_size() if who == "copy" else nbytes
-                    r["eager_us"] = harness.time_eager(fn, ())
-                    r["graph_us"] = do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
-                    r["eager_gbs"] = moved / (r["eager_us"] * 1e-6) / 1e9
-                    r["graph_gbs"] = moved / (r["graph_us"] * 1e-6) / 1e9
+                    r.update(harness.eager_and_graph(fn, 2 * m * n * x.element_size() if who == "copy" else nbytes))
                     r["ok"] = True
                 except Exception as e:  # noqa: BLE001 - reported, and the run exits non-zero
-                    r.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+                    r.update(harness.failed(e))
                     failures.append(f"{name} {who} {m}x{n}: {r['error']}")
                 row[who] = r
                 print(f"{name} {m}x{n} {who}: {r}", file=sys.stderr, flush=True)

@@ -81,3 +81,21 @@ def test_cache_keys_separate_what_changes_the_binary():
                   cache.cache_key("ir", "", "sm_90a", {"N": 2048}, "13.0"),
                   cache.cache_key("ir", "", "sm_90a", {"N": 4096}, "12.8")]:
         assert other != base
+
+
+def test_a_keyword_call_is_planned_as_the_positional_call_it_equals():
+    from kfc.runtime.calls import keyword_plan
+
+    names = ["x", "w", "b", "eps", "scale"]
+    fill = {"b": None, "eps": 1e-6}  # an optional tensor and a defaulted scalar; scale's default depends on dims
+    plan = keyword_plan(names, fill, 0, ("w", "x"))
+    assert plan((), {"w": 2, "x": 1}) == (1, 2)
+    plan = keyword_plan(names, fill, 2, ("eps",))  # b left out of the middle: None, as passing None is
+    assert plan((1, 2), {"eps": 0.5}) == (1, 2, None, 0.5)
+    plan = keyword_plan(names, fill, 0, ("scale", "w", "x"))
+    assert plan((), {"scale": 3.0, "w": 2, "x": 1}) == (1, 2, None, 1e-6, 3.0)
+    assert keyword_plan(names, {"b": None}, 0, ("x", "w", "scale")) is None  # eps has nothing to fill its gap
+    assert keyword_plan(names, fill, 0, ("x", "scale")) is None  # w, a required tensor, is missing
+    assert keyword_plan(names, fill, 2, ("x",)) is None  # given twice: the full path says so
+    assert keyword_plan(names, fill, 0, ("y",)) is None  # unknown: the full path says so
+    assert keyword_plan(names, fill, 1, ("w",))((1,), {"w": 2}) == (1, 2)

@@ -389,6 +389,8 @@ def test_kfc_tune_runs_end_to_end_with_a_stand_in_gpu(tmp_path, monkeypatch, cap
     `kfc compile --from-kb` reusing the best recorded pipeline."""
     import json
 
+    import torch
+
     import kfc.factory.evaluate as evaluate
     from kfc.cli import main
 
@@ -403,6 +405,7 @@ def test_kfc_tune_runs_end_to_end_with_a_stand_in_gpu(tmp_path, monkeypatch, cap
             pass
 
     monkeypatch.setattr(evaluate, "Evaluator", StandIn)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the stand-in is GPU 0, as --gpus checks
     monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path / "cache"))
     kb, out = tmp_path / "kb.sqlite", tmp_path / "out"
     shape = "M=4096,N=4096"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import threading
 
 from . import contract, fastcall, launcher
@@ -47,6 +48,29 @@ def bind(what: str, names: list[str], args: tuple, kwargs: dict) -> dict:
             raise CallError(f"{what}: input {k!r} given twice")
         bound[k] = v
     return bound
+
+
+def keyword_plan(names: list[str], fillers: dict[str, Any], n_positional: int, keywords: tuple[str, ...]):
+    """How a call with `n_positional` arguments and these keywords becomes the positional call
+    it equals, so that it takes the positional fast path: a function of (args, kwargs) giving
+    the inputs from the first keyword's place to the last one's, each from the keywords or, for
+    a gap, from `fillers` (what an input left out of the middle means: its default, or None for
+    an optional tensor). None where no positional call is the same (an unknown or repeated name,
+    a gap nothing fills): the full path then binds it, or says what is wrong."""
+    rest = names[n_positional:]
+    if not set(keywords) <= set(rest):
+        return None
+    span = rest[:max(rest.index(k) for k in keywords) + 1]
+    if any(n not in keywords and n not in fillers for n in span):
+        return None
+    if len(span) == 1:
+        (name,) = span
+        return lambda args, kwargs: args + (kwargs[name],)
+    if all(n in keywords for n in span):  # the common case, one C call: no gap to fill
+        take = operator.itemgetter(*span)
+        return lambda args, kwargs: args + take(kwargs)
+    given = {n: fillers[n] for n in span if n not in keywords}
+    return lambda args, kwargs: args + tuple(kwargs[n] if n not in given else given[n] for n in span)
 
 
 def check_tensor(what: str, name: str, value, dtype, optional: bool, type_text: str, device, dtype_text=None):

@@ -62,6 +62,8 @@ class KfcKernel:
         self._native = _UNRESOLVED  # the compiled fast path, None for the ctypes one below; built on first launch
         self._launchers: list = []  # the compiled fast path's prepared signatures, newest first
         self._fast: dict[tuple, PreparedCall] = {}
+        self._keyword_plans: dict[tuple, Any] = {}  # (positional count, keyword set) -> calls.keyword_plan
+        self._last_keywords: tuple = (-1, frozenset(), None)  # the last form seen: checked without building a key
 
     @property
     def name(self) -> str:
@@ -123,6 +125,12 @@ class KfcKernel:
 
     # --- call ---------------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
+        if kwargs:  # a keyword call is the positional call it equals: the same fast path
+            n, names, plan = self._last_keywords
+            if n != len(args) or kwargs.keys() != names:
+                plan = self._keyword_plan(len(args), frozenset(kwargs))
+            if plan is not None:
+                args, kwargs = plan(args, kwargs), {}
         if not kwargs:
             native = self._native
             fast = native.dispatch(self._launchers, args, out, MISS) if native else MISS
@@ -145,6 +153,28 @@ class KfcKernel:
                         remember(self._launchers, known)
             return result
         return self._call(bound, out, args if not kwargs else None)
+
+    def _keyword_plan(self, n_positional: int, names: frozenset):
+        """The plan of a call form (calls.keyword_plan), made once per form and kept as the last."""
+        key = (n_positional, names)
+        if key not in self._keyword_plans:
+            self._keyword_plans[key] = calls.keyword_plan(self.func.input_names, self._gap_fillers(), n_positional,
+                                                          tuple(names))
+        self._last_keywords = (n_positional, names, self._keyword_plans[key])
+        return self._keyword_plans[key]
+
+    def _gap_fillers(self) -> dict[str, Any]:
+        """What an input left out before a later keyword means: an optional tensor None, a
+        scalar its default where that is a number (one that depends on dims is computed at
+        binding, so such a call keeps the full path)."""
+        out = {}
+        for v in self.func.inputs:
+            if v.ttype.space is not MemSpace.REG:
+                if v.ttype.optional:
+                    out[v.name] = None
+            elif isinstance(d := self.func.default_of(v.name), (bool, int, float)):
+                out[v.name] = d
+        return out
 
     def _fast_call(self, args: tuple, out):
         """A call whose signature was seen before: check contiguity and alignment, allocate

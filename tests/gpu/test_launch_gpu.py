@@ -134,6 +134,52 @@ def test_type_parameters_pick_their_instance_on_the_fast_path():
             close(y, torch.softmax(x.float(), -1), 1e-2 if dt != torch.float32 else 1e-5)
 
 
+def test_every_call_form_takes_the_fast_path(rmsnorm):
+    """Keywords, mixed positional and keyword, out= by keyword, a defaulted scalar left out or
+    given by keyword: each is the positional call it equals, served by its prepared call."""
+    requires_gpu()
+    x = torch.randn(9, 1024, device="cuda").to(torch.bfloat16)
+    w = torch.randn(1024, device="cuda")
+    forms = [lambda y: rmsnorm(x=x, w=w), lambda y: rmsnorm(x, w=w), lambda y: rmsnorm(w=w, x=x),
+             lambda y: rmsnorm(x=x, w=w, eps=0.5), lambda y: rmsnorm(x, w, eps=0.5, out=y),
+             lambda y: rmsnorm(out=y, w=w, x=x)]
+    for form in forms:
+        for _ in range(3):
+            y = torch.full_like(x, float("nan"))
+            got = form(y)
+            close(got, rms(x, w, 0.5 if form in forms[3:5] else 1e-6))
+    before = prepared(rmsnorm)
+    for form in forms:
+        form(torch.empty_like(x))
+    assert prepared(rmsnorm) == before, "a call form seen before prepares nothing new"
+    assert all(plan is not None for plan in rmsnorm._keyword_plans.values())
+
+
+def test_a_keyword_call_costs_what_a_positional_one_does(rmsnorm):
+    requires_gpu()
+    import time
+
+    x = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
+    w = torch.randn(256, device="cuda")
+
+    def host_us(call):
+        for _ in range(500):
+            call()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(300):
+                call()
+            best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
+            torch.cuda.synchronize()
+        return best
+
+    positional, keyword = host_us(lambda: rmsnorm(x, w)), host_us(lambda: rmsnorm(x=x, w=w))
+    print(f"\nkfc rmsnorm 1x256 host time: positional {positional:.2f} us, keyword {keyword:.2f} us")
+    assert keyword < positional + 2.0
+
+
 def test_a_fast_call_costs_little_host_time(rmsnorm):
     """Not the benchmark (bench/launch_overhead.py is), a guard against a slow path sneaking back."""
     requires_gpu()
