@@ -3,8 +3,16 @@
 from .model.version import __version__  # noqa: F401 - kfc.__version__
 
 
-def load(path, target=None, pipeline=None):
-    """Load a .kfc file as a callable kernel (see kfc.runtime.kernel)."""
+def load(path, target=None, pipeline=None, kb=None):
+    """Load a .kfc file as a callable kernel (see kfc.runtime.kernel). With `kb` (a knowledge
+    base's path or URL) and no pipeline, each shape compiles from its nearest record where one
+    qualifies (kfc.kb.advice), said on stderr and kept in the kernel's `advised`."""
     from .runtime import load as _load  # lazy: kfc.runtime pulls kfc.ir, ml_dtypes ~2.5 s; import kfc stays light
 
-    return _load(path, target, pipeline)
+    advisor = None
+    if kb is not None and pipeline is None:
+        from .kb.advice import advise  # lazy: kfc.kb pulls kfc.ir ~2 s; import kfc stays light
+
+        def advisor(func, target_name, dims):
+            return advise(kb, func, target_name, dims)
+    return _load(path, target, pipeline, advisor)

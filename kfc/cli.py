@@ -115,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--allow-spills", action="store_true", help="accept a kernel that spills registers")
     k.add_argument("--from-kb", action="store_true",
                    help="use the fastest pipeline the knowledge base records for this op, target and shape")
-    k.add_argument("--kb", metavar="PATH|URL", help="the knowledge base for --from-kb (a file, or postgresql://...)")
+    k.add_argument("--kb", metavar="PATH|URL",
+                   help="a knowledge base (a file, or postgresql://...): for --from-kb; or, without -p, to start from "
+                        "its nearest record that beat its op's default by 5%%: this op's own tunes, else the most "
+                        "alike op's, at the nearest shape (kfc.kb.advice)")
     _add_pass_flags(k)
     k.set_defaults(run=cmd_compile)
 
@@ -331,9 +334,6 @@ def cmd_compile(args) -> int:
     spec = load_kfc(args.file, args.dtype)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
     pipeline = args.pipeline
-    if args.kb and not args.from_kb:
-        raise KfcError("--kb names the knowledge base for --from-kb, which is not given",
-                       hint="add --from-kb to compile the fastest pipeline it records, or leave out --kb")
     if args.from_kb:
         if pipeline:
             raise KfcError("give either -p or --from-kb, not both", hint="-p PIPELINE compiles that pipeline; "
@@ -341,9 +341,30 @@ def cmd_compile(args) -> int:
         pipeline = best_recorded_pipeline(spec, target, args.shape, args.kb)
     out_dir = Path(args.output or f"kfc-out/{spec.instance_name}-{target.name}")
     check_output_dir(out_dir)  # before the work: a bad -o fails at once
-    result = compile_op(spec, target, pipeline, args.shape, verify_each=args.verify_each,
-                        print_ir_after_all=args.print_ir_after_all, print_ir_before=args.print_ir_before,
-                        timing=args.timing, allow_spills=args.allow_spills)
+
+    def build(p):
+        return compile_op(spec, target, p, args.shape, verify_each=args.verify_each,
+                          print_ir_after_all=args.print_ir_after_all, print_ir_before=args.print_ir_before,
+                          timing=args.timing, allow_spills=args.allow_spills)
+
+    advice = None
+    if pipeline is None and args.kb:  # opt-in: tuned records did not carry over to eager calls (kfc.kb.advice)
+        from .compile import choose_dims  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+        from .kb.advice import advise  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+
+        advice = advise(args.kb, spec.func, target.name, choose_dims(spec, args.shape))
+    result = None
+    if advice is not None:
+        try:
+            result = build(advice.pipeline)
+            print(f"from the knowledge base: {advice.describe()}")
+        except InternalError:
+            raise
+        except KfcError as e:  # a record of another op need not apply to this one
+            print(f"from the knowledge base: {advice.describe()} does not apply here "
+                  f"({e.message.splitlines()[0]}); the default pipeline instead")
+    if result is None:
+        result = build(pipeline)
     rep = result.kernel.report
     written = write_outputs(result, out_dir)
     dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"

@@ -13,13 +13,14 @@ does not recognise goes the full way, which says what is wrong.
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from ..codegen.toolchain import find_toolchain
 from ..compile import compile_op, fixed_dims
-from ..diagnostics import GpuUnavailable, KfcError
+from ..diagnostics import GpuUnavailable, InternalError, KfcError
 from ..frontend.spec import instantiate, load_kfc
 from ..model.spec import OpSpec
 from ..ir import constexpr
@@ -50,8 +51,13 @@ def current_target() -> Target:
 
 
 class KfcKernel:
-    def __init__(self, spec: OpSpec, target: str | Target | None = None, pipeline: str | None = None) -> None:
+    def __init__(self, spec: OpSpec, target: str | Target | None = None, pipeline: str | None = None,
+                 advisor=None) -> None:
         self.spec = spec
+        # (func, target name, dims) -> a recorded pipeline to start from (kfc.kb.advice.Advice) or
+        # None; consulted where no pipeline is given. What it advised, by fixed dims: self.advised
+        self.advisor = advisor
+        self.advised: dict[tuple, Any] = {}
         self.func = spec.func
         self._instances: dict[tuple, OpSpec] = {spec_key(spec): spec}
         self._kernels: dict[tuple, KfcKernel] = {}
@@ -89,11 +95,31 @@ class KfcKernel:
         memo = (tuple(sorted(fixed.items())), device_index)
         with self._lock:
             if memo not in self._loaded:
-                cubin, report = cached_compile(self.spec, self.target, self.pipeline, dims)
+                cubin, report = self._compile(dims, memo[0])
                 name = contract.kernels_of(report, self.name)[0]["name"]
                 module = launcher.Module(cubin, name, launcher.primary_context(device_index))
                 self._loaded[memo] = (module, report)
             return self._loaded[memo]
+
+    def _compile(self, dims: dict[str, int], fixed: tuple):
+        """The cubin and report at `dims`: from the advisor's record where it gives one that
+        compiles for this op (saying so on stderr), else from the pipeline given or the default."""
+        if self.pipeline is None and self.advisor is not None:
+            advice = self.advisor(self.func, self.target.name, dims)
+            if advice is not None:
+                try:
+                    built = cached_compile(self.spec, self.target, advice.pipeline, dims)
+                except InternalError:
+                    raise
+                except KfcError as e:  # another op's record need not apply to this one
+                    print(f"kfc: {self.name}: the knowledge base's {advice.describe()} does not apply "
+                          f"({e.message.splitlines()[0]}); the default pipeline instead", file=sys.stderr)
+                else:
+                    self.advised[fixed] = advice
+                    print(f"kfc: {self.name} at {', '.join(f'{k}={v}' for k, v in fixed)}: from the knowledge "
+                          f"base: {advice.describe()}", file=sys.stderr)
+                    return built
+        return cached_compile(self.spec, self.target, self.pipeline, dims)
 
     def instance_for(self, bound: dict[str, Any]) -> "KfcKernel":
         """The kernel instantiated for the dtypes of the tensors passed to typed parameters."""
@@ -118,7 +144,7 @@ class KfcKernel:
             return self
         inst = self._kernels.get(key)
         if inst is None:
-            inst = KfcKernel(spec, self._target, self.pipeline)
+            inst = KfcKernel(spec, self._target, self.pipeline, self.advisor)
             inst._native = self._native
             self._kernels[key] = inst
         return inst
@@ -272,6 +298,6 @@ def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dic
     return result.kernel.cubin, result.report
 
 
-def load(path: str | Path, target: str | None = None, pipeline: str | None = None) -> KfcKernel:
-    """Load a .kfc file as a callable kernel."""
-    return KfcKernel(load_kfc(path), target, pipeline)
+def load(path: str | Path, target: str | None = None, pipeline: str | None = None, advisor=None) -> KfcKernel:
+    """Load a .kfc file as a callable kernel (`advisor`: see KfcKernel)."""
+    return KfcKernel(load_kfc(path), target, pipeline, advisor)

@@ -275,3 +275,24 @@ def test_dynamic_shared_memory_past_48k_is_allowed(monkeypatch):
         w = torch.randn(3000, device="cuda")
         for _ in range(3):
             close(k(x, w), rms(x, w))
+
+
+def test_a_kernel_loaded_with_a_knowledge_base_compiles_from_its_nearest_record(tmp_path):
+    """kfc.load(path, kb=...): an op the knowledge base never saw takes the most alike op's
+    record (kfc.kb.advice), says so, and computes what the default does."""
+    requires_gpu()
+    import kfc
+    from kfc.kb.store import KnowledgeBase
+    from tests.test_kb_advice import NEW_OP, TUNED, record
+
+    kb = tmp_path / "kb.sqlite"
+    with KnowledgeBase(kb) as k:
+        record(k, "rmsnorm", "kernels/rmsnorm.kfc", [({"M": 32768, "N": 4096}, TUNED, 50.0, 1.2)])
+    path = tmp_path / "scaled_rms.kfc"
+    path.write_text(NEW_OP)
+    advised, default = kfc.load(path, kb=str(kb)), kfc.load(path)
+    x = torch.randn(300, 4096, device="cuda").to(torch.bfloat16)
+    w = torch.randn(4096, device="cuda")
+    close(advised(x, w), default(x, w), 1e-2)
+    (advice,) = advised.advised.values()
+    assert advice.pipeline == TUNED and advice.op_name == "rmsnorm" and not default.advised

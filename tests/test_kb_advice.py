@@ -1,0 +1,109 @@
+"""The knowledge base at compile time (kfc.kb.advice): `kfc compile --kb` of an op the knowledge
+base has never seen starts from the record of the most alike op, at the nearest shape, among
+those that beat their op's default by 5%; it says which record it used, falls back to the
+default where the record does not apply, and without --kb consults nothing."""
+
+import json
+
+import pytest
+
+from kfc.cli import main
+from kfc.frontend import load_kfc
+from kfc.kb.advice import advise, shape_distance
+from kfc.kb.fingerprint import op_features, op_fingerprint
+from kfc.kb.store import KnowledgeBase
+from kfc.model.records import Outcome, Proposal, Stage
+
+SM = "sm_90a"
+TUNED = "canonicalize,cse,dce,stage-rows,tile{threads=128},lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
+WIDER = "canonicalize,cse,dce,stage-rows,tile{threads=512},lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
+SLOWER = "canonicalize,cse,dce,tile{threads=64},lower-reductions,lower-ptx"
+# a record that cannot apply to a row op: it asks for a tensor-core pass
+FOREIGN = "canonicalize,accelerate-matmul,lower-ptx"
+
+# an op kfc has no record of, alike to rmsnorm (a row sum of squares, a scale)
+NEW_OP = """op scaled_rms(x: bf16[M, N], w: f32[N]) -> (y: bf16[M, N]) {
+  parallel m in 0..M {
+    xr = f32(x[m, :])
+    y[m, :] = bf16(xr * rsqrt(mean(xr * xr) + 1e-5) * w * 0.5)
+  }
+}
+check {
+  reference = "(x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5) * w * 0.5).to(x.dtype)"
+  shapes = [{M: 64, N: 4096}]
+}
+"""
+
+
+def record(kb, name, path, rows):
+    """Timed candidates of the op in `path`: (shape, pipeline, median us, speedup over its default)."""
+    func = load_kfc(path, {"T": "bf16"}).func
+    op = kb.op_id(op_fingerprint(func), name, op_features(func))
+    run = kb.start_run(op, SM, rows[0][0], "offline", len(rows), {})
+    ids = []
+    for shape, pipeline, us, speedup in rows:
+        cid = kb.add_candidate(run, op, SM, shape, Proposal(pipeline, "", "test", None))
+        kb.record_outcome(cid, Outcome(Stage.TIMED, median_us=us, speedup=speedup))
+        ids.append(cid)
+    kb.finish_run(run, "finished")
+    return ids
+
+
+@pytest.fixture
+def kb_path(tmp_path):
+    path = tmp_path / "kb.sqlite"
+    with KnowledgeBase(path) as kb:
+        ids = record(kb, "rmsnorm", "kernels/rmsnorm.kfc", [
+            ({"M": 32768, "N": 4096}, TUNED, 50.0, 1.2),
+            ({"M": 32768, "N": 65536}, WIDER, 900.0, 1.1),
+            ({"M": 32768, "N": 4096}, SLOWER, 80.0, 0.7),  # slower than its default: never advised
+            ({"M": 64, "N": 4096}, SLOWER, 1.0, 1.03),  # at the very shape, but within the timing's noise
+        ])
+        record(kb, "softmax", "kernels/softmax.kfc", [({"M": 32768, "N": 4096}, FOREIGN, 10.0, 9.0)])
+    return path, ids
+
+
+def test_shapes_are_near_by_the_ratio_of_each_dim():
+    assert shape_distance({"N": 4096}, {"N": 4096}) == 0
+    assert shape_distance({"M": 64, "N": 4096}, {"M": 32768, "N": 8192}) == 9 + 1
+    assert shape_distance({"N": 4096}, {"N": 4096, "K": 8}) == 1
+
+
+def test_a_new_op_starts_from_the_most_alike_ops_record_at_the_nearest_shape(kb_path, tmp_path):
+    kb_path, _ = kb_path
+    func = load_kfc(_write(tmp_path, NEW_OP)).func
+    near_4k = advise(kb_path, func, SM, {"M": 64, "N": 4096})
+    assert near_4k.pipeline == TUNED and near_4k.op_name == "rmsnorm" and near_4k.similarity < 1.0
+    assert "rmsnorm's" in near_4k.describe() and "1.20x its default" in near_4k.describe()
+    assert advise(kb_path, func, SM, {"M": 64, "N": 50000}).pipeline == WIDER
+    assert advise(kb_path, func, "sm_100a", {"M": 64, "N": 4096}) is None  # nothing recorded for that target
+    assert advise(tmp_path / "none.sqlite", func, SM, {"M": 64, "N": 4096}) is None
+
+
+def test_kfc_compile_says_which_record_it_used_and_without_kb_consults_nothing(kb_path, tmp_path, capsys):
+    kb_path, ids = kb_path
+    src = _write(tmp_path, NEW_OP)
+    assert main(["compile", src, "--kb", str(kb_path), "-o", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert f"from the knowledge base: candidate {ids[0]}, rmsnorm's" in out
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["pipeline"] == TUNED
+    assert main(["compile", src, "-o", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "knowledge base" not in out
+    assert json.loads((tmp_path / "b" / "report.json").read_text())["pipeline"] != TUNED
+
+
+def test_a_record_that_does_not_apply_falls_back_to_the_default(tmp_path, capsys):
+    path = tmp_path / "kb.sqlite"
+    with KnowledgeBase(path) as kb:
+        record(kb, "softmax", "kernels/softmax.kfc", [({"M": 32768, "N": 4096}, FOREIGN, 10.0, 9.0)])
+    assert main(["compile", "kernels/softmax.kfc", "--dtype", "T=bf16", "--kb", str(path),
+                 "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "does not apply here" in out and "the default pipeline instead" in out
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "op.kfc"
+    path.write_text(text)
+    return str(path)
