@@ -273,6 +273,10 @@ def cmd_check(args) -> int:
         status.start()
     instances = [spec] if args.dtype else spec_instances(spec)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
+    if args.pipeline is not None:
+        from .passes import parse_user_pipeline  # lazy: kfc.passes pulls kfc.ir ~2 s; -p only
+
+        parse_user_pipeline(args.pipeline)  # a -p that does not parse is an error, not a note
     not_compiled: dict[str, str] = {}  # instance -> why it has no final IR (kfc compile refuses it)
 
     def stages_for(inst):

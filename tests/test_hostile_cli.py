@@ -77,3 +77,7 @@ def test_a_call_and_a_parenthesis_each_count_one_level(kind):
     with pytest.raises(KfcError) as e:
         parse_kfc(nested(kind, 200), "t.kfc")
     assert "nests more than 200 levels" in e.value.message and str(e.value.span).startswith("t.kfc:3:")
+
+
+def test_a_check_pipeline_that_does_not_parse_is_an_error_not_a_note(capsys):
+    one_error(capsys, ["check", "kernels/rmsnorm.kfc", "-p", "canonicalize,bogus"], "unknown pass 'bogus'")
