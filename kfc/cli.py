@@ -317,7 +317,8 @@ def cmd_check(args) -> int:
     for ci, orig in scaled.items():
         console.print(f"case {ci}: scaled down from " + ", ".join(f"{k}={v}" for k, v in orig.items())
                       + " (pass --full to run it as written)")
-    departed = sorted({r.note.split("first departs: ")[1] for r in failed if r.ir == "final" and "first departs: " in r.note})
+    departed = sorted({r.note.split("first departs: ")[1] for r in failed
+                       if r.ir == "final" and "first departs: " in r.note})
     for where in departed:
         console.print(f"the final IR departs from the reference; first departs: {where}")
     for name, why in not_compiled.items():
@@ -332,7 +333,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .compile import check_output_dir, compile_op, write_outputs  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .compile import build_advised, check_output_dir  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .compile import compile_op, write_outputs  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .frontend import load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
     spec = load_kfc(args.file, args.dtype)
@@ -357,17 +359,10 @@ def cmd_compile(args) -> int:
         from .kb.advice import advise  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
         advice = advise(args.kb, spec.func, target.name, choose_dims(spec, args.shape))
-    result = None
     if advice is not None:
-        try:
-            result = build(advice.pipeline)
-            print(f"from the knowledge base: {advice.describe()}")
-        except InternalError:
-            raise
-        except KfcError as e:  # a record of another op need not apply to this one
-            print(f"from the knowledge base: {advice.describe()} does not apply here "
-                  f"({e.message.splitlines()[0]}); the default pipeline instead")
-    if result is None:
+        result, said, _ = build_advised(advice, build)
+        print(said)
+    else:
         result = build(pipeline)
     rep = result.kernel.report
     written = write_outputs(result, out_dir)

@@ -24,7 +24,7 @@ from .codegen.cuda import LaunchPlan, generate_cuda, unlowered_ops
 from .codegen.grid_emitter import GridPlan
 from .codegen.resources import check_resources
 from .codegen.toolchain import CompiledKernel, compile_cuda, find_toolchain
-from .diagnostics import KfcError
+from .diagnostics import InternalError, KfcError
 from .files import write_atomically
 from .model.spec import OpSpec
 from .ir.func import FuncOp
@@ -183,6 +183,19 @@ def lower_op(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str,
                        "and lowers it; code generation covers row ops such as rmsnorm, layernorm and softmax")
     check_lowered(lowered, pipe)
     return Lowering(lowered, pipe, fixed, dynamic, ctx)
+
+
+def build_advised(advice, build):
+    """Build with a recorded pipeline (a kfc.kb.advice.Advice) where it applies to this op, else
+    with the default: (what `build(pipeline)` gave, a line saying which, advice or None as used).
+    A record of another op may name a pass this op cannot take; a bug in kfc still surfaces."""
+    try:
+        return build(advice.pipeline), f"from the knowledge base: {advice.describe()}", advice
+    except InternalError:
+        raise
+    except KfcError as e:
+        return build(None), (f"from the knowledge base: {advice.describe()} does not apply here "
+                             f"({e.message.splitlines()[0]}); the default pipeline instead"), None
 
 
 def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape: dict[str, int] | None = None,

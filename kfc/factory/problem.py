@@ -68,7 +68,7 @@ def op_problem(spec: OpSpec, device: str = "cuda", limits: Limits | None = None)
     # exact outputs (integers, bools, fp8) take their bits from the check block's authority:
     # torch on the CPU unless it says "device" (torch's GPU kernels may round otherwise)
     host_reference = on_gpu and check.exact_reference == "cpu" and any(
-        not v.ttype.dtype.is_float or v.ttype.dtype.bits < 16 for v in func.outputs)
+        v.ttype.dtype.is_exact for v in func.outputs)
     sandbox = shared_sandbox(limits, "cuda" if on_gpu and not host_reference else "cpu")
     tensors = [v for v in func.inputs if v.ttype.space is not MemSpace.REG]
 

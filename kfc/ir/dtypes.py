@@ -38,6 +38,12 @@ class DType(enum.Enum):
         return self is DType.BOOL
 
     @property
+    def is_exact(self) -> bool:
+        """Whether one rounding step moves a value to another code (integers, bools, fp8): such
+        outputs get no approximate arithmetic and are compared bit for bit."""
+        return not self.is_float or self.bits < 16
+
+    @property
     def bits(self) -> int:
         return _BITS[self]
 

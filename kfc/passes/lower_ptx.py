@@ -144,7 +144,7 @@ class LowerPtx(Pass):
 def exact_outputs(func) -> str:
     """The outputs where one rounding step moves a code (integers, bools, fp8), as `name (dtype)`."""
     return ", ".join(f"{v.name} ({v.ttype.dtype})" for v in func.outputs
-                     if not v.ttype.dtype.is_float or v.ttype.dtype.bits < 16)
+                     if v.ttype.dtype.is_exact)
 
 
 def ctx_tolerance(ctx, func) -> float:

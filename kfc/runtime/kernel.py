@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..codegen.toolchain import find_toolchain
-from ..compile import compile_op, fixed_dims
-from ..diagnostics import GpuUnavailable, InternalError, KfcError
+from ..compile import build_advised, compile_op, fixed_dims
+from ..diagnostics import GpuUnavailable, KfcError
 from ..frontend.spec import instantiate, load_kfc
 from ..model.spec import OpSpec
 from ..ir import constexpr
@@ -107,18 +107,11 @@ class KfcKernel:
         if self.pipeline is None and self.advisor is not None:
             advice = self.advisor(self.func, self.target.name, dims)
             if advice is not None:
-                try:
-                    built = cached_compile(self.spec, self.target, advice.pipeline, dims)
-                except InternalError:
-                    raise
-                except KfcError as e:  # another op's record need not apply to this one
-                    print(f"kfc: {self.name}: the knowledge base's {advice.describe()} does not apply "
-                          f"({e.message.splitlines()[0]}); the default pipeline instead", file=sys.stderr)
-                else:
-                    self.advised[fixed] = advice
-                    print(f"kfc: {self.name} at {', '.join(f'{k}={v}' for k, v in fixed)}: from the knowledge "
-                          f"base: {advice.describe()}", file=sys.stderr)
-                    return built
+                built, said, used = build_advised(advice, lambda p: cached_compile(self.spec, self.target, p, dims))
+                if used is not None:
+                    self.advised[fixed] = used
+                print(f"kfc: {self.name} at {', '.join(f'{k}={v}' for k, v in fixed)}: {said}", file=sys.stderr)
+                return built
         return cached_compile(self.spec, self.target, self.pipeline, dims)
 
     def instance_for(self, bound: dict[str, Any]) -> "KfcKernel":

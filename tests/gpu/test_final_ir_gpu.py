@@ -35,10 +35,6 @@ def requires_gpu():
         pytest.fail("no CUDA GPU: GPU tests run on the device machine (pytest -m gpu)")
 
 
-def exact(dtype: DType) -> bool:
-    return not dtype.is_float or dtype.bits < 16
-
-
 def poisoned(shape, dtype: DType):
     """An output tensor no kernel result looks like: NaN in every float format, the most
     negative integer, True."""
@@ -110,7 +106,7 @@ def test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path):
             d = v.ttype.dtype
             got, ref = as_numpy(o, d), want[v.name]
             what = f"{spec.instance_name} case {ci} {dims}: {v.name} ({d})"
-            if exact(d):
+            if d.is_exact:
                 assert got.tobytes() == np.ascontiguousarray(ref).tobytes(), \
                     f"{what}: {int((got.view(np.uint8) != ref.view(np.uint8)).sum())} byte(s) differ"
             else:
