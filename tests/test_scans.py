@@ -77,6 +77,8 @@ def test_a_scanned_row_is_not_split_across_a_cluster(tmp_path):
 
 
 def test_a_scanned_row_too_long_for_one_cta_says_how_to_read_it(tmp_path):
+    whole = ROW_PIPELINE.replace("chunk-rows,", "")  # the default reads such a row in chunks
     with pytest.raises(KfcError, match="at most 128 fit in registers") as info:
-        compile_scan(tmp_path, verify_each=False, N=200000)
+        compile_scan(tmp_path, pipeline=whole, verify_each=False, N=200000)
     assert "stays in one CTA" in info.value.hint and "for loop" in info.value.hint
+    assert "chunk-rows" in info.value.hint

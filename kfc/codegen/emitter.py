@@ -31,6 +31,12 @@ from .errors import CodegenError
 from .writer import CodeWriter
 from .rules import in_cluster
 
+# i32 reductions and scans: C integer arithmetic, wrapping as the interpreter's results do
+INT_COMBINE = {ReduceKind.SUM: "({a} + {b})", ReduceKind.PROD: "({a} * {b})", ReduceKind.MAX: "max({a}, {b})",
+               ReduceKind.MIN: "min({a}, {b})"}
+INT_IDENTITY = {ReduceKind.SUM: "0", ReduceKind.PROD: "1", ReduceKind.MAX: "(-2147483647 - 1)",
+                ReduceKind.MIN: "2147483647"}
+
 
 @attrs.frozen
 class LaunchPlan:
@@ -335,17 +341,24 @@ class KernelEmitter(CodeWriter):
         dep = self._deps
         return any(v in dep for v in idx)
 
-    def combine(self, kind: ReduceKind, a: str, b: str) -> str:
+    def combine(self, kind: ReduceKind, a: str, b: str, dtype: DType = DType.F32) -> str:
+        if dtype is DType.I32:
+            return INT_COMBINE[kind].format(a=a, b=b)
         return {ReduceKind.SUM: f"({a} + {b})", ReduceKind.PROD: f"({a} * {b})",
                 ReduceKind.MAX: ptx.max_nan(a, b), ReduceKind.MIN: ptx.min_nan(a, b)}[kind]
 
     @staticmethod
-    def identity(kind: ReduceKind) -> str:
+    def identity(kind: ReduceKind, dtype: DType = DType.F32) -> str:
+        if dtype is DType.I32:
+            return INT_IDENTITY[kind]
         return {ReduceKind.SUM: "0.0f", ReduceKind.PROD: "1.0f", ReduceKind.MAX: "__int_as_float(0xff800000)",
                 ReduceKind.MIN: "__int_as_float(0x7f800000)"}[kind]
 
-    def _check_f32(self, op) -> None:
-        if op.operands[0].ttype.dtype is not DType.F32:
-            raise CodegenError(f"row reductions run in f32; this one is {op.operands[0].ttype.dtype}", op.loc,
-                               "convert the row to f32 before reducing it")
+    def check_reducible(self, op) -> DType:
+        """The dtype a row reduction runs in: f32, or i32 (exact, wrapping as the interpreter's)."""
+        d = op.operands[0].ttype.dtype
+        if d not in (DType.F32, DType.I32):
+            raise CodegenError(f"row reductions run in f32 or i32; this one is {d}", op.loc,
+                               "convert the row first, e.g. sum(f32(x)) or sum(i32(mask))")
+        return d
 

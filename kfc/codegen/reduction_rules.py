@@ -5,8 +5,10 @@ st.async into every peer's slots on its mbarrier, and the uniform value that end
 
 from __future__ import annotations
 
+from ..ir.dtypes import DType
 from ..ir.gpu_ops import ClusterReduceOp, CtaReduceOp, ThreadReduceOp, UniformOp, WarpReduceOp
 from . import ptx
+from .c_names import C_TYPES
 from .rules import rule
 
 
@@ -30,8 +32,8 @@ def emit_cluster_setup(em) -> None:
 
 @rule(ThreadReduceOp)
 def emit_thread_reduce(em, op: ThreadReduceOp) -> None:
-    em._check_f32(op)
-    em.emit(f"float {em.name(op.result)} = {em.identity(op.kind)};")
+    d = em.check_reducible(op)
+    em.emit(f"{C_TYPES[d]} {em.name(op.result)} = {em.identity(op.kind, d)};")
     thread_reduce_steps(em, op, "i", "i", em.EV)
 
 
@@ -39,12 +41,12 @@ def thread_reduce_steps(em, op: ThreadReduceOp, reg: str, i: str, count: int) ->
     """acc = f(acc, element) for `count` elements in register order; `reg` is the element's
     register index in the thread's share (for the bounds test), `i` its index in the
     operands' C arrays."""
-    n = em.name(op.result)
+    n, d = em.name(op.result), op.result.ttype.dtype
     if op.map == "mul":
         a, b = (em.elem(v, i) for v in op.operands)
         step = f"{n} = __fmaf_rn({a}, {b}, {n});"
     else:
-        step = f"{n} = {em.combine(op.kind, n, em.elem(op.operands[0], i))};"
+        step = f"{n} = {em.combine(op.kind, n, em.elem(op.operands[0], i), d)};"
     if not em.exact:
         step = f"if {em.row.register_in_row_c(reg, 'kfc_g', em.N)} {{ {step} }}"
     em.emit("#pragma unroll")
@@ -53,12 +55,13 @@ def thread_reduce_steps(em, op: ThreadReduceOp, reg: str, i: str, count: int) ->
 
 @rule(WarpReduceOp)
 def emit_warp_reduce(em, op: WarpReduceOp) -> None:
-    n = em.name(op.result)
+    n, d = em.name(op.result), op.result.ttype.dtype
     x = em.name(op.operands[0])
-    em.emit(f"float {n} = {x};")
+    em.emit(f"{C_TYPES[d]} {n} = {x};")
     k = op.width // 2
     while k >= 1:
-        em.emit(f"{n} = {em.combine(op.kind, n, ptx.shfl_bfly(n, k))};")
+        other = ptx.shfl_bfly(n, k) if d is DType.F32 else f"__shfl_xor_sync(0xffffffffu, {n}, {k})"
+        em.emit(f"{n} = {em.combine(op.kind, n, other, d)};")
         k //= 2
 
 
@@ -69,13 +72,14 @@ def emit_cta_reduce(em, op: CtaReduceOp) -> None:
     em.smem_decls.append(f"__shared__ float {k}[2][{em.R}][{warps}];")
     em.smem_bytes += 2 * em.R * warps * 4
     x = em.name(op.operands[0])
-    n = em.name(op.result)
-    em.emit(f"if (kfc_lane == 0) {ptx.st_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][kfc_t / 32]'), x)}")
+    n, d = em.name(op.result), op.result.ttype.dtype
+    bits, value = as_f32_bits(d)  # an i32 travels through the f32 slots bit for bit
+    em.emit(f"if (kfc_lane == 0) {ptx.st_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][kfc_t / 32]'), bits(x))}")
     em.emit(ptx.bar_sync(0))
-    em.emit(f"float {n} = {ptx.ld_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][0]'))};")
+    em.emit(f"{C_TYPES[d]} {n} = {value(ptx.ld_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][0]')))};")
     em.emit("#pragma unroll")
     em.emit(f"for (int w = 1; w < {warps}; ++w) {n} = "
-              f"{em.combine(op.kind, n, ptx.ld_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][w]')))};")
+              f"{em.combine(op.kind, n, value(ptx.ld_shared_f32(ptx.smem_addr(f'{k}[kfc_phase][kfc_r][w]'))), d)};")
 
 
 def cluster_exchange(em, op) -> str:
@@ -84,7 +88,7 @@ def cluster_exchange(em, op) -> str:
     of them are in: the slots' name, to combine in rank order."""
     k = em.cluster_ops.index(op)
     bar, slot, C = f"kfc_cbar{k}", f"kfc_cslot{k}", em.C
-    values = [em.name(v) for v in op.operands]
+    values = [as_f32_bits(v.ttype.dtype)[0](em.name(v)) for v in op.operands]
     em.emit(f"if (threadIdx.x == 0) {ptx.mbarrier_arrive_expect_tx(ptx.smem_addr(bar), 4 * len(values) * C)}")
     em.emit(f"if (threadIdx.x < {C}) {{")
     em.indent += 1
@@ -101,12 +105,21 @@ def cluster_exchange(em, op) -> str:
 @rule(ClusterReduceOp, in_cluster=True)
 def emit_cluster_reduce(em, op: ClusterReduceOp) -> None:
     slot = cluster_exchange(em, op)
-    n = em.name(op.result)
-    em.emit(f"float {n} = {slot}[0];")
+    n, d = em.name(op.result), op.result.ttype.dtype
+    value = as_f32_bits(d)[1]
+    em.emit(f"{C_TYPES[d]} {n} = {value(f'{slot}[0]')};")
     em.emit("#pragma unroll")
-    em.emit(f"for (int c = 1; c < {em.C}; ++c) {n} = {em.combine(op.kind, n, f'{slot}[c]')};")
+    em.emit(f"for (int c = 1; c < {em.C}; ++c) {n} = {em.combine(op.kind, n, value(f'{slot}[c]'), d)};")
 
 
 @rule(UniformOp)
 def emit_uniform(em, op: UniformOp) -> None:
-    em.emit(f"const float {em.name(op.result)} = {em.name(op.operands[0])};")
+    em.emit(f"const {C_TYPES[op.result.ttype.dtype]} {em.name(op.result)} = {em.name(op.operands[0])};")
+
+
+def as_f32_bits(dtype: DType):
+    """How a reduction's value goes into an f32 slot and comes back out: as it is for f32,
+    reinterpreted bit for bit for i32."""
+    if dtype is DType.I32:
+        return (lambda x: f"__int_as_float({x})"), (lambda x: f"__float_as_int({x})")
+    return (lambda x: x), (lambda x: x)

@@ -13,6 +13,7 @@ from ..ir.ptx_ops import LdOp, StOp
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, IotaOp, ReduceKind, UnaryOp, WhereOp, YieldOp
 from ..ir.types import TensorType
 from . import pair_rules, ptx, reduction_rules, row_sums, smem_rules
+from .c_names import C_TYPES
 from .rules import rule
 
 
@@ -157,7 +158,7 @@ def fused_reductions(em, ops) -> dict[int, list[Op]]:
 
 def emit_fused_reduction(em, run) -> None:
     reduce_op = run[-1]
-    em._check_f32(reduce_op)
+    d = em.check_reducible(reduce_op)
     body = []
     for op in run[:-1]:  # scalars first: they never depend on the run's row values
         if any(em.kind(v) == "row" for v in op.results):
@@ -178,7 +179,7 @@ def emit_fused_reduction(em, run) -> None:
             pair_rules.max_sumexp_chunk(em, reduce_op, f"(e * {em.V} + k)", "k")
         return
     acc = em.name(reduce_op.result)
-    em.emit(f"float {acc} = {em.identity(reduce_op.kind)};")
+    em.emit(f"{C_TYPES[d]} {acc} = {em.identity(reduce_op.kind, d)};")
     with em.chunk_loop():
         for op in body:
             em.emit_op(op)

@@ -12,12 +12,6 @@ from .errors import CodegenError
 from .rules import rule
 
 
-INT_COMBINE = {ReduceKind.SUM: "({a} + {b})", ReduceKind.PROD: "({a} * {b})", ReduceKind.MAX: "max({a}, {b})",
-               ReduceKind.MIN: "min({a}, {b})"}
-INT_IDENTITY = {ReduceKind.SUM: "0", ReduceKind.PROD: "1", ReduceKind.MAX: "(-2147483647 - 1)",
-                ReduceKind.MIN: "2147483647"}
-
-
 @rule(ScanOp, synchronises=True)
 def emit_scan(em, op: ScanOp) -> None:
     """A prefix reduction along the row, in the row's order (chunk e of every lane before
@@ -36,14 +30,10 @@ def emit_scan(em, op: ScanOp) -> None:
     if d not in (DType.F32, DType.I32):
         raise CodegenError(f"codegen scans f32 or i32 rows, not {d}", op.loc, "cast the row first: cumsum(f32(x))")
     ct = C_TYPES[d]
-    if d is DType.F32:
-        def comb(a, b):
-            return em.combine(op.kind, a, b)
-        ident = em.identity(op.kind)
-    else:
-        def comb(a, b):
-            return INT_COMBINE[op.kind].format(a=a, b=b)
-        ident = INT_IDENTITY[op.kind]
+
+    def comb(a, b):
+        return em.combine(op.kind, a, b, d)
+    ident = em.identity(op.kind, d)
     rev = op.reverse
     n = em.declare(r)
     E, V, T, R = em.E, em.V, em.T, em.R

@@ -363,7 +363,8 @@ class Tile(Pass):
             if n > longest:
                 hint = f"a row kernel holds rows of up to {longest} elements in registers" + (
                     " (a row with a scan, a for loop or a reducing branch stays in one CTA; read it in chunks "
-                    "with a for loop)" if one_cta else "")
+                    "with a for loop, or run chunk-rows and flatten-branches, as the default pipeline does)"
+                    if one_cta else "")
             else:
                 hint = (f"use more threads: threads >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}" if one_cta else
                         f"use more threads or a cluster: threads x cluster >= {math.ceil(n / MAX_ELEMS_PER_THREAD)}")

@@ -41,7 +41,7 @@ def test_rows_clipped_where_their_norm_passes_the_limit(tmp_path, dtype, n):
         assert torch.isfinite(y.float()).all() and err < (1e-2 if dtype == torch.bfloat16 else 1e-5), f"{m}x{n}: {err}"
 
 
-@pytest.mark.parametrize("n", [1, 7, 1000, 4096])
+@pytest.mark.parametrize("n", [1, 7, 1000, 4096, 65536, 262147])  # the last two flattened, in a cluster
 def test_rows_centred_where_their_switch_is_on(tmp_path, n):
     op = load(tmp_path, "maybe_center")
     for m in (1, 7, 257):

@@ -1,7 +1,8 @@
 """Scans along a row (examples/scans.kfc, examples/suffix_scans.kfc) on the H200, against torch
 on fresh random inputs with NaN-poisoned (or -1-poisoned, for integers) outputs: f32 sums, i32
 exclusive counts and running maxima, forwards and from the row's end, at rows of one to 16384
-elements (a warp segment, several warps, rows packed several to a warp). Run with
+elements (a warp segment, several warps, rows packed several to a warp), and rows of 32768 to
+262147 read in chunks. Run with
 `pytest -m gpu`."""
 
 import pytest
@@ -11,7 +12,8 @@ torch = pytest.importorskip("torch")
 from tests.example_ops import OPS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-NS = [1, 7, 32, 1000, 4095, 4096, 16384]
+# past 16384 the default pipeline reads the row in chunks of 4096 (chunk-rows)
+NS = [1, 7, 32, 1000, 4095, 4096, 16384, 32768, 131072, 262147]
 
 
 def scanned(tmp_path, name, x):
