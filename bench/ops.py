@@ -1,0 +1,256 @@
+"""Ops of many kinds as a framework author writes them, each against torch.compile of the same
+eager formula, in one run on one GPU: elementwise with broadcasting, a gated activation, norms
+and a norm's gradient, a residual norm with two outputs, softmax and its gradient, reductions, a
+router, a loss, quantisation, a scan and an arg-reduction over it.
+
+    python -m bench.ops [--ops rmsnorm,router,...] [--shapes 32768x4096,...] [--dtype bf16] [--out FILE]
+
+kfc runs its default pipeline and is called by keyword (`k(x=x, w=w)`), as functions of many
+inputs are called. Before timing, every contender's outputs are compared with the eager
+formula's in f32 by kfc's tolerance rule (exact outputs, such as indices and fp8 codes, must
+agree on at least 99.99% of elements, as the formula on the GPU may round a tie the other way; a
+first crossing of a running sum 99%, as two f32 running sums grazing the threshold may cross it a
+step apart);
+a wrong kfc result is not timed and the run exits non-zero. Bandwidth = bytes the op must move
+/ time (each input read once, each output written once); `copy` is the device copying as many
+bytes (read + write). Eager: triton.testing.do_bench median, L2 flushed before each call
+(the headline); graph: do_bench_cudagraph median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from . import harness
+from .provenance import save
+
+ROOT = Path(__file__).resolve().parent.parent
+# short, medium and long rows at 2^26 elements, and the copy-bandwidth shape of 2^27
+SHAPES = [(65536, 1024), (16384, 4096), (32768, 4096), (2048, 32768), (256, 262144)]
+
+
+@attrs.frozen
+class BenchOp:
+    name: str
+    path: str                            # the .kfc, from the repository root
+    inputs: Callable[[int, int, Any], dict]  # (M, N, torch dtype) -> keyword inputs
+    formula: Callable[..., Any]          # the eager torch formula over the same keywords
+    exact: tuple[int, ...] = ()          # outputs compared element by element (indices, codes)
+    max_n: int = 1 << 30                 # rows longer than this are not run (a router's experts)
+    agree: float = 0.9999                # the share of an exact output's elements that must agree
+
+
+def _ops() -> list[BenchOp]:
+    import torch
+    import torch.nn.functional as F
+
+    def randn(m, n, dtype, scale=1.0):
+        return (torch.randn(m, n, device="cuda") * scale).to(dtype)
+
+    def vec(n, offset=0.0):
+        return torch.randn(n, device="cuda") + offset
+
+    def rms(x, w, eps=1e-6):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
+
+    def rms_residual(x, residual, w):
+        h = x.float() + residual.float()
+        return rms(h, w).to(x.dtype), h.to(x.dtype)
+
+    def rms_bwd_dx(x, w, dy):
+        xf, g = x.float(), dy.float() * w
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        xh = xf * r
+        return ((r * (g - xh * (g * xh).mean(-1, keepdim=True))).to(x.dtype), r.squeeze(-1),
+                (dy.float() * xh).sum(0))
+
+    def softmax_bwd(y, dy):
+        yf, g = y.float(), dy.float()
+        return (yf * (g - (g * yf).sum(-1, keepdim=True))).to(y.dtype)
+
+    def quant(x, top, to):
+        s = x.float().abs().amax(-1).clamp(min=1e-12) / top
+        q = x.float() / s[:, None]
+        return (to(q), s)
+
+    def first_crossing(x, t):
+        run = torch.cumsum(x, -1)
+        n = x.shape[-1]
+        at = torch.where(run > t, torch.arange(n, device=x.device, dtype=torch.float32), float(n)).amin(-1)
+        return at.int(), x.sum(-1)
+
+    def router(logits):
+        p = torch.softmax(logits.float(), -1)
+        return p.argmax(-1).int(), p.amax(-1)
+
+    return [
+        BenchOp("scale_shift", "examples/scale_shift.kfc",
+                lambda m, n, d: {"x": randn(m, n, d), "scale": vec(n, 1.0), "shift": vec(n)},
+                lambda x, scale, shift: (x.float() * scale + shift).to(x.dtype)),
+        BenchOp("swiglu", "examples/swiglu.kfc", lambda m, n, d: {"a": randn(m, n, d), "b": randn(m, n, d)},
+                lambda a, b: (F.silu(a.float()) * b.float()).to(a.dtype)),
+        BenchOp("rmsnorm", "kernels/rmsnorm.kfc", lambda m, n, d: {"x": randn(m, n, d), "w": vec(n)}, rms),
+        BenchOp("layernorm", "kernels/layernorm.kfc",
+                lambda m, n, d: {"x": randn(m, n, d), "w": vec(n), "b": vec(n)},
+                lambda x, w, b: F.layer_norm(x.float(), (x.shape[-1],), w, b, 1e-5).to(x.dtype)),
+        BenchOp("rmsnorm_residual", "kernels/rmsnorm_residual.kfc",
+                lambda m, n, d: {"x": randn(m, n, d), "residual": randn(m, n, d), "w": vec(n)}, rms_residual),
+        BenchOp("rmsnorm_bwd_dx", "kernels/rmsnorm_bwd_dx.kfc",
+                lambda m, n, d: {"x": randn(m, n, d), "w": vec(n), "dy": randn(m, n, d)}, rms_bwd_dx),
+        BenchOp("softmax", "kernels/softmax.kfc", lambda m, n, d: {"x": randn(m, n, d, 3.0)},
+                lambda x: torch.softmax(x.float(), -1).to(x.dtype)),
+        BenchOp("softmax_bwd", "kernels/softmax_bwd.kfc",
+                lambda m, n, d: {"y": torch.softmax(randn(m, n, torch.float32, 2.0), -1).to(d), "dy": randn(m, n, d)},
+                softmax_bwd),
+        BenchOp("row_stats", "examples/row_stats.kfc", lambda m, n, d: {"x": randn(m, n, d)},
+                lambda x: (x.float().mean(-1), x.float().abs().amax(-1))),
+        BenchOp("router", "examples/router.kfc", lambda m, n, d: {"logits": randn(m, n, d)}, router,
+                exact=(0,), max_n=32768),
+        BenchOp("cross_entropy", "examples/cross_entropy.kfc",
+                lambda m, n, d: {"logits": randn(m, n, d),
+                                 "target": torch.randint(0, n, (m,), device="cuda", dtype=torch.int32)},
+                lambda logits, target: F.cross_entropy(logits.float(), target.long(), reduction="none")),
+        BenchOp("fp8_quant", "examples/fp8_quant.kfc", lambda m, n, d: {"x": randn(m, n, d)},
+                lambda x: quant(x, 448.0, lambda q: q.to(torch.float8_e4m3fn)), exact=(0,)),
+        BenchOp("int8_quant", "examples/int8_quant.kfc", lambda m, n, d: {"x": randn(m, n, d)},
+                lambda x: quant(x, 127.0, lambda q: q.round().clamp(-127, 127).to(torch.int8)), exact=(0,)),
+        BenchOp("cumsum", "examples/cumsum.kfc", lambda m, n, d: {"x": randn(m, n, torch.float32)},
+                lambda x: torch.cumsum(x, -1)),
+        BenchOp("first_crossing", "examples/first_crossing.kfc",
+                lambda m, n, d: {"x": randn(m, n, torch.float32) + 0.001, "t": float(n) ** 0.5}, first_crossing,
+                exact=(0,), agree=0.99),  # a running sum grazing t may cross it a step apart
+    ]
+
+
+def as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if hasattr(t, "numel"))
+
+
+def mismatch(op: BenchOp, got, want) -> str:
+    """What differs between an output set and the formula's ("" when they agree)."""
+    problems = []
+    for i, (g, w) in enumerate(zip(as_tuple(got), as_tuple(want))):
+        if tuple(g.shape) != tuple(w.shape):
+            problems.append(f"output {i}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
+        elif i in op.exact:
+            same = (g.view(-1).view(torch_uint(g)) == w.view(-1).view(torch_uint(w))).float().mean()
+            if float(same) < op.agree:
+                problems.append(f"output {i}: {100 * (1 - float(same)):.3f}% of elements differ")
+        else:
+            tol = {1: 1e-1, 2: 1e-2}.get(g.element_size(), 1e-4)  # a 2^26-term sum rounds in f32 too
+            p = harness.wrong(g, w, tol)
+            if p:
+                problems.append(f"output {i}: {p}")
+    return "; ".join(problems)
+
+
+def torch_uint(t):
+    import torch
+
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ops", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", help="a comma-separated subset (default: all)")
+    ap.add_argument("--shapes", help="MxN,... (default: " + ",".join(f"{m}x{n}" for m, n in SHAPES) + ")")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "f16", "f32"), help="T of the typed ops")
+    ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
+    args = ap.parse_args(argv)
+    import torch
+
+    import kfc
+
+    ops = _ops()
+    if args.ops:
+        wanted = args.ops.split(",")
+        unknown = sorted(set(wanted) - {o.name for o in ops})
+        if unknown:
+            ap.error(f"unknown op(s) {', '.join(unknown)}; the ops are {', '.join(o.name for o in ops)}")
+        ops = [o for o in ops if o.name in wanted]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
+    rows, failures = [], []
+    for op in ops:
+        kernel = kfc.load(ROOT / op.path)
+        compiled = torch.compile(op.formula)
+        for m, n in shapes:
+            if n > op.max_n:
+                continue
+            torch.manual_seed(m * 7919 + n)
+            inputs = op.inputs(m, n, dtype)
+            want = op.formula(**inputs)
+            moved = nbytes(inputs.values()) + nbytes(as_tuple(want))
+            src = torch.empty(moved // 4, device="cuda", dtype=torch.float32)
+            dst = torch.empty_like(src)
+            fns = {"kfc": lambda: kernel(**inputs), "torch_compile": lambda: compiled(**inputs),
+                   "copy": lambda: dst.copy_(src)}
+            row: dict = {"op": op.name, "M": m, "N": n, "bytes": moved}
+            for who, fn in fns.items():
+                r: dict = {}
+                try:
+                    if who != "copy":
+                        problem = mismatch(op, fn(), want)
+                        if problem:
+                            r["mismatch"] = problem
+                            if who == "kfc":
+                                raise AssertionError(f"wrong: {problem}")
+                    r.update(harness.eager_and_graph(fn, moved if who != "copy" else 2 * nbytes([src])))
+                    r["ok"] = True
+                except Exception as e:  # noqa: BLE001 - reported, and the run exits non-zero
+                    r.update(harness.failed(e))
+                    failures.append(f"{op.name} {who} {m}x{n}: {r['error']}")
+                row[who] = r
+            for mode in ("eager", "graph"):
+                if row["kfc"].get("ok") and row["torch_compile"].get("ok"):
+                    row[f"{mode}_speedup"] = row["torch_compile"][f"{mode}_us"] / row["kfc"][f"{mode}_us"]
+                if row["kfc"].get("ok") and row["copy"].get("ok"):
+                    row[f"{mode}_of_copy"] = row["kfc"][f"{mode}_gbs"] / row["copy"][f"{mode}_gbs"]
+            print(f"{op.name} {m}x{n}: " + ", ".join(
+                f"{w} {row[w]['eager_us']:.1f} µs" if row[w].get("ok") else f"{w} failed" for w in fns),
+                file=sys.stderr, flush=True)
+            rows.append(row)
+            del inputs, want, src, dst
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()  # each op's compiled graphs go with it
+    prov = harness.provenance([])
+    speedups = {mode: harness.geomean([r[f"{mode}_speedup"] for r in rows if f"{mode}_speedup" in r])
+                for mode in ("eager", "graph")}
+    payload = {"ops": [o.name for o in ops], "dtype": args.dtype, "call": "kfc by keyword, default pipeline",
+               "metric": "speedup = torch.compile time / kfc time; of_copy = kfc GB/s / copy GB/s",
+               "timing": "eager: triton.testing.do_bench median, L2 flushed; graph: do_bench_cudagraph median",
+               "geomean_speedup": speedups, "env": prov, "shapes": rows, "failures": failures}
+    path = save("ops", payload, also=args.out)
+    print(f"saved {path}")
+    print(f"\nops ({args.dtype}) on {prov.get('gpu', '?')}, kfc by keyword: eager µs kfc / torch.compile, x = speedup, "
+          f"copy = kfc's share of copy bandwidth; then CUDA graphs")
+    print(f"{'op':>16} {'M x N':>14} {'kfc':>8} {'compile':>8} {'x':>6} {'copy':>5}   {'kfc':>8} {'compile':>8} {'x':>6}")
+    for row in rows:
+        def us(who, mode):
+            return f"{row[who][f'{mode}_us']:8.1f}" if row[who].get("ok") else f"{'fail':>8}"
+
+        def q(key, w=6, f=".2f"):
+            return f"{row[key]:{w}{f}}" if key in row and math.isfinite(row[key]) else f"{'-':>{w}}"
+        print(f"{row['op']:>16} {row['M']:>6}x{row['N']:<7} {us('kfc', 'eager')} {us('torch_compile', 'eager')} "
+              f"{q('eager_speedup')} {q('eager_of_copy', 5)}   {us('kfc', 'graph')} {us('torch_compile', 'graph')} "
+              f"{q('graph_speedup')}")
+    print(f"geometric mean speedup over torch.compile: eager {speedups['eager']:.3f}, graph {speedups['graph']:.3f}")
+    for f in failures:
+        print(f"FAILED {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
