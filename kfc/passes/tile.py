@@ -34,7 +34,7 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp, row_layout
 from ..ir.rewrite import ValueMap
 from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
-from ..ir.tile_ops import ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp
+from ..ir.tile_ops import BinaryOp, ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp
 from ..ir.types import MemSpace, TensorType
 from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, define_pass, option
@@ -290,14 +290,19 @@ class Tile(Pass):
         the tensor a chunk is sliced from nor start off its alignment."""
         consts = {op.result: op.value for op in (*func.body.ops, *ops) if isinstance(op, ConstOp) and op.results}
         index_of = {f.body.args[0]: f for f in fors}
+        sums = {op.result: op.operands for op in ops if isinstance(op, BinaryOp) and op.NAME in ("tile.add", "tile.sub")
+                and op.result.ttype.is_scalar and op.result.ttype.dtype.is_int}
 
         def multiple(v) -> int:
-            """A multiple every value of v is known to be: a constant, or a loop index that
-            starts at such a multiple and steps by a constant (an inner loop from an outer one's
-            index); 1 when nothing is known."""
+            """A multiple every value of v is known to be: a constant, a loop index that starts
+            at such a multiple and steps by a constant (an inner loop from an outer one's index),
+            or a sum or difference of such (a chunk counted from the row's end); 1 when nothing
+            is known."""
             c = consts.get(v)
             if isinstance(c, int):
                 return abs(c)
+            if v in sums:
+                return math.gcd(*(multiple(x) for x in sums[v]))
             f = index_of.get(v)
             if f is None:
                 return 1
@@ -312,9 +317,9 @@ class Tile(Pass):
                 t = (op.operands[0] if isinstance(op, LoadOp) else op.operands[1]).ttype
                 last = t.shape[-1]
                 multiples.append(last if isinstance(last, int) else 1)
-                if any(v not in {f.body.args[0] for f in fors} for v in slice_starts(op)) or \
-                        any(ix.limit for ix in op.index):
-                    multiples.append(1)  # a start other than a loop's index, or a limit: no alignment known
+                multiples.extend(multiple(v) for v in slice_starts(op))
+                if any(ix.limit for ix in op.index):
+                    multiples.append(1)  # a limit: no alignment known
         vec = self.vec or max(1, 16 // itemsize)
         while vec > 1 and any(m % vec for m in multiples):
             vec //= 2
