@@ -128,22 +128,25 @@ def test_shorter_rows_keep_their_reducing_branch(tmp_path):
     assert "tile.if" in r.ir and r.plan.cluster == 1 and not notes(r, "flatten-branches")
 
 
-def test_a_branch_that_loads_does_not_flatten(tmp_path):
-    """The side not taken must not read: its index may be guarded by the condition."""
+def test_a_branch_that_loads_the_row_flattens_and_one_that_may_guard_its_load_does_not(tmp_path):
+    """The side not taken must not read out of bounds: rows by the row index and whole vectors
+    are read either way; a row picked by a loaded index may be what the branch guards."""
     text = """
-op maybe_scaled(x: f32[M, N], w: f32[N], on: i32[M]) -> (y: f32[M, N]) {
+op maybe_scaled(x: f32[M, N], w: f32[N], idx: i32[M], on: i32[M]) -> (y: f32[M, N]) {
   parallel m in 0..M {
     xr = x[m, :]
     if on[m] != 0 {
-      xr = xr - mean(xr * w[:])
+      xr = xr - mean(xr * w[:] * XROW)
     }
     y[m, :] = xr
   }
 }"""
-    out, ctx = run_passes(tmp_path, text, 131072, "canonicalize,cse,dce,flatten-branches")
-    assert "tile.if" in print_ir(out)
-    assert [m for p, m in ctx.notes if p == "flatten-branches"] == [
-        "row 131072: its reducing branches read or write memory; left as they are"]
+    for row, flattens in (("x[m, :]", True), ("x[idx[m], :]", False)):
+        out, ctx = run_passes(tmp_path, text.replace("XROW", row), 131072, "canonicalize,cse,dce,flatten-branches")
+        (note,) = [m for p, m in ctx.notes if p == "flatten-branches"]
+        assert ("tile.if" not in print_ir(out)) == flattens, row
+        assert note.startswith("row 131072: 1 reducing branch(es)" if flattens else
+                               "row 131072: its reducing branches write memory or read where the branch may guard")
 
 
 def test_integer_row_reductions_compile(tmp_path):
