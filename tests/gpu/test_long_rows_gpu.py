@@ -1,7 +1,7 @@
 """Rows read in chunks on the H200, against torch on fresh random inputs with poisoned outputs:
 the first index where a row's running sum passes a threshold (an arg-reduction over a scan,
-examples/first_crossing.kfc) and i32 row reductions, at rows a CTA holds whole and rows of up to
-262147 elements. Run with `pytest -m gpu`."""
+examples/first_crossing.kfc) and i32 row reductions (examples/positives.kfc), at rows a CTA
+holds whole and rows of up to 262147 elements. Run with `pytest -m gpu`."""
 
 import pytest
 
@@ -11,17 +11,6 @@ from tests.example_ops import OPS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NS = [7, 1000, 4096, 32768, 131072, 262147]
-
-POSITIVES = """
-op positives(x: f32[M, N]) -> (n: i32[M], top: i32[M]) {
-  parallel m in 0..M {
-    p = i32(x[m, :] > 0.0)
-    n[m] = sum(p)
-    top[m] = max(p * iota(N))
-  }
-}
-"""
-
 
 def load(tmp_path, name, text):
     if not torch.cuda.is_available():
@@ -53,7 +42,7 @@ def test_first_crossing_matches_torch(tmp_path, n):
 
 @pytest.mark.parametrize("n", NS)
 def test_integer_row_reductions_are_exact(tmp_path, n):
-    op = load(tmp_path, "positives", POSITIVES)
+    op = load(tmp_path, "positives", OPS["positives"])
     for m in (1, 7, 257):
         x = torch.randn(m, n, device="cuda")
         count = torch.full((m,), -7, device="cuda", dtype=torch.int32)
