@@ -173,7 +173,7 @@ class ChunkRows(Pass):
         try:
             check_body(body, sweeps)
             sweeps.place(body)
-            ops = Chunker(self.chunk, sweeps, loop.body.args[0]).build(body)
+            ops = Chunker(self.chunk, sweeps).build(body)
         except NotChunked as why:
             ctx.note(self, f"row {n} left whole: {why}")
             return func
@@ -190,7 +190,7 @@ class Chunker:
     """Builds the chunked row body: scalars in program order where they become ready, a loop
     per sweep and direction between."""
 
-    def __init__(self, chunk: int, sweeps: Sweeps, row_index: Value) -> None:
+    def __init__(self, chunk: int, sweeps: Sweeps) -> None:
         self.c, self.sweeps, self.n, self.defs = chunk, sweeps, sweeps.n, sweeps.defs
         self.b = Builder()
         self.outer: dict[Value, Value] = {}  # scalars built outside the loops (reductions' finals)
