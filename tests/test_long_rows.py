@@ -29,14 +29,16 @@ def notes(r, pass_name: str) -> list[str]:
     return [m.removeprefix(pass_name + ": ") for m in r.report["pass_notes"] if m.startswith(pass_name + ": ")]
 
 
-# --verify-each at the shortest chunked row and the odd longest on Hopper; Blackwell's build of
-# the same IR at every length
-CHUNKED = [(n, "sm_90a", True) for n in (LONG[0], LONG[-1])] + [(n, "sm_100a", False) for n in LONG]
+# --verify-each at the shortest chunked row on Hopper, and at the odd longest for the reverse
+# sweep (masked) and the arg-reduction (the forward scans' odd tail meets no result); the
+# interpreter takes seconds a pass there. Blackwell's build of the same IR at every length.
+CHUNKED = [(n, "sm_90a") for n in (LONG[0], LONG[-1])] + [(n, "sm_100a") for n in LONG]
 
 
-@pytest.mark.parametrize("n,target,verify", CHUNKED)
+@pytest.mark.parametrize("n,target", CHUNKED)
 @pytest.mark.parametrize("name", ["scans", "suffix_scans", "first_crossing"])
-def test_long_scanned_rows_compile_in_chunks(tmp_path, name, target, n, verify):
+def test_long_scanned_rows_compile_in_chunks(tmp_path, name, target, n):
+    verify = target == "sm_90a" and (n == LONG[0] or name != "scans")
     r = compile_example(tmp_path, name, target, n, text=OPS[name].replace("check {\n", LOOSER, 1),
                         verify_each=verify)
     assert r.kernel.report.spills == 0 and r.plan.cluster == 1
@@ -117,7 +119,7 @@ def test_chunk_rows_options_are_ranged_powers_of_two():
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("n", [65536, 131072, 262147])
 def test_a_long_row_reducing_in_a_branch_flattens_and_takes_a_cluster(tmp_path, target, n):
-    r = compile_example(tmp_path, "maybe_center", target, n)
+    r = compile_example(tmp_path, "maybe_center", target, n, verify_each=target == "sm_90a")
     assert r.kernel.report.spills == 0 and r.plan.cluster > 1
     assert "tile.if" not in r.ir
     assert notes(r, "flatten-branches") == [f"row {n}: 1 reducing branch(es) compute both sides and select"]
@@ -168,13 +170,13 @@ def _compile_example_row(job):
 
 def test_every_example_over_rows_of_n_compiles_at_long_rows_without_spills():
     """Nothing the default pipeline takes at short rows is refused for lack of registers at
-    long ones (rows up to 262144; 262143 odd)."""
+    long ones (rows up to 262144: the odd 262143, the hardest to fit)."""
     from concurrent.futures import ThreadPoolExecutor
     import os
 
     names = [name for name, text in OPS.items() if "N]" in text.split("{", 1)[0] and "T]" not in text.split(")", 1)[0]]
     assert {"scans", "suffix_scans", "first_crossing", "maybe_center", "cumsum"} <= set(names)
-    jobs = [(name, n) for name in names for n in (131072, 262143)]
+    jobs = [(name, 262143) for name in names]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = dict(pool.map(_compile_example_row, jobs))
     for (name, n), r in results.items():
