@@ -29,9 +29,7 @@ a value that needs a forward and a reverse scan in one sweep.
 
 from __future__ import annotations
 
-import math
 import attrs
-import numpy as np
 
 from ..ir.builder import Builder
 from ..ir.core import Block, Op, Value
@@ -41,6 +39,7 @@ from ..ir.tile_ops import (
     BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, ConstOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ReduceKind,
     ReduceOp, ScanOp, StoreOp, UnaryOp, WhereOp, YieldOp,
 )
+from ..ir.tile_ops.reductions import identity
 from ..ir.types import TensorType
 from .base import Pass, define_pass, option
 from .rows import find_row_loop, row_length
@@ -56,21 +55,6 @@ DEFAULT_MIN_ROW = 32768
 
 class NotChunked(Exception):
     """Why a row program is left as it is."""
-
-
-def identity(kind: ReduceKind, dtype: DType):
-    """The value that leaves a reduction of `kind` unchanged, in `dtype`."""
-    if kind in (ReduceKind.SUM, ReduceKind.MEAN):
-        return 0
-    if kind is ReduceKind.PROD:
-        return 1
-    low = kind is ReduceKind.MAX
-    if dtype.is_float:
-        return -math.inf if low else math.inf
-    if dtype.is_bool:
-        return not low
-    info = np.iinfo(dtype.np)
-    return int(info.min if low else info.max)
 
 
 def wide_dtype(kind: ReduceKind, dtype: DType) -> DType:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
 import numpy as np
@@ -19,6 +20,22 @@ class ReduceKind(enum.Enum):
     MAX = "max"
     MIN = "min"
     PROD = "prod"
+
+
+def identity(kind: ReduceKind, dtype: DType):
+    """The value that leaves a reduction or scan of `kind` unchanged, in `dtype` (a Python
+    number): what an exclusive scan starts from and what a chunk's lanes past a row's end read as."""
+    if kind in (ReduceKind.SUM, ReduceKind.MEAN):
+        return 0
+    if kind is ReduceKind.PROD:
+        return 1
+    low = kind is ReduceKind.MAX
+    if dtype.is_float:
+        return -math.inf if low else math.inf
+    if dtype.is_bool:
+        return not low
+    info = np.iinfo(dtype.np)
+    return int(info.min if low else info.max)
 
 
 def reduced_shape(shape, axes, keepdims) -> list[Dim]:
@@ -136,13 +153,14 @@ class ScanOp(Op):
             x = np.flip(x, axis)
         kind = self.kind.value
         if kind == "sum":
-            r, ident = np.cumsum(x, axis=axis, dtype=acc), 0
+            r = np.cumsum(x, axis=axis, dtype=acc)
         elif kind == "prod":
-            r, ident = np.cumprod(x, axis=axis, dtype=acc), 1
-        elif kind == "max":  # identities of the operand's own type (the accumulator's would wrap)
-            r, ident = np.maximum.accumulate(x, axis=axis), (-np.inf if d.is_float else False if d.is_bool else np.iinfo(d.np).min)
+            r = np.cumprod(x, axis=axis, dtype=acc)
+        elif kind == "max":
+            r = np.maximum.accumulate(x, axis=axis)
         else:
-            r, ident = np.minimum.accumulate(x, axis=axis), (np.inf if d.is_float else True if d.is_bool else np.iinfo(d.np).max)
+            r = np.minimum.accumulate(x, axis=axis)
+        ident = identity(self.kind, d)  # of the operand's own type (the accumulator's would wrap)
         if self.exclusive:
             pad = np.full_like(np.take(r, [0], axis=axis), ident)
             r = np.concatenate([pad, np.take(r, np.arange(r.shape[axis] - 1), axis=axis)], axis=axis)
