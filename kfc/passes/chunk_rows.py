@@ -42,7 +42,7 @@ from ..ir.tile_ops import (
 from ..ir.tile_ops.reductions import identity
 from ..ir.types import TensorType
 from .base import Pass, define_pass, option
-from .rows import find_row_loop, row_length
+from .rows import find_row_loop, row_length, with_loop_body
 
 ELEMENTWISE = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BitcastOp)
 # how a chunk's scan or reduction joins the carried value, by kind
@@ -165,9 +165,7 @@ class ChunkRows(Pass):
         if any(op.operands[0].ttype.dtype.is_float for op in body if isinstance(op, (ScanOp, ReduceOp))):
             ctx.approximated(self, "scans and reductions of floats combined chunk by chunk: another order of "
                                    "addition", loop.loc)
-        new_loop = attrs.evolve(loop, regions=(Block(loop.body.args, tuple(ops)),))
-        return attrs.evolve(func, regions=(Block(func.body.args, tuple(
-            new_loop if op is loop else op for op in func.body.ops)),))
+        return with_loop_body(func, loop, Block(loop.body.args, tuple(ops)))
 
 
 class Chunker:

@@ -25,7 +25,7 @@ from ..ir.dtypes import DType
 from ..ir.tile_ops import BroadcastOp, ConstOp, DimOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp, WhereOp
 from ..ir.types import SymDim, TensorType
 from .base import Pass, define_pass, option
-from .rows import body_ops, find_row_loop, row_length
+from .rows import body_ops, find_row_loop, row_length, with_loop_body
 
 # examples/maybe_center.kfc (sm_90a) spills in one CTA at rows of 65536 (3 KB stored, 32
 # registers) and fits at 32768 (84 registers); past 65536 tile refuses it.
@@ -114,6 +114,4 @@ class FlattenBranches(Pass):
                            "left as they are")
             return func
         ctx.note(self, f"row {n}: {count} reducing branch(es) compute both sides and select")
-        new_loop = attrs.evolve(loop, regions=(Block(loop.body.args, tuple(ops)),))
-        return attrs.evolve(func, regions=(Block(func.body.args, tuple(
-            new_loop if op is loop else op for op in func.body.ops)),))
+        return with_loop_body(func, loop, Block(loop.body.args, tuple(ops)))

@@ -19,7 +19,7 @@ from ..ir.rewrite import ValueMap, rebuild_block
 from ..ir.tile_ops import BINARY_CLASSES, ConstOp, MaxSumExpOp, ReduceKind, ReduceOp
 from ..ir.types import TensorType
 from .base import Pass, define_pass
-from .rows import find_row_loop
+from .rows import find_row_loop, with_loop_body
 from ..ir.rewrite import defining_ops, uses
 
 
@@ -98,10 +98,8 @@ class LowerReductions(Pass):
             return out
 
         body = rebuild_block(launch.body, ValueMap(), transform)
-        new_launch = attrs.evolve(launch, regions=(body,))
-        ops = tuple(new_launch if o is launch else o for o in func.body.ops)
         ctx.note(self, f"{count} reduction(s) lowered")
-        return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
+        return with_loop_body(func, launch, body)
 
 
 @define_pass("fuse-reductions", "fold a product into the per-thread sum that consumes it (fma)")
@@ -129,7 +127,5 @@ class FuseReductions(Pass):
             return [attrs.evolve(op, operands=tuple(vmap[v] for v in prod.operands), map="mul")]
 
         body = rebuild_block(launch.body, ValueMap(), transform)
-        new_launch = attrs.evolve(launch, regions=(body,))
-        ops = tuple(new_launch if o is launch else o for o in func.body.ops)
         ctx.note(self, f"{fused} product(s) fused into reductions")
-        return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
+        return with_loop_body(func, launch, body)

@@ -9,8 +9,10 @@ scalar; reductions run over the row.
 
 from __future__ import annotations
 
+import attrs
+
 from ..diagnostics import Span
-from ..ir.core import Op
+from ..ir.core import Block, Op
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.tile_ops import (
@@ -39,6 +41,13 @@ def find_row_loop(func: FuncOp, kind=ParallelOp) -> Op:
         raise PassError(f"the parallel loop runs over {loop.rank} indices; a row program has one (the row)",
                         loop.loc, "fuse the indices into one row index, or use another pipeline")
     return loop
+
+
+def with_loop_body(func: FuncOp, loop: Op, body: Block) -> FuncOp:
+    """The function with the row loop's body replaced (its other top-level ops kept)."""
+    new = attrs.evolve(loop, regions=(body,))
+    return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=tuple(new if o is loop else o
+                                                                           for o in func.body.ops)),))
 
 
 def body_ops(block) -> list[Op]:
