@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import attrs
 
-from . import harness
+from . import harness, quant
 from .provenance import save
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,11 +76,6 @@ def _ops() -> list[BenchOp]:
         yf, g = y.float(), dy.float()
         return (yf * (g - (g * yf).sum(-1, keepdim=True))).to(y.dtype)
 
-    def quant(x, top, to):
-        s = x.float().abs().amax(-1).clamp(min=1e-12) / top
-        q = x.float() / s[:, None]
-        return (to(q), s)
-
     def first_crossing(x, t):
         run = torch.cumsum(x, -1)
         n = x.shape[-1]
@@ -119,9 +114,9 @@ def _ops() -> list[BenchOp]:
                                  "target": torch.randint(0, n, (m,), device="cuda", dtype=torch.int32)},
                 lambda logits, target: F.cross_entropy(logits.float(), target.long(), reduction="none")),
         BenchOp("fp8_quant", "examples/fp8_quant.kfc", lambda m, n, d: {"x": randn(m, n, d)},
-                lambda x: quant(x, 448.0, lambda q: q.to(torch.float8_e4m3fn)), exact=(0,)),
+                quant.formula("fp8_quant"), exact=(0,)),
         BenchOp("int8_quant", "examples/int8_quant.kfc", lambda m, n, d: {"x": randn(m, n, d)},
-                lambda x: quant(x, 127.0, lambda q: q.round().clamp(-127, 127).to(torch.int8)), exact=(0,)),
+                quant.formula("int8_quant"), exact=(0,)),
         BenchOp("cumsum", "examples/cumsum.kfc", lambda m, n, d: {"x": randn(m, n, torch.float32)},
                 lambda x: torch.cumsum(x, -1)),
         BenchOp("first_crossing", "examples/first_crossing.kfc",
