@@ -116,6 +116,21 @@ def test_exact_outputs_get_no_approximation_by_default_and_the_report_lists_them
     assert all(a["pass"] == "lower-ptx" and a["at"].startswith("kernels/softmax.kfc:") for a in softmax)
 
 
+def test_an_approximation_goes_only_where_no_exact_output_depends_on_it(tmp_path):
+    """router's softmax weight takes ex2.approx while its expert index stays exact; where an exact
+    output is computed from the exponentials too, they keep expf."""
+    router = approximations(tmp_path, EXAMPLES / "router.kfc", "--shape", "N=4096")
+    assert [a["what"] for a in router] == ["ex2.approx for exp"]
+    both = tmp_path / "both.kfc"
+    both.write_text("op f(x: f32[M, N]) -> (w: f32[M], k: i32[M]) {\n  parallel m in 0..M {\n"
+                    "    s = sum(exp(x[m, :]))\n    w[m] = s\n    k[m] = i32(s)\n  }\n}\n")
+    assert approximations(tmp_path, both, "--shape", "N=1024") == []
+    guarded = tmp_path / "guarded.kfc"  # a condition decides where the exact output is written
+    guarded.write_text("op f(x: f32[M, N]) -> (w: f32[M], k: i32[M]) {\n  parallel m in 0..M {\n"
+                       "    s = sum(exp(x[m, :]))\n    w[m] = s\n    if s > 1.0 {\n      k[m] = 1\n    }\n  }\n}\n")
+    assert approximations(tmp_path, guarded, "--shape", "N=1024") == []
+
+
 APPROX_ON = ("canonicalize,cse,dce,stage-rows,tile,lower-reductions,fuse-reductions,lower-ptx{approx=on},"
              "canonicalize,cse,dce")
 

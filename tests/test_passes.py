@@ -743,11 +743,29 @@ def test_cse_keeps_ops_that_differ():
     assert consts == [0.0, 1.0, 2.0]  # the two 0.0s and the two 1.0s merged, 2.0 kept
 
 
-def test_cse_does_not_merge_loads():
+def test_cse_merges_loads_of_an_input_nothing_writes():
     f = rows_func(lambda b, xr, ex: b.binary("add", b.load(ex[0], [ALL]), b.load(ex[0], [ALL])),
                   extra_inputs=[("w", tensor(DType.F32, 8))])
     g, _ = run_pipeline(f, "cse")
-    assert len(ops_of(g, LoadOp)) == 3  # x, and w twice: loads read memory, they are not pure
+    assert len(ops_of(g, LoadOp)) == 2  # x, and w once: kernels take their tensors __restrict__
+    assert_same_results(f, g)
+
+
+def test_cse_keeps_loads_of_memory_the_program_writes():
+    """Two reads of the output row with a store between them read different contents."""
+    b = Builder()
+    with b.func("f", inputs=[("x", tensor(DType.F32, 4, 8))], outputs=[("y", tensor(DType.F32, 4, 8))]) as f:
+        x, y = f.args
+        with b.parallel([(0, 4)]) as (i,):
+            b.store(b.load(x, [i, ALL]), y, [i, ALL])
+            before = b.load(y, [i, ALL])
+            b.store(b.binary("add", before, 1.0), y, [i, ALL])
+            after = b.load(y, [i, ALL])
+            b.store(b.binary("add", before, after), y, [i, ALL])
+    f = verify(f.op)
+    g, _ = run_pipeline(f, "cse")
+    assert len(ops_of(g, LoadOp)) == 3
+    assert_same_results(f, g)
 
 
 def test_cse_keeps_signed_zeros_apart():

@@ -1,6 +1,10 @@
 """cse: a pure op equal to one already computed in scope (same op, operands, attributes and
 result types) is replaced by the earlier result. Scopes follow regions: an op inside a loop may
-reuse a value from outside it, never the other way round."""
+reuse a value from outside it, never the other way round. A load from an input no op writes is
+pure too: kernels take their tensors as `__restrict__`, so nothing else writes it during the
+launch, and a row the program names twice (`cumsum(x[m, :])` and `sum(x[m, :])`) is read from
+memory once. Only tile.load: once loads are refined into instructions (lower-ptx), a second load
+of a row is stage-rows's deliberate re-read of a row too long to keep in registers."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import attrs
 from ..ir.core import Block, Op
 from ..ir.func import FuncOp
 from ..ir.rewrite import ValueMap
+from ..ir.tile_ops import LoadOp
+from ..ir.types import MemSpace, TensorType
 from .base import Pass, define_pass
 
 
@@ -37,6 +43,10 @@ class CSE(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
         vmap = ValueMap()
         removed = 0
+        read_only = set(func.inputs) - written(func)
+
+        def pure(op: Op) -> bool:
+            return op.has_trait("pure") or (LoadOp.unrefined(op) and op.operands[0] in read_only)
 
         def block(b: Block, scopes: list[dict]) -> Block:
             nonlocal removed
@@ -46,7 +56,7 @@ class CSE(Pass):
             for op in b.ops:
                 op = attrs.evolve(op, operands=tuple(vmap[v] for v in op.operands),
                                   regions=tuple(block(r, scopes) for r in op.regions)) if (op.operands or op.regions) else op
-                if op.has_trait("pure") and not op.regions and op.results:
+                if pure(op) and not op.regions and op.results:
                     key = _key(op)
                     if key is not None:
                         prior = next((s[key] for s in reversed(scopes) if key in s), None)
@@ -61,3 +71,9 @@ class CSE(Pass):
         new = attrs.evolve(func, regions=(block(func.body, []),))
         ctx.note(self, f"{removed} duplicate op(s) removed")
         return new
+
+
+def written(func: FuncOp) -> set:
+    """The memory an op with no results (a store, a copy) takes as an operand: what may be written."""
+    return {v for op in func.walk() if not op.results and not op.regions for v in op.operands
+            if isinstance(v.type, TensorType) and v.type.space is not MemSpace.REG}

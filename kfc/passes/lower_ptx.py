@@ -4,9 +4,10 @@
   cache hint: rows that stream through once (they move with the row index) take `stream`
   (default `cs`, evict-first: measured 5-10% faster than `nc_na` on the H200 for rows of up to
   4096 bf16), data every row re-reads (a weight vector) keeps the default so it stays in cache;
-- with `approx` (auto: on when every output is a float of 16 bits or more that tolerates 1e-5
-  relative error, the approximate instructions' error being about 2^-22; off when any output
-  is exact — an integer, bool or fp8, where one ulp moves a code), f32 rsqrt and exp become
+- with `approx` (auto: on for a value no exact output depends on — an integer, bool or fp8
+  output, where one ulp moves a code — when every float output of 16 bits or more tolerates
+  1e-5 relative error, the approximate instructions' error being about 2^-22; a router's softmax
+  weight takes ex2.approx while its expert index, from the same row, stays exact), f32 rsqrt and exp become
   rsqrt.approx and ex2.approx (exp(x) = 2^(x·log2 e)), so do the exponentials of the steps of a
   (max, sum of exp) reduction (gpu.*_max_sumexp), and a division of a tile by a value
   the whole row shares (softmax's e / sum(e)) becomes a product with its reciprocal, taken once:
@@ -30,8 +31,8 @@ from ..ir.dtypes import DType
 from ..ir.gpu_ops import MAX_SUMEXP_STEPS, LaunchOp
 from ..ir.ptx_ops import CACHE_HINTS, CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
 from ..ir.rewrite import ValueMap, defining_ops, rebuild_block
-from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
-from ..ir.types import TensorType
+from ..ir.tile_ops import BINARY_CLASSES, YieldOp, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
+from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, define_pass, option
 from .rows import find_row_loop
 from ..model.spec import CheckSpec
@@ -59,9 +60,9 @@ class LowerPtx(Pass):
             raise PassError(f"lower-ptx: approx must be auto, on or off, not {self.approx!r}")
         stream, store_hint = _hint("stream", self.stream), _hint("store", self.store)
         exact = exact_outputs(func)
-        approx = self.approx == "on" or (self.approx == "auto" and not exact
-                                         and ctx_tolerance(ctx, func) >= APPROX_MIN_TOLERANCE)
+        approx = self.approx == "on" or (self.approx == "auto" and ctx_tolerance(ctx, func) >= APPROX_MIN_TOLERANCE)
         launch = find_row_loop(func, LaunchOp)
+        keep_exact = set() if self.approx == "on" else feeds(func, [v for v in func.outputs if v.ttype.dtype.is_exact])
         row_values = launch.row_dependent_values()
         counts = {"ld": 0, "st": 0, "approx": 0, "cvt": 0}
         defs = defining_ops(func)
@@ -93,7 +94,7 @@ class LowerPtx(Pass):
                 return [StOp(operands=op.operands, results=(), loc=op.loc, index=op.index,
                              vec=access_vec(op.operands[1].ttype, op.operands[0].ttype), cache=store_hint)]
             t = op.results[0].type if op.results else None
-            f32 = isinstance(t, TensorType) and t.dtype is DType.F32
+            f32 = isinstance(t, TensorType) and t.dtype is DType.F32 and op.results[0] not in keep_exact
             if approx and f32 and isinstance(op, UNARY_CLASSES["rsqrt"]):
                 counts["approx"] += 1
                 ctx.approximated(self, "rsqrt.approx for rsqrt", op.loc)
@@ -112,7 +113,7 @@ class LowerPtx(Pass):
                 m = BINARY_CLASSES["mul"](operands=(x, scale), results=(Value(x.type),), loc=op.loc)
                 e = Ex2ApproxOp(operands=(m.result,), results=op.results, loc=op.loc)
                 return ops + [m, e]
-            if approx and isinstance(op, MAX_SUMEXP_STEPS) and not op.approx:
+            if approx and isinstance(op, MAX_SUMEXP_STEPS) and not op.approx and not keep_exact & set(op.results):
                 counts["approx"] += 1
                 ctx.approximated(self, "ex2.approx in a running max and sum of exponentials", op.loc)
                 return [attrs.evolve(op, approx=True)]
@@ -135,10 +136,44 @@ class LowerPtx(Pass):
         body = rebuild_block(launch.body, ValueMap(), transform)
         new_launch = attrs.evolve(launch, regions=(body,))
         ops = tuple(new_launch if o is launch else o for o in func.body.ops)
-        ctx.note(self, f"{counts['ld']} loads, {counts['st']} stores, {counts['approx']} approximate functions"
-                       f"{'' if approx else ' (approx off' + (f': exact outputs {exact}' if exact and self.approx == 'auto' else '') + ')'}"
+        why = (f" (approx off: outputs checked to {ctx_tolerance(ctx, func):g})" if self.approx == "auto" else " (approx off)") \
+            if not approx else f" (none that exact outputs {exact} need)" if exact and keep_exact else ""
+        ctx.note(self, f"{counts['ld']} loads, {counts['st']} stores, {counts['approx']} approximate functions{why}"
                        f", {counts['cvt']} packed conversions")
         return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
+
+
+def feeds(func, tensors) -> set:
+    """Every value the contents of `tensors` depend on: what is stored into them, the indices,
+    conditions and loop bounds that decide where and whether, and what those are computed from,
+    through carried loop values and nested regions. An op with no results that writes memory in
+    the set (a store into the tensor, a copy into a buffer the tensor is filled from) makes all its
+    operands part of it."""
+    values = set(tensors)
+
+    def visit(block) -> bool:
+        """Mark what `block`'s ops need; whether any op in it is needed."""
+        any_needed = False
+        for op in block.ops:
+            if isinstance(op, YieldOp):  # what it hands back is needed only as far as its results are
+                continue
+            inner = any([visit(r) for r in op.regions])  # every region, not just up to the first
+            makes = any(v in values for v in (*op.results, *(a for r in op.regions for a in r.args)))
+            writes = not op.results and not op.regions and any(
+                v in values for v in op.operands if isinstance(v.type, TensorType) and v.type.space is not MemSpace.REG)
+            if makes:  # what the regions hand back becomes the results and carried values
+                values.update(v for r in op.regions if r.ops and isinstance(r.ops[-1], YieldOp)
+                              for v in r.ops[-1].operands)
+            if makes or inner or writes:
+                values.update(op.operands)
+                any_needed = True
+        return any_needed
+
+    size = -1
+    while size != len(values):  # carried values and buffers: until nothing more is needed
+        size = len(values)
+        visit(func.body)
+    return values
 
 
 def exact_outputs(func) -> str:
