@@ -42,6 +42,7 @@ from .model.target import Target
 from .passes import ROW_PIPELINE
 from .passes.linearize import Linearize
 from .passes.split_tiles import SplitReport, SplitTiles
+from .passes.tile import MAX_CLUSTER, Tile
 
 
 @attrs.frozen
@@ -211,19 +212,30 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
                       verify_each=VerifyEach({**fixed_dims(func, dims), **sample}, spec.check) if verify_each else None)
     if out is not None:
         ctx_kwargs["out"] = out
-    ctx = PassContext(**ctx_kwargs)
-    t0 = time.perf_counter()
-    lowering = lower_op(spec, target, pipeline, dims, ctx)
-    t_passes = time.perf_counter() - t0
+    def build(pipeline_text):
+        ctx = PassContext(**ctx_kwargs)
+        t0 = time.perf_counter()
+        lowering = lower_op(spec, target, pipeline_text, dims, ctx)
+        t_passes = time.perf_counter() - t0
+        code, plan = generate_cuda(lowering.func)
+        arch, arch_note = build_arch(target, kernel_features(lowering.func))
+        if arch_note:
+            ctx.notes.append(("backend", arch_note))
+        t1 = time.perf_counter()
+        kernel = compile_cuda(code, arch)
+        return ctx, lowering, plan, arch, kernel, t_passes, time.perf_counter() - t1
+
+    ctx, lowering, plan, arch, kernel, t_passes, t_nvcc = build(pipeline)
+    features = kernel_features(lowering.func)
+    if kernel.report.spills and not allow_spills and pipeline is None:
+        wider = wider_tile(lowering, target)
+        if wider is not None:  # the default's tile spilled: the same pipeline over twice the CTAs a row
+            spilled = kernel.report.spill_stores
+            retry = build(wider)
+            if not retry[4].report.spills:
+                ctx, lowering, plan, arch, kernel, t_passes, t_nvcc = retry
+                ctx.notes.append(("compile", f"the default tile spilled {spilled} bytes; built with {wider}"))
     lowered, pipe, fixed, dynamic = lowering.func, lowering.pipeline, lowering.fixed, lowering.dynamic
-    code, plan = generate_cuda(lowered)
-    features = kernel_features(lowered)
-    arch, arch_note = build_arch(target, features)
-    if arch_note:
-        ctx.notes.append(("backend", arch_note))
-    t1 = time.perf_counter()
-    kernel = compile_cuda(code, arch)
-    t_nvcc = time.perf_counter() - t1
     rep = kernel.report
     check_resources(plan, rep, target, spec.instance_name)
     if rep.spills and not allow_spills:
@@ -249,6 +261,22 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     }
     return CompileResult(func.sym_name, target, arch, str(pipe), fixed, tuple(dynamic), print_ir(lowered), kernel,
                          plan, report)
+
+
+def wider_tile(lowering: Lowering, target: Target) -> str | None:
+    """The pipeline that was run with its row tile spread over twice the CTAs a row (a cluster
+    twice as large, each thread holding half as much), where the target and the largest cluster
+    allow it: the default's answer to a tile that spilled. None where there is no such step."""
+    launches = [op for op in lowering.func.walk() if isinstance(op, LaunchOp)]
+    tiles = [p for p in lowering.pipeline if isinstance(p, Tile)]
+    if len(launches) != 1 or len(tiles) != 1 or not target.has("cluster"):
+        return None
+    launch = launches[0]
+    if launch.cluster * 2 > MAX_CLUSTER or launch.rows_per_cta != 1:
+        return None
+    passes = [attrs.evolve(p, cluster=launch.cluster * 2, threads=launch.threads) if p is tiles[0] else p
+              for p in lowering.pipeline]
+    return ",".join(map(str, passes))
 
 
 def check_output_dir(out_dir: Path) -> None:

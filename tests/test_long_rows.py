@@ -181,3 +181,19 @@ def test_every_example_over_rows_of_n_compiles_at_long_rows_without_spills():
         results = dict(pool.map(_compile_example_row, jobs))
     for (name, n), r in results.items():
         assert r.kernel.report.spills == 0 and r.kernel.report.stack_bytes == 0, (name, n, r.kernel.report)
+
+
+def test_a_default_tile_that_spills_is_built_over_twice_the_ctas():
+    """The router at rows of 262144: staged in a cluster of 8, 64 elements a thread, its two
+    reductions of one stretch spilled 80 bytes; the default pipeline builds it in a cluster of 16
+    and says so. A pipeline the user gave is built as given, and its spills refused."""
+    from kfc.diagnostics import KfcError
+
+    spec = parse_kfc(OPS["router"], "examples/router.kfc", {"T": "bf16"})
+    r = compile_op(spec, parse_target("sm_90a"), shape={"N": 262144})
+    assert r.kernel.report.spills == 0 and r.report["kernels"][0]["cluster"][0] == 16
+    assert any(n.startswith("compile: the default tile spilled") for n in r.report["pass_notes"])
+    assert "tile{threads=512,cluster=16}" in r.pipeline
+    given = r.pipeline.replace("cluster=16", "cluster=8")
+    with pytest.raises(KfcError, match="spills registers"):
+        compile_op(spec, parse_target("sm_90a"), given, shape={"N": 262144})

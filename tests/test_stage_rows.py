@@ -26,6 +26,8 @@ from kfc.ir.types import TensorType
 from kfc.passes import PASSES, ROW_PIPELINE, Pass, PassError, VerifyEach, parse_pipeline
 from kfc.passes.base import register_pass
 from kfc.passes.stage_rows import StageRows
+from kfc.frontend import load_kfc
+from kfc.ir.specialize import specialize
 from tests.pipelines import kernel, ops_of, run_pipeline
 
 # one row of x copied into shared memory, read back, doubled and stored
@@ -144,7 +146,7 @@ def test_a_copy_past_the_tensor_zero_fills_and_counts_every_byte():
 def test_every_stretch_between_reductions_reads_the_row_again(name, reads):
     spec, f = kernel(name, 512)
     ve = VerifyEach({"N": 512, "M": 3}, spec.check, seeds=(0, 1))
-    pipe = ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}")
+    pipe = ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0,heavy=stage}")
     g, ctx = run_pipeline(f, pipe, check=spec.check, verify_each=ve)
     buffers = ops_of(g, SmemAllocOp)
     assert buffers and len(ops_of(g, CopyAsyncOp)) == len(buffers)
@@ -157,7 +159,7 @@ def test_every_stretch_between_reductions_reads_the_row_again(name, reads):
 @pytest.mark.parametrize("name, n, dtype", [("rmsnorm", 4095, "bf16"), ("softmax", 7, "f32"), ("rmsnorm", 65537, "f16")])
 def test_rows_that_are_not_16_byte_multiples_stay_in_registers(name, n, dtype):
     spec, f = kernel(name, n, dtype)
-    g, _ = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}"), check=spec.check)
+    g, _ = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0,heavy=stage}"), check=spec.check)
     assert not ops_of(g, SmemAllocOp)
 
 
@@ -208,6 +210,50 @@ def test_short_rows_stay_in_registers_by_default():
     assert StageRows().min_bytes > 2048 * 2
 
 
+def example(name: str, n: int):
+    spec = load_kfc(f"examples/{name}.kfc", {} if name == "first_crossing" else {"T": "bf16"})
+    return spec, verify(specialize(spec.func, {"N": n}, partial=True))
+
+
+@pytest.mark.parametrize("name, heavy", [("fp8_quant", True), ("int8_quant", True), ("first_crossing", True),
+                                         ("row_stats", False), ("scale_shift", False), ("swiglu", False)])
+def test_rows_bound_by_issue_stay_in_registers_while_they_fit(name, heavy):
+    """fp8 quantisation divides every element: about 17 instructions for the 3 bytes an element
+    moves, so its rows of 4096 stay in registers, 32 bf16 a thread (the fp8 codes set the store
+    width, 16, not the share); lighter programs are staged as before."""
+    spec, f = example(name, 4096)
+    ve = VerifyEach({"N": 4096, "M": 3}, spec.check, seeds=(0,))
+    g, ctx = run_pipeline(f, ROW_PIPELINE, check=spec.check, verify_each=ve)
+    kept = [m for p, m in ctx.notes if p.startswith("stage-rows") and "kept in registers" in m]
+    assert bool(kept) == heavy and bool(ops_of(g, SmemAllocOp)) != heavy
+    if heavy:  # staged all the same when asked
+        staged, _ = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{heavy=stage}"), check=spec.check)
+        assert ops_of(staged, SmemAllocOp)
+    if name == "fp8_quant":
+        (launch,) = [op for op in g.body.ops if op.NAME == "gpu.launch"]
+        assert (launch.rows_per_cta, launch.threads) == (2, 128)
+
+
+def test_issue_is_counted_with_the_approximations_lower_ptx_may_take():
+    """softmax's exp and its division by the row's sum are approximated (a tolerance of 1e-5 or
+    more, no exact output): two instructions and one; fp8's division is exact: ten."""
+    from kfc.passes.lower_ptx import approximable
+    from kfc.passes.row_cost import issue_per_element, row_bytes_per_element
+    from kfc.passes.context import PassContext
+    from kfc.model.target import parse_target
+
+    def cost(spec, f):
+        g, _ = run_pipeline(f, "canonicalize,cse,dce", check=spec.check)
+        ctx = PassContext(parse_target("sm_90a"), check=spec.check)
+        loop = next(op for op in g.body.ops if op.regions)
+        return issue_per_element(loop.body, approximable(g, ctx)), row_bytes_per_element(loop.body)
+
+    soft, soft_bytes = cost(*kernel("softmax", 4096))
+    fp8, fp8_bytes = cost(*example("fp8_quant", 4096))
+    assert (soft_bytes, fp8_bytes) == (4, 3)
+    assert soft < 12 <= fp8 and fp8 - 10 < soft
+
+
 def test_stage_rows_after_tile_is_a_clear_error():
     spec, f = kernel("rmsnorm", 65536)
     with pytest.raises(PassError, match="stage-rows runs on the row loop before tile") as info:
@@ -225,7 +271,7 @@ def test_min_bytes_is_a_ranged_option():
                                                 (131072, 8, 256), (262144, 8, 512), (256, 1, 32)])
 def test_a_staged_row_is_split_into_32_kb_a_cta_in_clusters_of_up_to_8_else_64_kb(n, cluster, threads):
     spec, f = kernel("rmsnorm", n)
-    g, ctx = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}"), check=spec.check)
+    g, ctx = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0,heavy=stage}"), check=spec.check)
     (launch,) = [op for op in g.body.ops if op.NAME == "gpu.launch"]
     assert (launch.cluster, launch.threads) == (cluster, threads)
 
@@ -233,7 +279,7 @@ def test_a_staged_row_is_split_into_32_kb_a_cta_in_clusters_of_up_to_8_else_64_k
 @pytest.mark.parametrize("n, cluster, threads", [(16384, 1, 512), (32768, 2, 512), (65536, 4, 512)])
 def test_two_staged_rows_keep_64_kb_a_cta(n, cluster, threads):
     spec, f = kernel("rmsnorm_residual", n)
-    g, ctx = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}"), check=spec.check)
+    g, ctx = run_pipeline(f, ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0,heavy=stage}"), check=spec.check)
     (launch,) = [op for op in g.body.ops if op.NAME == "gpu.launch"]
     assert len(ops_of(g, SmemAllocOp)) == 2
     assert (launch.cluster, launch.threads) == (cluster, threads)
@@ -251,7 +297,7 @@ def make_pass(fn):
         SUMMARY: ClassVar[str] = "stage-rows, then break it"
 
         def run(self, func, ctx):
-            return fn(StageRows(min_bytes=0).run(func, ctx))
+            return fn(StageRows(min_bytes=0, heavy="stage").run(func, ctx))
 
     return Broken
 
@@ -342,7 +388,7 @@ def test_staged_kernels_use_the_bulk_copy_engine(name, target):
 
 # --- two stages: the next row's copy in flight --------------------------------------------------
 
-TWO_STAGES = "canonicalize,cse,dce,stage-rows{min_bytes=0},tile{%s},lower-reductions,fuse-reductions,lower-ptx," \
+TWO_STAGES = "canonicalize,cse,dce,stage-rows{min_bytes=0,heavy=stage},tile{%s},lower-reductions,fuse-reductions,lower-ptx," \
              "canonicalize,cse,dce"
 
 

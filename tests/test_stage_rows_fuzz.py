@@ -12,7 +12,7 @@ from kfc.ir.smem_ops import SmemAllocOp
 from kfc.passes import ROW_PIPELINE, PassContext, PassManager, VerifyEach, parse_pipeline
 from kfc.model.target import parse_target
 
-STAGED_PIPELINE = ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0}")
+STAGED_PIPELINE = ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0,heavy=stage}")
 UNARY = ["neg", "abs", "tanh", "sigmoid"]
 BINARY = ["add", "sub", "mul", "max", "min"]
 REDUCE = ["sum", "max", "min", "mean"]

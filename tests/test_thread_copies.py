@@ -23,7 +23,7 @@ from tests.pipelines import kernel, ops_of, run_pipeline
 from tests.test_stage_rows import COPY, EXPECT, STAGED, WAIT, interpret_unverified, x_rows
 
 ARRIVE = COPY.replace("gpu.copy_async ", "gpu.copy_async_arrive ")
-THREADS = ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0,copy=threads}")
+THREADS = ROW_PIPELINE.replace("stage-rows", "stage-rows{min_bytes=0,copy=threads,heavy=stage}")
 
 
 def program(expect="", copy=ARRIVE, wait=WAIT, arrivals=1):
@@ -69,7 +69,7 @@ def test_stage_rows_copy_threads_keeps_the_results(name, rows):
 def test_a_barrier_that_counts_one_arrival_for_two_copies_is_caught():
     """A planted broken staging: two rows copied by the threads on a barrier of one arrival."""
     spec, f = kernel("rmsnorm_residual", 512)
-    g, _ = run_pipeline(f, "canonicalize,cse,dce,stage-rows{min_bytes=0,copy=threads}", check=spec.check)
+    g, _ = run_pipeline(f, "canonicalize,cse,dce,stage-rows{min_bytes=0,copy=threads,heavy=stage}", check=spec.check)
 
     def one_arrival(block):
         ops = []

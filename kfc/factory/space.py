@@ -15,6 +15,7 @@ from ..passes.base import PassError
 from ..passes.lower_ptx import LowerPtx
 from ..passes.lower_reductions import FuseReductions
 from ..passes.pipeline import parse_pipeline
+from ..passes.row_cost import HEAVY_ROWS_UP_TO
 from ..passes.stage_rows import COPY_GRANULE, StageRows, threshold
 from ..passes.tile import MAX_ELEMS_PER_THREAD, Tile, choose
 
@@ -53,6 +54,8 @@ class SearchSpace:
     has_cluster: bool = True
     geometry: tuple[str, ...] = GEOMETRY
     reads: int = 2  # the stretches that read a staged row (kfc.passes.stage_rows.stretches)
+    heavy: bool = False  # bound by issue (kfc.passes.row_cost): the default keeps short rows in registers
+    load_itemsize: int = 0  # the narrowest row it loads (tile's share of a thread), if not `itemsize`
 
     def choices(self) -> dict[str, tuple]:
         vec_max = max(1, 16 // self.itemsize)
@@ -71,11 +74,13 @@ class SearchSpace:
 
     def stages(self, p: StageRows) -> bool:
         """Whether that stage-rows pass stages this space's row."""
+        if self.heavy and p.heavy == "registers" and self.n * (self.load_itemsize or self.itemsize) <= HEAVY_ROWS_UP_TO:
+            return False
         return self.stageable and self.n * self.itemsize >= threshold(p.min_bytes, self.reads)
 
     def _choose(self, stage: bool, rows=0, threads=0, vec=0, cluster=0):
         return choose(self.n, self.itemsize, rows, threads, vec, cluster, self.has_cluster,
-                      staged_bytes=self.n * self.itemsize if stage else 0)
+                      staged_bytes=self.n * self.itemsize if stage else 0, load_itemsize=self.load_itemsize)
 
     def default(self) -> dict[str, Any]:
         """The configuration the default pipeline's heuristics pick."""
@@ -111,7 +116,8 @@ class SearchSpace:
         if c["store"] != "cs":
             ptx.append(f"store={c['store']}")
         c = completed(c)
-        staging = "stage-rows{min_bytes=0" + ("" if c["copy"] == "bulk" else f",copy={c['copy']}") + "}"
+        staging = "stage-rows{min_bytes=0" + ("" if c["copy"] == "bulk" else f",copy={c['copy']}") + \
+            (",heavy=stage" if self.heavy else "") + "}"
         steps = ["canonicalize", "cse", "dce", *LONG_ROW_PASSES] + ([staging] if c["stage"] else []) + \
             ["tile{" + ",".join(tile) + "}", "lower-reductions"]
         if c["fuse"]:
@@ -145,7 +151,8 @@ class SearchSpace:
             return None
         passes[at] = attrs.evolve(tile, threads=threads, vec=vec, cluster=cluster)
         # stage-rows as this row sees it: staging (spelled with min_bytes=0) or absent
-        passes = [StageRows(min_bytes=0, copy=copy) if isinstance(p, StageRows) else p for p in passes
+        passes = [StageRows(min_bytes=0, copy=copy, heavy="stage" if self.heavy else "registers")
+                  if isinstance(p, StageRows) else p for p in passes
                   if not isinstance(p, StageRows) or stage]
         # pipelines recorded before the long-row passes joined the default one mean the same
         # kernel at the rows they were tuned for (those passes leave short rows as they are)

@@ -29,7 +29,9 @@ A row read in two stretches (rmsnorm: the sum of squares, then the output) is st
 shared memory once more and recomputes what it needs (softmax and layernorm read the row three
 times). Optional tensors and shorter rows keep their plain loads.
 
-Rows too long for a thread's registers (REGISTER_ROWS_ELEMS_PER_THREAD) leave them whatever the
+A program that issues many instructions for each byte it moves (row_cost: an IEEE division an
+element, a scan) keeps its short rows in registers: re-reading them in each stretch would add to
+what bounds it. Rows too long for a thread's registers (REGISTER_ROWS_ELEMS_PER_THREAD) leave them whatever the
 stretches. Those the bulk copy cannot move are re-read (`reread`): each later stretch loads the
 row again from global memory, where the first read left it in cache. That is a row whose byte
 length is not a multiple of 16 (the copy's granule), or one that does not fit in shared memory
@@ -53,6 +55,7 @@ from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
 from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, define_pass, option
+from .row_cost import HEAVY_ROWS_UP_TO, ISSUE_HEAVY_PER_BYTE, bound_by_issue
 from .rows import find_row_loop, only_summed, row_length
 
 # The bulk copy moves multiples of 16 bytes between 16-byte-aligned addresses.
@@ -178,6 +181,9 @@ class StageRows(Pass):
     # who copies a row: `bulk`, one thread's bulk copies (cp.async.bulk) completing announced bytes;
     # `threads`, every thread its own 16 bytes at a time (cp.async), each copy an arrival
     copy: str = option("bulk", choices=("bulk", "threads"))
+    # a program bound by issue (row_cost) keeps its short rows in `registers`, or has them staged
+    # like any other (`stage`)
+    heavy: str = option("registers", choices=("registers", "stage"))
 
     def copies(self, staged: list, n: int, buffers: dict) -> list:
         """The ops that copy each staged row into its buffer (recorded in `buffers`), every row
@@ -222,6 +228,14 @@ class StageRows(Pass):
         long_rows = [op for op in rows if too_many or row_bytes(op, n) >= least]
         if not long_rows or any(isinstance(op, SmemAllocOp) or op.regions for op in body.ops):
             return func  # already staged, or a for loop reads the row in chunks
+        issue, moved, heavy = bound_by_issue(func, body, ctx)
+        short = all(row_bytes(op, n) <= HEAVY_ROWS_UP_TO for op in long_rows)
+        if self.heavy == "registers" and heavy and short and not too_many:
+            # each stretch would read and convert the row again: bound by issue, it runs faster
+            # from registers (row_cost)
+            ctx.note(self, f"rows of {n} kept in registers: about {issue} instructions for the {moved} bytes an "
+                           f"element moves (from {ISSUE_HEAVY_PER_BYTE:g} a byte, staged only where registers run out)")
+            return func
         staged = room_for_rows([op for op in long_rows if copyable(op, n)], n, len(loop.results),
                                ctx.target.smem_per_block)
         reread = {op.result for op in long_rows if op not in staged} if self.reread and too_many else set()
