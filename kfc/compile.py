@@ -226,7 +226,6 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         return ctx, lowering, plan, arch, kernel, t_passes, time.perf_counter() - t1
 
     ctx, lowering, plan, arch, kernel, t_passes, t_nvcc = build(pipeline)
-    features = kernel_features(lowering.func)
     if kernel.report.spills and not allow_spills and pipeline is None:
         wider = wider_tile(lowering, target)
         if wider is not None:  # the default's tile spilled: the same pipeline over twice the CTAs a row
@@ -236,6 +235,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
                 ctx, lowering, plan, arch, kernel, t_passes, t_nvcc = retry
                 ctx.notes.append(("compile", f"the default tile spilled {spilled} bytes; built with {wider}"))
     lowered, pipe, fixed, dynamic = lowering.func, lowering.pipeline, lowering.fixed, lowering.dynamic
+    features = kernel_features(lowered)
     rep = kernel.report
     check_resources(plan, rep, target, spec.instance_name)
     if rep.spills and not allow_spills:

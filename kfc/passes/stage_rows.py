@@ -31,8 +31,8 @@ times). Optional tensors and shorter rows keep their plain loads.
 
 A program that issues many instructions for each byte it moves (row_cost: an IEEE division an
 element, a scan) keeps its short rows in registers: re-reading them in each stretch would add to
-what bounds it. Rows too long for a thread's registers (REGISTER_ROWS_ELEMS_PER_THREAD) leave them whatever the
-stretches. Those the bulk copy cannot move are re-read (`reread`): each later stretch loads the
+what bounds it. Rows too long for a thread's registers (REGISTER_ROWS_ELEMS_PER_THREAD) leave
+them whatever the stretches. Those the bulk copy cannot move are re-read (`reread`): each later stretch loads the
 row again from global memory, where the first read left it in cache. That is a row whose byte
 length is not a multiple of 16 (the copy's granule), or one that does not fit in shared memory
 beside a loop's sums across rows (their accumulators take shared memory too: layernorm_bwd's dw
