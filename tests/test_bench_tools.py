@@ -1,0 +1,46 @@
+"""The benchmark tools' CPU side: bench.ab's export of an earlier kfc as a folder the GPU machine
+can import, and its errors; bench.profile_ops reading an Nsight Compute CSV back. The timing and
+the profiling themselves run on the GPU machine."""
+
+import subprocess
+import sys
+
+import pytest
+
+from bench import ab, profile_ops
+
+
+def test_an_earlier_commit_exports_as_an_importable_folder(tmp_path):
+    rev = subprocess.run(["git", "rev-parse", "HEAD~1"], capture_output=True, text=True, check=True).stdout.strip()
+    ab.export("HEAD~1", tmp_path)
+    assert (tmp_path / "REV").read_text().strip() == rev
+    assert (tmp_path / "grammars" / "kfc.lark").is_file()
+    out = subprocess.run([sys.executable, "-c", "import kfc; print(kfc.__file__)"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / "kfc" / "__init__.py")
+
+
+def test_a_base_that_is_not_an_export_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        ab.main(["--base", str(tmp_path)])
+    assert e.value.code == 2 and "--export REV DIR" in capsys.readouterr().err
+
+
+NCU_CSV = """==PROF== Connected to process 1
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value","Rule Name"
+"0","1","python3","h","kfc_kernel_fp8_quant","1","7","(256, 1, 1)","(32768, 1, 1)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","73.53",
+"0","1","python3","h","kfc_kernel_fp8_quant","1","7","(256, 1, 1)","(32768, 1, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","ns","158,560",
+"0","1","python3","h","kfc_kernel_fp8_quant","1","7","(256, 1, 1)","(32768, 1, 1)","0","9.0","Compute Workload Analysis","Issued Ipc Active","inst/cycle","3.00",
+"0","1","python3","h","kfc_kernel_fp8_quant","1","7","(256, 1, 1)","(32768, 1, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","inst","5.10",
+"0","1","python3","h","kfc_kernel_fp8_quant","1","7","(256, 1, 1)","(32768, 1, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","inst","1.80",
+"1","1","python3","h","kfc_kernel_router","1","7","(256, 1, 1)","(16384, 1, 1)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","78.00",
+"""
+
+
+def test_an_ncu_log_reads_back_as_a_line_a_kernel(tmp_path):
+    path = tmp_path / "prof.csv"
+    path.write_text(NCU_CSV)
+    fp8, router = profile_ops.table(str(path))
+    assert fp8.startswith("kfc_kernel_fp8_quant") and "t_ns=158560" in fp8 and "dram%=73.53" in fp8
+    assert "ipc=3.00" in fp8 and fp8.endswith("| long_scoreboard=5.1 wait=1.8")
+    assert router.startswith("kfc_kernel_router") and "dram%=78.00" in router and "regs=?" in router
