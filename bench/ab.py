@@ -50,22 +50,16 @@ def side(names: list[str], shapes: list[tuple[int, int]]) -> list[dict]:
     from . import harness
 
     rows = []
-    for op in bench_ops._ops():
-        if op.name not in names:
-            continue
+    for op in bench_ops.select(names):
         kernel = kfc.load(ROOT / op.path)
         for m, n in shapes:
-            if n > op.max_n:
+            case = bench_ops.prepare(op, m, n, torch.bfloat16)
+            if case is None:
                 continue
-            torch.manual_seed(m * 7919 + n)
-            inputs = op.inputs(m, n, torch.bfloat16)
-            want = op.formula(**inputs)
-            want_exact = op.formula(**{k: v.cpu() if hasattr(v, "cpu") else v for k, v in inputs.items()}) \
-                if op.exact else want
-            problem = bench_ops.mismatch(op, kernel(**inputs), want, want_exact)
+            inputs, moved = case.inputs, case.moved
+            problem = case.wrong(kernel(**inputs))
             if problem:
                 raise AssertionError(f"{op.name} {m}x{n} with {kfc.__file__}: wrong: {problem}")
-            moved = bench_ops.nbytes(inputs.values()) + bench_ops.nbytes(bench_ops.as_tuple(want))
             us = harness.time_eager(lambda: kernel(**inputs), ())
             src = torch.empty(moved // 4, device="cuda")
             dst = torch.empty_like(src)
@@ -73,7 +67,7 @@ def side(names: list[str], shapes: list[tuple[int, int]]) -> list[dict]:
             rows.append({"op": op.name, "M": m, "N": n, "bytes": moved, "us": us,
                          "of_copy": copy_us / (2 * us)})  # the copy moves the bytes twice (read, write)
             print(f"{Path(kfc.__file__).parent}: {op.name} {m}x{n} {us:.1f} µs", file=sys.stderr, flush=True)
-            del inputs, want, want_exact, src, dst
+            del case, inputs, src, dst
             torch.cuda.empty_cache()
     return rows
 
@@ -88,7 +82,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     ap.add_argument("--side", action="store_true", help=argparse.SUPPRESS)  # one side, rows as JSON on stdout
     args = ap.parse_args(argv)
-    names = args.ops.split(",") if args.ops else [o.name for o in bench_ops._ops()]
+    try:
+        names = [o.name for o in bench_ops.select(args.ops.split(",") if args.ops else None)]
+    except ValueError as e:
+        ap.error(str(e))
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.export:
         export(args.export[0], Path(args.export[1]))

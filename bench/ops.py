@@ -125,6 +125,49 @@ def _ops() -> list[BenchOp]:
     ]
 
 
+def select(names: list[str] | None) -> list[BenchOp]:
+    """The ops named (all where None), in the benchmark's order; ValueError for a name it lacks."""
+    ops = _ops()
+    if names is None:
+        return ops
+    unknown = sorted(set(names) - {o.name for o in ops})
+    if unknown:
+        raise ValueError(f"unknown op(s) {', '.join(unknown)}; the ops are {', '.join(o.name for o in ops)}")
+    return [o for o in ops if o.name in names]
+
+
+@attrs.frozen
+class Case:
+    """One op at one shape: its keyword inputs (seeded by the shape), the eager formula's outputs,
+    the formula's exact outputs on the CPU (kfc's authority for them), and the bytes it moves."""
+
+    op: BenchOp
+    m: int
+    n: int
+    inputs: dict
+    want: Any
+    want_exact: Any
+    moved: int
+
+    def wrong(self, got) -> str:
+        """What differs between `got` and the formula ("" when they agree)."""
+        return mismatch(self.op, got, self.want, self.want_exact)
+
+
+def prepare(op: BenchOp, m: int, n: int, dtype) -> Case | None:
+    """The case of `op` at M x N (None where the op does not run at rows that long)."""
+    import torch
+
+    if n > op.max_n:
+        return None
+    torch.manual_seed(m * 7919 + n)
+    inputs = op.inputs(m, n, dtype)
+    want = op.formula(**inputs)
+    want_exact = op.formula(**{k: v.cpu() if hasattr(v, "cpu") else v for k, v in inputs.items()}) \
+        if op.exact else want
+    return Case(op, m, n, inputs, want, want_exact, nbytes(inputs.values()) + nbytes(as_tuple(want)))
+
+
 def as_tuple(out) -> tuple:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
@@ -171,13 +214,10 @@ def main(argv=None) -> int:
 
     import kfc
 
-    ops = _ops()
-    if args.ops:
-        wanted = args.ops.split(",")
-        unknown = sorted(set(wanted) - {o.name for o in ops})
-        if unknown:
-            ap.error(f"unknown op(s) {', '.join(unknown)}; the ops are {', '.join(o.name for o in ops)}")
-        ops = [o for o in ops if o.name in wanted]
+    try:
+        ops = select(args.ops.split(",") if args.ops else None)
+    except ValueError as e:
+        ap.error(str(e))
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
     rows, failures = [], []
@@ -185,14 +225,10 @@ def main(argv=None) -> int:
         kernel = kfc.load(ROOT / op.path)
         compiled = torch.compile(op.formula)
         for m, n in shapes:
-            if n > op.max_n:
+            case = prepare(op, m, n, dtype)
+            if case is None:
                 continue
-            torch.manual_seed(m * 7919 + n)
-            inputs = op.inputs(m, n, dtype)
-            want = op.formula(**inputs)
-            want_exact = op.formula(**{k: v.cpu() if hasattr(v, "cpu") else v for k, v in inputs.items()}) \
-                if op.exact else want
-            moved = nbytes(inputs.values()) + nbytes(as_tuple(want))
+            inputs, moved = case.inputs, case.moved
             src = torch.empty(moved // 4, device="cuda", dtype=torch.float32)
             dst = torch.empty_like(src)
             fns = {"kfc": lambda: kernel(**inputs), "torch_compile": lambda: compiled(**inputs),
@@ -202,7 +238,7 @@ def main(argv=None) -> int:
                 r: dict = {}
                 try:
                     if who != "copy":
-                        problem = mismatch(op, fn(), want, want_exact)
+                        problem = case.wrong(fn())
                         if problem:
                             r["mismatch"] = problem
                             if who == "kfc":
@@ -222,7 +258,7 @@ def main(argv=None) -> int:
                 f"{w} {row[w]['eager_us']:.1f} µs" if row[w].get("ok") else f"{w} failed" for w in fns),
                 file=sys.stderr, flush=True)
             rows.append(row)
-            del inputs, want, want_exact, src, dst
+            del case, inputs, src, dst
             torch.cuda.empty_cache()
         torch._dynamo.reset()  # each op's compiled graphs go with it
     prov = harness.provenance([])

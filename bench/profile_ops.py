@@ -32,9 +32,7 @@ def run(names: list[str], shapes: list[tuple[int, int]]) -> None:
 
     import kfc
 
-    for op in bench_ops._ops():
-        if op.name not in names:
-            continue
+    for op in bench_ops.select(names):
         kernel = kfc.load(bench_ops.ROOT / op.path)
         for m, n in shapes:
             if n > op.max_n:
@@ -76,7 +74,10 @@ def main(argv=None) -> int:
     if args.table:
         print("\n".join(table(args.table)))
         return 0
-    names = args.ops.split(",") if args.ops else [o.name for o in bench_ops._ops()]
+    try:
+        names = [o.name for o in bench_ops.select(args.ops.split(",") if args.ops else None)]
+    except ValueError as e:
+        ap.error(str(e))
     run(names, [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")])
     return 0
 

@@ -15,7 +15,7 @@ from ..passes.base import PassError
 from ..passes.lower_ptx import LowerPtx
 from ..passes.lower_reductions import FuseReductions
 from ..passes.pipeline import parse_pipeline
-from ..passes.row_cost import HEAVY_ROWS_UP_TO
+from ..passes.row_cost import keeps_in_registers
 from ..passes.stage_rows import COPY_GRANULE, StageRows, threshold
 from ..passes.tile import MAX_ELEMS_PER_THREAD, Tile, choose
 
@@ -74,7 +74,7 @@ class SearchSpace:
 
     def stages(self, p: StageRows) -> bool:
         """Whether that stage-rows pass stages this space's row."""
-        if self.heavy and p.heavy == "registers" and self.n * (self.load_itemsize or self.itemsize) <= HEAVY_ROWS_UP_TO:
+        if p.heavy == "registers" and keeps_in_registers(self.heavy, self.n * (self.load_itemsize or self.itemsize)):
             return False
         return self.stageable and self.n * self.itemsize >= threshold(p.min_bytes, self.reads)
 

@@ -29,7 +29,7 @@ from ..passes.base import PassError
 from ..passes.context import PassContext
 from ..passes.pipeline import parse_pipeline
 from ..passes.row_cost import bound_by_issue
-from ..passes.rows import find_row_loop, row_length
+from ..passes.rows import find_row_loop, narrowest_load, row_length
 from ..passes.stage_rows import stretches
 from ..ir.specialize import specialize
 from ..model.target import Target
@@ -73,10 +73,9 @@ def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace
     except PassError as e:
         raise PassError(f"kfc tune searches row programs; {spec.name} is not one: {e.message}", e.span) from None
     sizes = [v.ttype.dtype.itemsize for v in func.args if v.ttype.space.value != "reg" and v.ttype.rank >= 1]
-    loaded = [v.ttype.dtype.itemsize for v in func.inputs if v.ttype.space.value != "reg" and v.ttype.rank >= 1]
     heavy = bound_by_issue(func, loop.body, PassContext(target, check=spec.check))[2]
     return SearchSpace(n, min(sizes) if sizes else 4, target.has("cluster"), reads=stretches(loop.body),
-                       heavy=heavy, load_itemsize=min(loaded, default=0))
+                       heavy=heavy, load_itemsize=narrowest_load(loop.body))
 
 
 def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy, kb: KnowledgeBase, evaluator,

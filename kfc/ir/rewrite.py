@@ -12,6 +12,7 @@ import attrs
 
 from .core import Block, Op, Value
 from .func import FuncOp
+from .types import MemSpace, TensorType
 
 # An op transform gets the op (operands already remapped, regions already rebuilt) and the
 # value map; it returns the ops to emit in its place, having recorded in the map what each
@@ -78,6 +79,13 @@ def uses(func: FuncOp) -> dict[Value, int]:
         for v in op.operands:
             counts[v] = counts.get(v, 0) + 1
     return counts
+
+
+def memory_written(op: Op) -> tuple[Value, ...]:
+    """The memory an op with no results (a store, a copy) takes as operands: what it may write."""
+    if op.results or op.regions:
+        return ()
+    return tuple(v for v in op.operands if isinstance(v.type, TensorType) and v.type.space is not MemSpace.REG)
 
 
 def defining_ops(func: FuncOp) -> dict[Value, Op]:

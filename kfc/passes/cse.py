@@ -13,9 +13,8 @@ import attrs
 
 from ..ir.core import Block, Op
 from ..ir.func import FuncOp
-from ..ir.rewrite import ValueMap
+from ..ir.rewrite import ValueMap, memory_written
 from ..ir.tile_ops import LoadOp
-from ..ir.types import MemSpace, TensorType
 from .base import Pass, define_pass
 
 
@@ -74,6 +73,5 @@ class CSE(Pass):
 
 
 def written(func: FuncOp) -> set:
-    """The memory an op with no results (a store, a copy) takes as an operand: what may be written."""
-    return {v for op in func.walk() if not op.results and not op.regions for v in op.operands
-            if isinstance(v.type, TensorType) and v.type.space is not MemSpace.REG}
+    """The memory any op of `func` may write."""
+    return {v for op in func.walk() for v in memory_written(op)}

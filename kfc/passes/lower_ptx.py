@@ -30,12 +30,12 @@ from ..ir.core import Value
 from ..ir.dtypes import DType
 from ..ir.gpu_ops import MAX_SUMEXP_STEPS, LaunchOp
 from ..ir.ptx_ops import CACHE_HINTS, CvtPackOp, Ex2ApproxOp, LdOp, RsqrtApproxOp, StOp
-from ..ir.rewrite import ValueMap, defining_ops, rebuild_block
+from ..ir.rewrite import ValueMap, defining_ops, memory_written, rebuild_block
 from ..ir.smem_ops import SmemAllocOp
 from ..ir.tile_ops import BINARY_CLASSES, YieldOp, UNARY_CLASSES, BroadcastOp, CastOp, ConstOp, LoadOp, StoreOp
-from ..ir.types import MemSpace, TensorType
+from ..ir.types import TensorType
 from .base import Pass, PassError, define_pass, option
-from .rows import find_row_loop
+from .rows import find_row_loop, with_loop_body
 from ..model.spec import CheckSpec
 
 APPROX_MIN_TOLERANCE = 1e-5
@@ -135,15 +135,17 @@ class LowerPtx(Pass):
             return None
 
         body = rebuild_block(launch.body, ValueMap(), transform)
-        new_launch = attrs.evolve(launch, regions=(body,))
-        ops = tuple(new_launch if o is launch else o for o in func.body.ops)
-        staged = any(isinstance(op, SmemAllocOp) for op in func.walk())
         why = (f" (approx off: outputs checked to {ctx_tolerance(ctx, func):g})" if self.approx == "auto" else " (approx off)") \
             if not approx else "" if not exact or self.approx != "auto" else \
-            f" (approx off: exact outputs {exact} from staged rows)" if staged else f" (none that exact outputs {exact} need)"
+            f" (approx off: exact outputs {exact} from staged rows)" if staged_rows(func) else f" (none that exact outputs {exact} need)"
         ctx.note(self, f"{counts['ld']} loads, {counts['st']} stores, {counts['approx']} approximate functions{why}"
                        f", {counts['cvt']} packed conversions")
-        return attrs.evolve(func, regions=(attrs.evolve(func.body, ops=ops),))
+        return with_loop_body(func, launch, body)
+
+
+def staged_rows(func) -> bool:
+    """Whether stage-rows staged the program's rows in shared memory."""
+    return any(isinstance(op, SmemAllocOp) for op in func.walk())
 
 
 def approximable(func, ctx, mode: str = "auto"):
@@ -154,7 +156,7 @@ def approximable(func, ctx, mode: str = "auto"):
     if mode == "off" or ctx_tolerance(ctx, func) < APPROX_MIN_TOLERANCE:
         return lambda v: False
     exact = [v for v in func.outputs if v.ttype.dtype.is_exact]
-    if exact and any(isinstance(op, SmemAllocOp) for op in func.walk()):
+    if exact and staged_rows(func):
         # staged rows of a program with exact outputs stay as they were measured: the router's
         # softmax weight approximated at rows of 32768 (staged, 64 elements a thread) took 162
         # registers instead of 128, one CTA an SM instead of two, and ran 0.68x as fast (H100)
@@ -179,8 +181,7 @@ def feeds(func, tensors) -> set:
                 continue
             inner = any([visit(r) for r in op.regions])  # every region, not just up to the first
             makes = any(v in values for v in (*op.results, *(a for r in op.regions for a in r.args)))
-            writes = not op.results and not op.regions and any(
-                v in values for v in op.operands if isinstance(v.type, TensorType) and v.type.space is not MemSpace.REG)
+            writes = any(v in values for v in memory_written(op))
             if makes:  # what the regions hand back becomes the results and carried values
                 values.update(v for r in op.regions if r.ops and isinstance(r.ops[-1], YieldOp)
                               for v in r.ops[-1].operands)

@@ -88,6 +88,11 @@ def issue_per_element(body, approximable) -> int:
     return total
 
 
+def keeps_in_registers(heavy: bool, row_bytes: int) -> bool:
+    """Whether stage-rows leaves a row of `row_bytes` in registers for a program bound by issue."""
+    return heavy and row_bytes <= HEAVY_ROWS_UP_TO
+
+
 def bound_by_issue(func, body, ctx) -> tuple[int, int, bool]:
     """The instructions an element of the row program `body` (a row loop's region in `func`)
     issues, the bytes it moves, and whether that makes it bound by issue (ISSUE_HEAVY_PER_BYTE)."""

@@ -62,6 +62,13 @@ def body_ops(block) -> list[Op]:
     return out
 
 
+def narrowest_load(body) -> int:
+    """The element size of the narrowest row tile a row loop's body loads (0 where it loads
+    none): what a thread's share of the row is counted in (tile.choose)."""
+    return min((op.operands[0].ttype.dtype.itemsize for op in body_ops(body)
+                if isinstance(op, LoadOp) and op.result.ttype.rank >= 1), default=0)
+
+
 def only_summed(loop: Op) -> bool:
     """A row loop whose rows are only added into its sums across rows (a column sum): it
     stores nothing and reduces nothing per row, so each row is read once, into the adds."""

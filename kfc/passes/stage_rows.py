@@ -55,8 +55,8 @@ from ..ir.tile_ops import BinaryOp
 from ..ir.types import MemSpace, TensorType
 from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, define_pass, option
-from .row_cost import HEAVY_ROWS_UP_TO, ISSUE_HEAVY_PER_BYTE, bound_by_issue
-from .rows import find_row_loop, only_summed, row_length
+from .row_cost import ISSUE_HEAVY_PER_BYTE, bound_by_issue, keeps_in_registers
+from .rows import find_row_loop, only_summed, row_length, with_loop_body
 
 # The bulk copy moves multiples of 16 bytes between 16-byte-aligned addresses.
 COPY_GRANULE = 16
@@ -229,8 +229,8 @@ class StageRows(Pass):
         if not long_rows or any(isinstance(op, SmemAllocOp) or op.regions for op in body.ops):
             return func  # already staged, or a for loop reads the row in chunks
         issue, moved, heavy = bound_by_issue(func, body, ctx)
-        short = all(row_bytes(op, n) <= HEAVY_ROWS_UP_TO for op in long_rows)
-        if self.heavy == "registers" and heavy and short and not too_many:
+        if self.heavy == "registers" and not too_many and all(keeps_in_registers(heavy, row_bytes(op, n))
+                                                               for op in long_rows):
             # each stretch would read and convert the row again: bound by issue, it runs faster
             # from registers (row_cost)
             ctx.note(self, f"rows of {n} kept in registers: about {issue} instructions for the {moved} bytes an "
@@ -296,6 +296,4 @@ class StageRows(Pass):
                            f"({sum(row_bytes(op, n) for op in staged)} bytes per row)")
         if reread:
             ctx.note(self, f"{len(reread)} row(s) of {n} re-read from global memory in each of {reads} stretches")
-        new_loop = attrs.evolve(loop, regions=(Block(body.args, tuple(out)),))
-        ops = tuple(new_loop if o is loop else o for o in func.body.ops)
-        return attrs.evolve(func, regions=(Block(func.body.args, ops),))
+        return with_loop_body(func, loop, Block(body.args, tuple(out)))

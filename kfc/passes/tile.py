@@ -38,7 +38,7 @@ from ..ir.tile_ops import BinaryOp, ConstOp, ForOp, IfOp, LoadOp, ReduceOp, Scan
 from ..ir.types import MemSpace, TensorType
 from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, define_pass, option
-from .rows import body_ops, find_row_loop, only_summed, row_length
+from .rows import body_ops, find_row_loop, narrowest_load, only_summed, row_length
 
 # Bytes of each row a thread holds: enough independent 16-byte loads in flight to cover memory
 # latency, few enough registers to keep CTAs resident. Measured on the H200 (python -m
@@ -358,12 +358,10 @@ class Tile(Pass):
         if summing:
             want_threads, want_cluster = summing_threads(n, min(itemsizes), self.threads, want_vec, self.cluster,
                                                          ctx.target.has("cluster") and not one_cta)
-        loaded = [op.operands[0].ttype.dtype.itemsize for op in ops
-                  if isinstance(op, LoadOp) and op.result.ttype.rank >= 1]
         rows, threads, vec, cluster = choose(n, min(itemsizes), want_rows, want_threads, want_vec, want_cluster,
                                              ctx.target.has("cluster") and not one_cta,
                                              per_row_inputs(loop), staged, bool(loop.results), len(buffers),
-                                             min(loaded, default=0))
+                                             narrowest_load(loop.body))
         if one_row and rows > 1:  # a short row: one a CTA all the same, in a warp at least
             rows, threads = 1, max(threads, WARP)
         for name, value in (("threads", threads), ("vec", vec), ("cluster", cluster), ("rows", rows)):
