@@ -1,13 +1,14 @@
 """kfc's GEMM (kernels/gemm.kfc: TMA + wgmma) against cuBLAS (torch.matmul), in one run on one GPU.
 
-    python -m bench.gemm [--shapes 4096x4096x4096,...] [--pipeline P] [--out FILE]
+    python -m bench.gemm [--shapes 4096x4096x4096,...] [--pipeline P [--pipeline P2 ...]] [--out FILE]
 
 bf16 a [M, K], b [K, N] from a normal distribution, bf16 c, fp32 accumulation. Each shape
 compiles its own kfc kernel (every dim is fixed per compile). Both contenders' outputs are
 checked against a.float() @ b.float() first (max |err| / max |ref| < 1e-2; a wrong contender is
 not timed and the run exits non-zero); then timed eagerly (triton.testing.do_bench, median, L2
 flushed before each call) and by CUDA graph replay (triton.testing.do_bench_cudagraph, median).
-TFLOP/s = 2 M N K / time.
+TFLOP/s = 2 M N K / time. Each --pipeline is a kfc contender of its own ("kfc" alone for the
+default pipeline, else "kfc[PIPELINE]"), all timed in the same run as cuBLAS.
 """
 
 from __future__ import annotations
@@ -42,21 +43,28 @@ def error(out, ref) -> float:
     return float((o - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
-def contenders(pipeline: str | None) -> dict:
+def kfc_name(pipeline: str | None) -> str:
+    return "kfc" if pipeline is None else f"kfc[{pipeline}]"
+
+
+def contenders(pipelines: list[str | None]) -> dict:
     import torch
 
     import kfc
 
-    k = kfc.load(ROOT / "kernels" / "gemm.kfc", pipeline=pipeline)
-    return {"kfc": lambda a, b: k(a, b), "cublas": torch.matmul}
+    fns = {}
+    for p in pipelines:
+        fns[kfc_name(p)] = (lambda k: lambda a, b: k(a, b))(kfc.load(ROOT / "kernels" / "gemm.kfc", pipeline=p))
+    fns["cublas"] = torch.matmul
+    return fns
 
 
-def run(shapes, pipeline: str | None, seed: int = 0) -> tuple[list[dict], list[str]]:
+def run(shapes, pipelines: list[str | None], seed: int = 0) -> tuple[list[dict], list[str]]:
     import torch
     from triton.testing import do_bench_cudagraph
 
     torch.backends.cuda.matmul.allow_tf32 = False  # an fp32 reference, not a tf32 one
-    fns = contenders(pipeline)
+    fns = contenders(pipelines)
     gen = torch.Generator(device="cuda")
     rows, failures = [], []
     for m, n, k in shapes:
@@ -84,16 +92,19 @@ def run(shapes, pipeline: str | None, seed: int = 0) -> tuple[list[dict], list[s
                 print(f"FAILED {failures[-1]}", file=sys.stderr, flush=True)
             row[name] = r
             print(f"gemm {m}x{n}x{k} {name}: {r}", file=sys.stderr, flush=True)
-        if row["kfc"].get("ok") and row["cublas"].get("ok"):
-            row["eager_ratio_kfc_over_cublas"] = row["kfc"]["eager_tflops"] / row["cublas"]["eager_tflops"]
-            row["graph_ratio_kfc_over_cublas"] = row["kfc"]["graph_tflops"] / row["cublas"]["graph_tflops"]
+        for p in pipelines:
+            name = kfc_name(p)
+            if row[name].get("ok") and row["cublas"].get("ok"):
+                tag = "kfc" if name == "kfc" else name
+                row[f"eager_ratio_{tag}_over_cublas"] = row[name]["eager_tflops"] / row["cublas"]["eager_tflops"]
+                row[f"graph_ratio_{tag}_over_cublas"] = row[name]["graph_tflops"] / row["cublas"]["graph_tflops"]
         rows.append(row)
         del a, b, ref
         torch.cuda.empty_cache()
     return rows, failures
 
 
-def print_table(title: str, rows: list[dict]) -> None:
+def print_table(title: str, rows: list[dict], pipelines: list[str | None]) -> None:
     def cell(r: dict, key: str) -> str:
         return f"{r[key]:9.1f}" if r.get("ok") else f"{'fail':>9}"
 
@@ -101,28 +112,36 @@ def print_table(title: str, rows: list[dict]) -> None:
         return f"{row[key]:7.3f}" if key in row else f"{'-':>7}"
 
     print(f"\n{title}")
-    print(f"{'M x N x K':>20} {'kfc eager':>9} {'cuBLAS':>9} {'ratio':>7}   "
-          f"{'kfc graph':>9} {'cuBLAS':>9} {'ratio':>7}")
-    for row in rows:
-        kf, cb = row["kfc"], row["cublas"]
-        print(f"{row['M']:>6}x{row['N']:>6}x{row['K']:<6} {cell(kf, 'eager_tflops')} {cell(cb, 'eager_tflops')} "
-              f"{ratio(row, 'eager_ratio_kfc_over_cublas')}   {cell(kf, 'graph_tflops')} {cell(cb, 'graph_tflops')} "
-              f"{ratio(row, 'graph_ratio_kfc_over_cublas')}")
+    for p in pipelines:
+        name = kfc_name(p)
+        print(f"\n{name}")
+        print(f"{'M x N x K':>20} {'kfc eager':>9} {'cuBLAS':>9} {'ratio':>7}   "
+              f"{'kfc graph':>9} {'cuBLAS':>9} {'ratio':>7}")
+        for row in rows:
+            kf, cb = row[name], row["cublas"]
+            print(f"{row['M']:>6}x{row['N']:>6}x{row['K']:<6} {cell(kf, 'eager_tflops')} "
+                  f"{cell(cb, 'eager_tflops')} {ratio(row, f'eager_ratio_{name}_over_cublas')}   "
+                  f"{cell(kf, 'graph_tflops')} {cell(cb, 'graph_tflops')} {ratio(row, f'graph_ratio_{name}_over_cublas')}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gemm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", help="MxNxK,... (default: " + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
-    ap.add_argument("--pipeline", help="kfc pass pipeline (passed to kfc.load; default: kfc's own)")
+    ap.add_argument("--pipeline", action="append",
+                    help="a kfc pass pipeline (passed to kfc.load), or 'default' for kfc's own (the default); repeat "
+                         "it to time several kfc contenders in the same run")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
-    rows, failures = run(shapes, args.pipeline)
+    pipelines = [None if p == "default" else p for p in args.pipeline or ["default"]]
+    rows, failures = run(shapes, pipelines)
     prov = harness.provenance([])
-    eager = [r["eager_ratio_kfc_over_cublas"] for r in rows if "eager_ratio_kfc_over_cublas" in r]
-    graph = [r["graph_ratio_kfc_over_cublas"] for r in rows if "graph_ratio_kfc_over_cublas" in r]
-    payload = {"op": "gemm", "dtype": "bf16 a, b and c; fp32 accumulation", "pipeline": args.pipeline,
+    first = kfc_name(pipelines[0])
+    eager = [r[f"eager_ratio_{first}_over_cublas"] for r in rows if f"eager_ratio_{first}_over_cublas" in r]
+    graph = [r[f"graph_ratio_{first}_over_cublas"] for r in rows if f"graph_ratio_{first}_over_cublas" in r]
+    payload = {"op": "gemm", "dtype": "bf16 a, b and c; fp32 accumulation",
+               "pipeline": pipelines[0] if len(pipelines) == 1 else pipelines,
                "metric": "TFLOP/s = 2 M N K / time",
                "check": f"max |out - a.float() @ b.float()| / max |ref| < {TOL}, before timing",
                "timing": "eager: triton.testing.do_bench median, L2 flushed before each call; "
@@ -132,9 +151,10 @@ def main(argv=None) -> int:
                "geomean_graph_ratio_kfc_over_cublas": harness.geomean(graph) if graph else None}
     path = save("gemm", payload, also=args.out)
     print(f"saved {path}")
-    print_table(f"gemm: TFLOP/s on {prov.get('gpu', '?')} (bf16), eager | CUDA graph; ratio = kfc / cuBLAS", rows)
+    print_table(f"gemm: TFLOP/s on {prov.get('gpu', '?')} (bf16), eager | CUDA graph; ratio = kfc / cuBLAS", rows,
+                pipelines)
     if eager:
-        print(f"geomean kfc / cuBLAS: eager {harness.geomean(eager):.3f}, graph {harness.geomean(graph):.3f}")
+        print(f"geomean {first} / cuBLAS: eager {harness.geomean(eager):.3f}, graph {harness.geomean(graph):.3f}")
     for f in failures:
         print(f"FAILED {f}")
     return 1 if failures else 0

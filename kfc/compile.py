@@ -40,6 +40,7 @@ from .passes.tensor_rows import RowsOfTensors, tensor_rows_dim
 from .passes.tensor_rows import applies as computes_on_whole_tensors
 from .model.target import Target
 from .passes import ROW_PIPELINE
+from .passes.accelerate_matmul import AccelerateMatmul
 from .passes.linearize import Linearize
 from .passes.split_tiles import SplitReport, SplitTiles
 from .passes.tile import MAX_CLUSTER, Tile
@@ -227,8 +228,10 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
 
     ctx, lowering, plan, arch, kernel, t_passes, t_nvcc = build(pipeline)
     if kernel.report.spills and not allow_spills and pipeline is None:
-        wider = wider_tile(lowering, target)
-        if wider is not None:  # the default's tile spilled: the same pipeline over twice the CTAs a row
+        # the default's tile spilled: the same pipeline over twice the CTAs a row, or a matrix
+        # product's roles folded into one
+        wider = wider_tile(lowering, target) or single_role(lowering)
+        if wider is not None:
             spilled = kernel.report.spill_stores
             retry = build(wider)
             if not retry[4].report.spills:
@@ -277,6 +280,17 @@ def wider_tile(lowering: Lowering, target: Target) -> str | None:
     passes = [attrs.evolve(p, cluster=launch.cluster * 2, threads=launch.threads) if p is tiles[0] else p
               for p in lowering.pipeline]
     return ",".join(map(str, passes))
+
+
+def single_role(lowering: Lowering) -> str | None:
+    """The pipeline that was run with a warp-specialised matrix product built as one role of
+    two warpgroups instead (255 registers a thread, not the 168 a CTA of three warpgroups
+    leaves): the default's answer to an epilogue that spilled. None where there is no such step."""
+    matmuls = [p for p in lowering.pipeline if isinstance(p, AccelerateMatmul)]
+    if len(matmuls) != 1 or matmuls[0].producer != "warpgroup":
+        return None
+    one = attrs.evolve(matmuls[0], producer="mma", inflight=0, registers=0, tiles="grid")
+    return ",".join(str(one if p is matmuls[0] else p) for p in lowering.pipeline)
 
 
 def check_output_dir(out_dir: Path) -> None:

@@ -238,7 +238,7 @@ def test_gemm_compiles_for_sm90a_to_hgmma_and_utmaldg(gemm_4096):
     assert "C7514" not in r.kernel.ptxas_log, "ptxas serialised the wgmmas"
     assert r.kernel.report.spills == 0
     [entry] = r.report["kernels"]
-    assert entry["grid"] == ["512", "1", "1"] and entry["block"] == [256, 1, 1]
+    assert entry["grid"] == ["512", "1", "1"] and entry["block"] == [384, 1, 1], "a producer warpgroup and two MMA ones"
     assert [p["kind"] for p in entry["params"]] == ["tensor", "tensor", "tensor", "tensor_map", "tensor_map"]
 
 

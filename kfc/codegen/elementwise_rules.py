@@ -18,7 +18,12 @@ from .rules import rule
 def emit_const(em, op: ConstOp) -> None:
     t = op.result.ttype
     lit = literal(op.value, t.dtype)
-    if em.kind(op.result) == "row":
+    if em.kind(op.result) == "row" and getattr(em, "inline", None) is not None:
+        # a fragment tile of one value: written where it is read, no registers of its own (a
+        # zero array cse shares between the accumulator's start and a max(.., 0) epilogue
+        # would otherwise live through the whole main loop)
+        em.inline[op.result] = lambda i: lit
+    elif em.kind(op.result) == "row":
         n = em.declare(op.result)
         em.loop(f"{n}[i] = {lit};")
     else:

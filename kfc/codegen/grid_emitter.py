@@ -16,13 +16,17 @@ import attrs
 from ..ir.core import Op, Value
 from ..ir.func import FuncOp
 from ..ir import layouts
-from ..ir.mma_ops import GridOp, TensorMapOp
+from ..ir.mma_ops import GridOp, StoreTileOp, TensorMapOp
+from ..ir.tile_ops import BinaryOp, CastOp, CmpOp, UnaryOp, WhereOp
 from ..ir.types import MemSpace
 from .c_names import C_TYPES, KernelParam, argument_params, as_float, c_param, dim_params, from_float
 from .errors import CodegenError
 from .writer import CodeWriter
 
 SMEM_ALIGN = 1024  # a 128-byte swizzle's period: every staged tile starts on it
+# ops whose rules read a fragment value register by register (em.elem), so that it may be
+# written inline where they read it
+FUSED_READERS = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, StoreTileOp)
 
 
 @attrs.frozen
@@ -54,7 +58,8 @@ class GridPlan:
         return [self.contract()]
 
     def describe(self) -> str:
-        return (f"{self.programs} CTAs of {self.block} threads, {self.smem_dynamic} B dynamic shared")
+        ctas = f"one wave of CTAs for {self.programs} tiles" if self.persistent else f"{self.programs} CTAs"
+        return f"{ctas} of {self.block} threads, {self.smem_dynamic} B dynamic shared"
 
 
 class GridKernelEmitter(CodeWriter):
@@ -127,6 +132,29 @@ class GridKernelEmitter(CodeWriter):
         self.emit(f"{ct} {n}[{self.EV}];" if self.kind(v) == "row" else f"{ct} {n};")
         return n
 
+    def assign(self, op: Op, expr_of_i) -> None:
+        """An elementwise result read once, by the next elementwise op or the store in the same
+        block, is written where it is read: an epilogue (bias, activation, cast) becomes one
+        expression per register at the store, not an array of registers per step beside the
+        accumulator's (which spilled at 168 registers)."""
+        r = op.result
+        if self.kind(r) == "row" and self._read_once_in_place(r, op):
+            self.inline[r] = expr_of_i
+            return
+        super().assign(op, expr_of_i)
+
+    def _read_once_in_place(self, v: Value, op: Op) -> bool:
+        users = self.uses.get(v, [])
+        if len(users) != 1 or not isinstance(users[0], FUSED_READERS):
+            return False
+        return any(op in block.ops and users[0] in block.ops for block in self._blocks_of(op))
+
+    def _blocks_of(self, op: Op):
+        for o in self.launch.walk():
+            for region in o.regions:
+                if op in region.ops:
+                    yield region
+
     def used_after(self, v: Value, op: Op) -> bool:
         """Whether anything but `op` reads v (a wgmma may then update its accumulator in place)."""
         return any(u is not op for u in self.uses.get(v, ()))
@@ -160,5 +188,5 @@ class GridKernelEmitter(CodeWriter):
         for g in L.grid:
             programs *= g
         return code, GridPlan(self.kernel_name, tuple(params), programs, L.threads, self.smem_static,
-                              self.smem_dynamic)
+                              self.smem_dynamic, persistent=L.persistent)
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from ..ir import layouts
 from ..ir.dtypes import DType
-from ..ir.mma_ops import CHUNK_BYTES, CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp
-from ..ir.mma_ops import MbarrierArrayOp, MbarrierWaitParityOp
+from ..ir.mma_ops import CHUNK_BYTES, CopyStageOp, CtaBarrierOp, CtasOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp
+from ..ir.mma_ops import TileCoordsOp
+from ..ir.mma_ops import MbarrierArrayOp, MbarrierArriveOp, MbarrierWaitParityOp, RolesOp
+from ..ir.mma_ops.roles import REGISTER_FILE
 from ..ir.mma_ops import LoadColumnsOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp
 from . import ptx
@@ -29,15 +31,10 @@ def emit_grid(em, op: GridOp) -> None:
     dim, column by column within a group, so CTAs running together share A's and B's tiles in L2."""
     em.emit("const int kfc_tid = threadIdx.x;")
     em.emit("const int kfc_wg = kfc_tid / 128;  // this thread's warpgroup")
-    if op.grid and len(op.grid) == 2:
-        gm, gn = op.grid
-        per_group = op.group * gn
-        em.emit(f"const int kfc_group = blockIdx.x / {per_group};")
-        em.emit(f"const int kfc_first = kfc_group * {op.group};")
-        em.emit(f"const int kfc_rows = min({gm} - kfc_first, {op.group});")
-        pm, pn = (em.name(a) for a in op.body.args)
-        em.emit(f"const long long {pm} = kfc_first + (blockIdx.x % {per_group}) % kfc_rows;")
-        em.emit(f"const long long {pn} = (blockIdx.x % {per_group}) / kfc_rows;")
+    if op.persistent:
+        em.emit(f"const long long {em.name(op.body.args[0])} = blockIdx.x;  // this CTA of one wave")
+    elif op.grid and len(op.grid) == 2:
+        _raster(em, "blockIdx.x", *op.grid, op.group, *(em.name(a) for a in op.body.args))
     else:
         rest = "blockIdx.x"
         for arg, g in zip(reversed(op.body.args), reversed(op.grid)):
@@ -47,6 +44,26 @@ def emit_grid(em, op: GridOp) -> None:
     em.emit(f"const unsigned kfc_smem_base = ({ptx.smem_addr('kfc_smem[0]')} + 1023u) & ~1023u;")
     for inner in op.body.ops:
         em.emit_op(inner)
+
+
+def _raster(em, t: str, gm: int, gn: int, group: int, pm: str, pn: str) -> None:
+    """(pm, pn) of program t (kfc.ir.mma_ops.raster): rows of programs in groups of `group`,
+    column by column within a group."""
+    per_group = group * gn
+    em.emit(f"const long long {pm}_first = ({t}) / {per_group} * {group};")
+    em.emit(f"const long long {pm}_rows = min({gm} - {pm}_first, (long long){group});")
+    em.emit(f"const long long {pm} = {pm}_first + ({t}) % {per_group} % {pm}_rows;")
+    em.emit(f"const long long {pn} = ({t}) % {per_group} / {pm}_rows;")
+
+
+@rule(CtasOp)
+def emit_ctas(em, op: CtasOp) -> None:
+    em.emit(f"const long long {em.name(op.result)} = gridDim.x;")
+
+
+@rule(TileCoordsOp)
+def emit_tile_coords(em, op: TileCoordsOp) -> None:
+    _raster(em, em.name(op.operands[0]), *op.grid, op.group, *(em.name(r) for r in op.results))
 
 
 @rule(TensorMapOp)
@@ -96,6 +113,35 @@ def emit_single_thread(em, op: SingleThreadOp) -> None:
     em.single_thread -= 1
     em.indent -= 1
     em.emit("}")
+
+
+@rule(RolesOp)
+def emit_roles(em, op: RolesOp) -> None:
+    """A branch per role on the thread's warpgroup; inside it kfc_tid and kfc_wg count from the
+    role's first warpgroup (every rule reads them), and setmaxnreg sets the role's register
+    budget: down for a role given fewer registers than the kernel was built with, up for more."""
+    built = REGISTER_FILE // em.launch.threads // 8 * 8  # what __launch_bounds__(threads, 1) leaves a thread
+    for k, (region, count) in enumerate(zip(op.regions, op.warpgroups)):
+        first = op.first_warpgroup(k)
+        head = "if" if k == 0 else "} else if"
+        em.emit(f"{head} (kfc_wg >= {first} && kfc_wg < {first + count}) {{  // role {k}: {count} warpgroup(s)")
+        em.indent += 1
+        em.emit(f"const int kfc_tid = (int)threadIdx.x - {128 * first};")
+        em.emit("const int kfc_wg = kfc_tid / 128;")
+        if op.registers:
+            em.emit(ptx.setmaxnreg(op.registers[k], increase=op.registers[k] > built))
+        for inner in region.ops:
+            em.emit_op(inner)
+        em.indent -= 1
+    em.emit("}")
+
+
+@rule(MbarrierArriveOp)
+def emit_mbarrier_arrive(em, op: MbarrierArriveOp) -> None:
+    """Lane 0 of every warp arrives, once the warp's lanes are all here (each lane's own wait on
+    its wgmma groups has returned)."""
+    em.emit("__syncwarp();")
+    em.emit(f"if ((kfc_tid & 31) == 0) {ptx.mbarrier_arrive(_barrier(em, *op.operands))}")
 
 
 def _issuer(em, op) -> None:

@@ -348,6 +348,12 @@ static __device__ __forceinline__ void kfc_fence_proxy_async() {
 MMA_FUNCTIONS = definitions(MMA_PRELUDE.lstrip("\n"))
 
 
+def setmaxnreg(registers: int, increase: bool) -> str:
+    """This warpgroup's threads' register budget becomes `registers` (warp specialisation: the
+    producer gives registers back to the pool, the consumers take them)."""
+    return f'asm volatile("setmaxnreg.{"inc" if increase else "dec"}.sync.aligned.u32 {registers};");'
+
+
 def wgmma_wait(pending: int) -> str:
     return f'asm volatile("wgmma.wait_group.sync.aligned {pending};" ::: "memory");'
 

@@ -27,10 +27,12 @@ def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags)
         "writing the best kernel (.cu/.ptx/.cubin/report.json) and tune.json for each shape.",
         epilog="examples:\n  kfc tune kernels/rmsnorm.kfc --target sm_90a --budget 32\n"
                "  kfc tune kernels/softmax.kfc --shape M=32768,N=16384 --shape M=16384,N=65536 --kb kb.sqlite\n"
+               "  kfc tune kernels/gemm.kfc --shape M=4096,N=4096,K=4096 --shape M=16,N=8192,K=8192 --budget 16\n"
                "  kfc tune kernels/rmsnorm.kfc --ray auto --budget 256       # on every GPU of a Ray cluster\n"
                "  kfc compile kernels/rmsnorm.kfc --from-kb --shape N=4096     # reuse the best recorded pipeline",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("file", help="a .kfc file of a row op")
+    t.add_argument("file", help="a .kfc file of a row op or a matrix product (kernels/gemm.kfc: tiles, stages, "
+                   "producer warpgroup, persistent tiles)")
     t.add_argument("--target", type=cli_args.target, default="sm_90a", metavar="SM",
                    help="sm_90, sm_90a, sm_100, sm_100a (the GPU must be of its family; default sm_90a)")
     t.add_argument("--budget", type=int_in(1, 100000), default=32,

@@ -167,27 +167,10 @@ class SearchSpace:
         return self.pipeline(c) if c is not None else pipeline
 
     def random(self, rng: random.Random) -> dict[str, Any]:
-        for _ in range(1000):
-            c = {k: rng.choice(v) for k, v in self.choices().items()}
-            if self.valid(c):
-                return c
-        return self.default()
+        return random_config(self, rng)
 
     def neighbours(self, c: dict[str, Any]) -> list[dict[str, Any]]:
-        """Configurations one or two steps away in one choice (the next values up or down, or a
-        flip)."""
-        out = []
-        for k, values in self.choices().items():
-            if c.get(k) not in values:
-                continue
-            i = values.index(c[k])
-            for j in (i - 1, i + 1, i - 2, i + 2):  # ordinal choices also take a longer stride
-                if 0 <= j < len(values):
-                    d = dict(c)
-                    d[k] = values[j]
-                    if self.valid(d):
-                        out.append(d)
-        return out
+        return step_neighbours(self, c)
 
     def describe(self) -> str:
         """The space in words, for a human or an agent."""
@@ -196,3 +179,30 @@ class SearchSpace:
         for k, v in self.choices().items():
             lines.append(f"  {k}: {', '.join(str(x) for x in v)}")
         return "\n".join(lines)
+
+
+# what every space (this one, kfc.factory.matmul_space) draws and steps through alike: a space
+# has choices(), valid(c) and default()
+def random_config(space, rng: random.Random) -> dict[str, Any]:
+    """A valid configuration drawn at random (the default when a thousand draws miss)."""
+    for _ in range(1000):
+        c = {k: rng.choice(v) for k, v in space.choices().items()}
+        if space.valid(c):
+            return c
+    return space.default()
+
+
+def step_neighbours(space, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """Configurations one or two steps away in one choice (the next values up or down, or a
+    flip): ordinal choices also take a longer stride."""
+    out = []
+    for k, values in space.choices().items():
+        if c.get(k) not in values:
+            continue
+        i = values.index(c[k])
+        for j in (i - 1, i + 1, i - 2, i + 2):
+            if 0 <= j < len(values):
+                d = {**c, k: values[j]}
+                if space.valid(d):
+                    out.append(d)
+    return out

@@ -37,7 +37,9 @@ from .evaluate import to_outcome
 from .model import TuneContext
 from ..model.records import Proposal, Stage, Trial
 from .problem import gate_cases
+from .matmul_space import MatmulSpace, matmul_space
 from .space import SearchSpace
+from ..codegen.backend import program_kind
 from ..codegen.toolchain import find_toolchain
 from ..provenance import git_commit
 
@@ -64,14 +66,19 @@ class TuneResult:
         return self.baseline.outcome.median_us / self.best.outcome.median_us
 
 
-def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace:
+def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace | MatmulSpace:
+    """What the tuner searches for this op: a matrix product's tiles, stages and roles, or a row
+    program's layout."""
     fixed = fixed_dims(spec.func, dims)
     func = specialize(spec.func, fixed, partial=True)
+    if program_kind(func)[0] == "matmul":
+        return matmul_space(func, target, default_pipeline("matmul"))
     try:
         loop = find_row_loop(func)
         n = row_length(loop, func)
     except PassError as e:
-        raise PassError(f"kfc tune searches row programs; {spec.name} is not one: {e.message}", e.span) from None
+        raise PassError(f"kfc tune searches row programs and matrix products; {spec.name} is neither: {e.message}",
+                        e.span) from None
     sizes = [v.ttype.dtype.itemsize for v in func.args if v.ttype.space.value != "reg" and v.ttype.rank >= 1]
     heavy = bound_by_issue(func, loop.body, PassContext(target, check=spec.check))[2]
     return SearchSpace(n, min(sizes) if sizes else 4, target.has("cluster"), reads=stretches(loop.body),
@@ -120,7 +127,8 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
         baseline = _baseline(history, spec)
         if baseline is None:
             ids = [cid for cid, p in pending if p.proposer == "baseline"][-1:]
-            (baseline,) = evaluate([Proposal(_canonical(default_pipeline("row")), "kfc's default pipeline",
+            kind = "matmul" if isinstance(space, MatmulSpace) else "row"
+            (baseline,) = evaluate([Proposal(_canonical(default_pipeline(kind)), "kfc's default pipeline",
                                              "baseline")], None, ids)
             history.append(baseline)
         base_us = baseline.outcome.median_us

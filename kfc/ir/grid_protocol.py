@@ -13,25 +13,39 @@ for; no stage refilled while a copy into it or a wgmma reading it is in flight; 
 reading a stage that has not landed, or that the threads wrote unfenced; nothing in flight
 when a program ends. A stage, parity or loop bound that depends on data or on the program id
 is refused: the check cannot follow it.
+
+A warp-specialised program (gpu.roles) runs its roles at once: the walk runs them as coroutines
+(kfc.ir.mma_ops.schedule) under several seeded interleavings, so for one the check is a search
+over schedules, not a proof over all of them. A persistent grid (one wave of CTAs looping over
+the tiles) is walked as its CTA 0 taking one, two and three tiles.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..diagnostics import InterpretError, VerifyError
 from .core import Op
 from .interpreter import Interpreter
 from .mma_ops import (CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp, MbarrierArrayOp,
-                      MbarrierWaitParityOp, SingleThreadOp, StagedTile, StagesAllocOp, TmaLoadOp, WgmmaOp,
-                      WgmmaWaitOp)
+                      MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagedTile, StagesAllocOp,
+                      TmaLoadOp, WgmmaOp, WgmmaWaitOp)
 from .smem_ops import HazardError, value_name
 from .tile_ops import ForOp, IfOp
 from .types import MemSpace, TensorType
 
-PROTOCOL_OPS = (ExpectTxAtOp, TmaLoadOp, CopyStageOp, FenceProxyAsyncOp, MbarrierWaitParityOp, WgmmaOp, WgmmaWaitOp,
-                CtaBarrierOp)
-FOLLOWED = (ForOp, IfOp, SingleThreadOp)  # control flow the walk enters
+PROTOCOL_OPS = (ExpectTxAtOp, TmaLoadOp, CopyStageOp, FenceProxyAsyncOp, MbarrierWaitParityOp, MbarrierArriveOp,
+                WgmmaOp, WgmmaWaitOp, CtaBarrierOp)
+FOLLOWED = (ForOp, IfOp, SingleThreadOp, RolesOp)  # control flow the walk enters (roles as coroutines)
+# the seeded schedules the roles of a warp-specialised program are walked under: each an
+# interleaving the GPU could take; the walk of one without roles takes no schedule
+SCHEDULES = 4
+# a persistent grid's CTAs differ only in how many tiles each computes: the walk follows CTA 0
+# taking one, two and three in turn (the protocol's counters carried from tile to tile)
+PERSISTENT_TILES = (1, 2, 3)
 # what a protocol op's operands must be known for: the rest (tensors, maps, coordinates) it ignores
 CONTROL_OPERANDS = {ExpectTxAtOp: (1,), TmaLoadOp: (3,), CopyStageOp: (2,), MbarrierWaitParityOp: (1, 2),
+                    MbarrierArriveOp: (1,),
                     WgmmaOp: (3,), ForOp: (0, 1, 2), IfOp: (0,)}
 
 
@@ -81,11 +95,22 @@ class ProtocolWalk(Interpreter):
 
 
 def check_grid_protocol(grid: GridOp) -> None:
-    """Raise a VerifyError at the first op of grid's body that breaks the protocol."""
-    walk = ProtocolWalk(None, {})
-    env = {arg: UNKNOWN for arg in grid.body.args}
-    try:
-        walk.exec_iteration(grid.body, env)
-        grid.program_ends(walk)
-    except HazardError as e:
-        raise VerifyError(e.message, e.span, e.hint) from None
+    """Raise a VerifyError at the first op of grid's body that breaks the protocol: in program
+    order, or for a warp-specialised program under each of SCHEDULES interleavings of its roles."""
+    specialised = any(isinstance(op, RolesOp) for op in grid.body.ops)
+    for seed in range(SCHEDULES if specialised else 1):
+        for tiles in PERSISTENT_TILES if grid.persistent else (None,):
+            walk = ProtocolWalk(None, {})
+            walk.schedule_seed = seed
+            walk.cta_warpgroups = grid.threads // 128
+            env = {arg: UNKNOWN for arg in grid.body.args}
+            if tiles is not None:  # CTA 0 of a wave that gives it `tiles` of the grid's tiles
+                env[grid.body.args[0]] = np.asarray(0, dtype=np.int64)
+                walk.ctas = -(-grid.tiles // tiles)
+            try:
+                walk.exec_iteration(grid.body, env)
+                grid.program_ends(walk)
+            except HazardError as e:
+                where = [f"roles scheduled with seed {seed}"] if specialised else []
+                where += [f"a CTA computing {-(-grid.tiles // walk.ctas)} tile(s)"] if tiles is not None else []
+                raise VerifyError(e.message + (f" ({', '.join(where)})" if where else ""), e.span, e.hint) from None

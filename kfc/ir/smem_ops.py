@@ -92,16 +92,23 @@ class MBarrier:
         """End the current phase at `op`'s wait: every arrival counted and every announced byte
         delivered, else the wait never returns (a deadlock at it). Returns the phase's copies,
         for the caller to land."""
-        if self.arrived < self.arrivals:
-            raise HazardError(f"{op.NAME}: {missing_arrivals(self.name, self.arrivals, self.arrived)}", op.loc,
-                              HINT_ANNOUNCE)
-        if self.delivered != self.announced:
-            raise HazardError(f"{op.NAME}: {wrong_bytes(self.name, self.announced, self.delivered)}", op.loc,
-                              HINT_BYTES)
+        blocked = self.blocker(op)
+        if blocked is not None:
+            raise blocked
         copies, self.copies = self.copies, []
         self.arrived = self.announced = self.delivered = 0
         self.phase ^= 1
         return copies
+
+    def blocker(self, op: Op) -> "HazardError | None":
+        """Why a wait at `op` cannot end the current phase now (None when it can)."""
+        if self.arrived < self.arrivals:
+            return HazardError(f"{op.NAME}: {missing_arrivals(self.name, self.arrivals, self.arrived)}", op.loc,
+                               HINT_ANNOUNCE)
+        if self.delivered != self.announced:
+            return HazardError(f"{op.NAME}: {wrong_bytes(self.name, self.announced, self.delivered)}", op.loc,
+                               HINT_BYTES)
+        return None
 
     def outstanding(self) -> str | None:
         """What keeps the current phase open, or None when nothing was started in it."""

@@ -9,7 +9,6 @@ percent faster did not carry over (below)."""
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ..ir.func import FuncOp
 from . import postgres
 from .database import reporting_damage
 from .fingerprint import op_features, op_fingerprint
+from .rows import shape_distance
 from .store import KnowledgeBase
 
 
@@ -44,13 +44,6 @@ class Advice:
         whose = "this op's" if self.similarity >= 1.0 else f"{self.op_name}'s (similarity {self.similarity:.2f})"
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
         return f"candidate {self.candidate_id}, {whose} tune at {shape}, {self.speedup:.2f}x its default"
-
-
-def shape_distance(a: dict[str, int], b: dict[str, int]) -> float:
-    """How far two shapes are: the sum over dims both name of |log2 of their ratio|, plus one per
-    dim only one of them names."""
-    common = set(a) & set(b)
-    return sum(abs(math.log2(max(a[d], 1) / max(b[d], 1))) for d in common) + len(set(a) ^ set(b))
 
 
 def nearest_advice(kb: KnowledgeBase, func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:

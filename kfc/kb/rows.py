@@ -7,6 +7,8 @@ shapes compare equal as text.
 
 from __future__ import annotations
 
+import math
+
 import json
 import numbers
 import sqlite3
@@ -16,6 +18,13 @@ from typing import Any
 from ..diagnostics import KfcError
 from ..model.records import Outcome, Proposal, Stage, Trial
 from .schema import JSON_COLUMNS
+
+
+def shape_distance(a: dict[str, int], b: dict[str, int]) -> float:
+    """How far two shapes are: the sum over dims both name of |log2 of their ratio|, plus one per
+    dim only one of them names."""
+    common = set(a) & set(b)
+    return sum(abs(math.log2(max(a[d], 1) / max(b[d], 1))) for d in common) + len(set(a) ^ set(b))
 
 
 def canonical_shape(shape: dict[str, int] | None) -> str:

@@ -15,7 +15,8 @@ from ..model.records import Outcome, Proposal, Stage, Trial
 from .database import Database, default_path
 from .op_similarity import similarity
 from .rows import (
-    TRIAL_SELECT, canonical_pipeline, canonical_shape, decode_row, from_json, now_utc, proposal_of, to_json, trial_of,
+    TRIAL_SELECT, canonical_pipeline, canonical_shape, decode_row, from_json, now_utc, proposal_of, shape_distance,
+    to_json, trial_of,
 )
 from .schema import ENV_COLUMNS, FLOAT_FIELDS, INT_FIELDS, OUTCOME_FIELDS, RUN_STATUSES, SCHEMA_VERSION, TABLES
 
@@ -261,7 +262,8 @@ class KnowledgeBase(Database):
               k: int = 8) -> list[Trial]:
         """What to start a search from: up to k TIMED trials of each op at this target and shape,
         first this op's (fastest first), then those of each similar op (most similar op first,
-        fastest first within an op). A pipeline appears once per op (its best-ranked trial): the
+        fastest first within an op), then this op's at each other shape (the nearest shape first,
+        fastest first within a shape: what one GEMM shape learned seeds the next). A pipeline appears once per op (its best-ranked trial): the
         same pipeline measured for two ops is two facts, and each op's record stays whole, so a
         policy can tell how near a configuration came to its own op's best."""
         out: list[Trial] = []
@@ -282,6 +284,15 @@ class KnowledgeBase(Database):
         for op_id, _name, _s in self.similar_ops(features, k=1_000_000, min_similarity=0.5,
                                                  exclude_fingerprint=fingerprint):
             take(self._timed(op_id, target, shape))
+        if own is not None:  # then this op's own record at its other shapes, the nearest first
+            shapes = {c["id"]: c["shape"] for c in self.candidates(op_id=own["id"], target=target)}
+            here = canonical_shape(shape)
+            by_shape: dict[str, list[Trial]] = {}
+            for t in self._timed(own["id"], target, None):
+                if canonical_shape(shapes[t.candidate_id]) != here:
+                    by_shape.setdefault(canonical_shape(shapes[t.candidate_id]), []).append(t)
+            for group in sorted(by_shape.values(), key=lambda g: shape_distance(shapes[g[0].candidate_id], shape)):
+                take(group)
         return out
 
     # --- lessons --------------------------------------------------------------------------

@@ -40,9 +40,11 @@ from ..ir.core import Block, Op, Value
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
 from ..ir import layouts
-from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp
+from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CopyStageOp, CtaBarrierOp, CtasOp, ExpectTxAtOp, FenceProxyAsyncOp
+from ..ir.mma_ops import GridOp, TileCoordsOp
 from ..ir.mma_ops import LoadColumnsOp, MbarrierArrayOp
-from ..ir.mma_ops import MbarrierWaitParityOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp
+from ..ir.mma_ops import MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagesAllocOp, StoreTileOp
+from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
 from ..ir.tile_ops import UnaryOp, WhereOp
@@ -141,6 +143,20 @@ class AccelerateMatmul(Pass):
     # who brings the operands' tiles into shared memory: TMA, or every thread (any row pitch);
     # auto takes TMA where both operands' row pitches allow it
     copy: str = option("auto", choices=("auto", "tma", "threads"))
+    # who issues the TMA loads: one thread of the MMA warpgroups, between their MMAs ("mma"), or
+    # a producer warpgroup of its own that refills each stage as soon as the consumers free it
+    # ("warpgroup": warp specialisation, gpu.roles)
+    producer: str = option("mma", choices=("mma", "warpgroup"))
+    # with a producer warpgroup: the wgmma groups a consumer leaves in flight while it waits for
+    # the next k-tile (1 overlaps one k-tile's MMAs with the next one's issue)
+    inflight: int = option(0, lo=0, hi=1)
+    # with a producer warpgroup: the consumers' register budget (setmaxnreg; the producer keeps
+    # 40); 0 leaves every thread what the launch gives
+    registers: int = option(0, choices=(0, 232))
+    # one CTA per output tile ("grid"), or one wave of CTAs each computing tiles in turn
+    # ("persistent"; with a producer warpgroup, which loads the next tile's stages while the
+    # consumers run this one's epilogue)
+    tiles: str = option("grid", choices=("grid", "persistent"))
 
     @property
     def warpgroups(self) -> int:
@@ -170,37 +186,70 @@ class AccelerateMatmul(Pass):
                             f"moves rows whose pitch is a multiple of {TMA_GRANULE} bytes", m.dot.loc,
                             f"leave copy at auto (the threads then copy the tiles), or pad {name}'s last dim to a "
                             f"multiple of {TMA_GRANULE // t.dtype.itemsize} elements")
+        if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"):
+            raise PassError("accelerate-matmul: inflight, registers and tiles=persistent apply to a producer "
+                            "warpgroup", m.dot.loc, "add producer=warpgroup, or leave them out")
+        specialise = self.producer == "warpgroup" and copy == "tma"
+        if self.producer == "warpgroup" and not specialise:
+            ctx.note(self, "no producer warpgroup: it issues TMA loads, and the threads copy these operands")
         stages = self.stages if copy == "tma" else 2
         smem = stages * (self.bm * self.bk + self.bk * self.bn) * ta.dtype.itemsize
         if smem > ctx.target.smem_per_block - 1024:
             raise PassError(f"accelerate-matmul: {stages} stages of [{self.bm}, {self.bk}] and [{self.bk}, "
                             f"{self.bn}] tiles take {smem} bytes of shared memory; {ctx.target} has "
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
-        body = self._build(m, A, B, C, M, N, K, copy)
+        body = self._build(m, A, B, C, M, N, K, copy, specialise)
         if copy != self.copy:
             why = f" ({unaligned[0][1]} has a row pitch TMA cannot take)" if unaligned else \
                 " (a transposed operand)" if copy == "threads" else ""
             ctx.note(self, f"operand tiles copied by {'TMA' if copy == 'tma' else 'the threads'}{why}")
         return func.evolve(regions=(Block(func.args, body),))
 
-    def _build(self, m: MatmulMatch, A: Value, B: Value, C: Value, M: int, N: int, K: int, copy: str) -> list[Op]:
+    def _build(self, m: MatmulMatch, A: Value, B: Value, C: Value, M: int, N: int, K: int, copy: str,
+               specialise: bool) -> list[Op]:
         bm, bn = self.bm, self.bn
         acc_t = TensorType(DType.F32, (bm, bn), layout=layouts.WgmmaAccumulator(self.warpgroups).as_layout())
         b = Builder()
-        pm, pn = Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn")
+        grid = (-(-M // bm), -(-N // bn))
+        persistent = self.tiles == "persistent" and specialise
+        args = (Value(TensorType(DType.INDEX), "cta"),) if persistent else \
+            (Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn"))
+
+        def finish(acc: Value, row0: Value, col0: Value) -> None:
+            value = self._epilogue(b, m, acc, acc_t, col0)
+            b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
+
+        def origin(pm: Value, pn: Value) -> tuple[Value, Value]:
+            return (b.binary("mul", pm, b.const(bm, DType.INDEX), name="row0"),
+                    b.binary("mul", pn, b.const(bn, DType.INDEX), name="col0"))
+
+        def each_tile(body) -> None:
+            """body(row0, col0, n) for each output tile this CTA computes, n counting them: the
+            program's own tile, or a persistent CTA's tiles cta, cta + ctas, ... in turn."""
+            if not persistent:
+                body(*origin(*args), b.const(0, DType.INDEX))
+                return
+            ctas = b.create(CtasOp, [], [TensorType(DType.INDEX)], name="ctas").result
+            with b.for_(args[0], b.const(grid[0] * grid[1], DType.INDEX), ctas, iv_name="t") as loop:
+                pm, pn = b.create(TileCoordsOp, [loop.iv], [TensorType(DType.INDEX)] * 2, grid=grid,
+                                  group=self.group).results
+                n = b.binary("div", b.binary("sub", loop.iv, args[0]), ctas, name="n")
+                body(*origin(pm, pn), n)
+
         with b.at(m.dot.loc), b.region() as top:
             with b.region() as inner:
-                row0 = b.binary("mul", pm, b.const(bm, DType.INDEX), name="row0")
-                col0 = b.binary("mul", pn, b.const(bn, DType.INDEX), name="col0")
-                if copy == "tma":
-                    acc = self._tma_mainloop(b, A, B, K, acc_t, row0, col0)
+                if specialise:
+                    self._specialised(b, A, B, K, acc_t, each_tile, finish)
                 else:
-                    acc = self._threads_mainloop(b, A, B, K, acc_t, row0, col0, m.dot.trans_a, m.dot.trans_b)
-                value = self._epilogue(b, m, acc, acc_t, col0)
-                b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
-            grid = (-(-M // bm), -(-N // bn))
-            top.append(GridOp(regions=(Block((pm, pn), inner),), grid=grid, threads=self.warpgroups * 128,
-                              group=self.group, loc=m.dot.loc))
+                    row0, col0 = origin(*args)
+                    if copy == "tma":
+                        finish(self._tma_mainloop(b, A, B, K, acc_t, row0, col0), row0, col0)
+                    else:
+                        finish(self._threads_mainloop(b, A, B, K, acc_t, row0, col0, m.dot.trans_a, m.dot.trans_b),
+                               row0, col0)
+            threads = (self.warpgroups + specialise) * 128
+            top.append(GridOp(regions=(Block(args, inner),), grid=grid, threads=threads,
+                              group=self.group, persistent=persistent, loc=m.dot.loc))
         return [*m.prelude, *top]
 
     def _stages(self, b: Builder, A: Value, B: Value, count: int) -> tuple[Value, Value]:
@@ -247,20 +296,15 @@ class AccelerateMatmul(Pass):
             loop.yielded = (acc,)
         return loop.results[0]
 
-    def _tma_mainloop(self, b: Builder, A: Value, B: Value, K: int, acc_t: TensorType, row0: Value,
-                      col0: Value) -> Value:
-        """`stages` stages TMA fills, one thread issuing: k-tile kt + stages - 1 is in flight
-        while k-tile kt's wgmma runs."""
+    def _tma_stages(self, b: Builder, A: Value, B: Value):
+        """The tensor maps, `stages` stages and their `full` barriers; and `load(kt, s, row0,
+        col0)`, which announces k-tile kt's bytes on full[s] and issues its TMA boxes of the tile
+        at (row0, col0) into stage s (by the thread it runs in)."""
         bm, bn, bk, S = self.bm, self.bn, self.bk, self.stages
         dt = A.ttype.dtype
         chunk = CHUNK_BYTES // dt.itemsize
-        kt_count = -(-K // bk)
         a_box, b_box = (bm, chunk), (bk, chunk)
         stage_bytes = (bm * bk + bk * bn) * dt.itemsize
-
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
-
         tma_a = b.create(TensorMapOp, [A], [attrs.evolve(A.ttype, layout=layouts.TensorMapBox(
             *a_box, CHUNK_BYTES).as_layout())], box=a_box, swizzle=CHUNK_BYTES, name=f"tm_{A.name}").result
         tma_b = b.create(TensorMapOp, [B], [attrs.evolve(B.ttype, layout=layouts.TensorMapBox(
@@ -268,17 +312,97 @@ class AccelerateMatmul(Pass):
         sa, sb = self._stages(b, A, B, S)
         full = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="full").result
 
+        def load(kt: Value, s: Value, row0: Value, col0: Value) -> None:
+            k0 = b.binary("mul", kt, b.const(bk, DType.INDEX))
+            b.create(ExpectTxAtOp, [full, s], [], bytes=stage_bytes)
+            for j in range(bk // chunk):
+                b.create(TmaLoadOp, [tma_a, sa, full, s, row0, b.binary("add", k0, b.const(j * chunk, DType.INDEX))],
+                         [], chunk=j)
+            for j in range(bn // chunk):
+                b.create(TmaLoadOp, [tma_b, sb, full, s, k0, b.binary("add", col0, b.const(j * chunk, DType.INDEX))],
+                         [], chunk=j)
+
+        return sa, sb, full, load
+
+    def _specialised(self, b: Builder, A: Value, B: Value, K: int, acc_t: TensorType, each_tile, finish) -> None:
+        """Warp specialisation: a producer warpgroup (one thread of it) loads k-tile kt into
+        stage kt % stages as soon as the consumers have freed it (empty[s]), the consumer
+        warpgroups wait for it (full[s]), multiply, and free each stage once its wgmma has
+        retired, `inflight` groups behind; then they run the epilogue and store. The k-tiles
+        are counted across the CTA's tiles (it = n * k-tiles + kt), so a persistent CTA's
+        producer loads its next tile while the consumers finish this one."""
+        S, kt_count = self.stages, -(-K // self.bk)
+
+        def idx(v: int) -> Value:
+            return b.const(v, DType.INDEX)
+
+        sa, sb, full, load = self._tma_stages(b, A, B)
+        empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=arrive_count(self.warpgroups),
+                         name="empty").result
+
+        def produce(row0: Value, col0: Value, n: Value) -> None:
+            base = b.binary("mul", n, idx(kt_count), name="base")
+            with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
+                it = b.binary("add", base, loop.iv, name="it")
+                s = b.binary("rem", it, idx(S), name="s")
+                # the consumers' release of the stage's previous k-tile; before its first use a
+                # stage is free (the wait for the phase before the first returns at once)
+                uses = b.binary("div", it, idx(S))
+                b.create(MbarrierWaitParityOp, [empty, s, b.binary("rem", b.binary("add", uses, idx(1)), idx(2),
+                                                                   name="parity")], [])
+                load(loop.iv, s, row0, col0)
+
+        def consume(row0: Value, col0: Value, n: Value) -> None:
+            base = b.binary("mul", n, idx(kt_count), name="base")
+            acc0 = b.create(ConstOp, [], [acc_t], value=0.0, name="acc0").result
+            with b.for_(idx(0), idx(kt_count), idx(1), carried=[acc0], iv_name="kt") as loop:
+                kt = loop.iv
+                it = b.binary("add", base, kt, name="it")
+                s = b.binary("rem", it, idx(S), name="s")
+                parity = b.binary("rem", b.binary("div", it, idx(S)), idx(2), name="parity")
+                b.create(MbarrierWaitParityOp, [full, s, parity], [])
+                acc = b.create(WgmmaOp, [loop.carried[0], sa, sb, s], [acc_t], name="acc").result
+                b.create(WgmmaWaitOp, [], [], pending=self.inflight)
+                if self.inflight:
+                    with b.region() as free:  # k-tile kt - 1's wgmma has retired: its stage is free
+                        b.create(MbarrierArriveOp, [empty, b.binary("rem", b.binary("add", it, idx(S - 1)), idx(S))],
+                                 [])
+                    b.if_(b.cmp("gt", kt, idx(0)), free, [], [], [], [])
+                else:
+                    b.create(MbarrierArriveOp, [empty, s], [])
+                loop.yielded = (acc,)
+            b.create(WgmmaWaitOp, [], [], pending=0)
+            if self.inflight:
+                last = b.binary("rem", b.binary("add", base, idx(kt_count - 1)), idx(S))
+                b.create(MbarrierArriveOp, [empty, last], [])
+            finish(loop.results[0], row0, col0)
+
+        with b.region() as producer:
+            with b.region() as one_thread:
+                each_tile(produce)
+            b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
+        with b.region() as consumers:
+            each_tile(consume)
+        registers = (40, self.registers) if self.registers else ()
+        b.create(RolesOp, [], [], regions=[Block((), producer), Block((), consumers)],
+                 warpgroups=(1, self.warpgroups), registers=registers)
+
+    def _tma_mainloop(self, b: Builder, A: Value, B: Value, K: int, acc_t: TensorType, row0: Value,
+                      col0: Value) -> Value:
+        """`stages` stages TMA fills, one thread issuing: k-tile kt + stages - 1 is in flight
+        while k-tile kt's wgmma runs."""
+        S = self.stages
+        kt_count = -(-K // self.bk)
+
+        def idx(v: int) -> Value:
+            return b.const(v, DType.INDEX)
+
+        sa, sb, full, load = self._tma_stages(b, A, B)
+
         def issue(kt: Value, s: Value) -> None:
             """k-tile kt into stage s, by one thread: one announcement, then its boxes."""
             with b.region() as ops:
-                k0 = b.binary("mul", kt, idx(bk))
-                b.create(ExpectTxAtOp, [full, s], [], bytes=stage_bytes)
-                for j in range(bk // chunk):
-                    b.create(TmaLoadOp, [tma_a, sa, full, s, row0, b.binary("add", k0, idx(j * chunk))], [],
-                             chunk=j)
-                for j in range(bn // chunk):
-                    b.create(TmaLoadOp, [tma_b, sb, full, s, k0, b.binary("add", col0, idx(j * chunk))], [],
-                             chunk=j)
+                load(kt, s, row0, col0)
             b.create(SingleThreadOp, [], [], regions=[Block((), ops)])
 
         with b.for_(idx(0), idx(min(S - 1, kt_count)), idx(1), iv_name="p") as pro:

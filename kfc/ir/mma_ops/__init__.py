@@ -4,6 +4,12 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
     gpu.grid {grid = [GM, GN], threads = 256, group = 8} (%pm, %pn) { ... }
         one CTA per program id (pm, pn) of a GM x GN grid; `group` rows of programs are
         launched together (raster order: programs that share operand tiles run close in time)
+    gpu.grid {grid = [GM, GN], threads = 384, group = 8, persistent = true} (%cta) { ... }
+        one wave of CTAs, each looping over the grid's tiles itself:
+    %n = gpu.ctas
+        the CTAs a persistent grid runs on (gridDim.x)
+    %pm, %pn = gpu.tile_coords %t {grid = [GM, GN], group = 8}
+        tile t's row and column of tiles, in the grid's raster order
     %ta = gpu.tensor_map %a {box = [128, 64], swizzle = 128}
         a's TMA descriptor: boxes of [128, 64] elements, landing swizzled in shared memory
     %sa = gpu.smem_stages : bf16[4, 1, 128, 64] @shared #shared<swizzle = 128>
@@ -37,14 +43,21 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
     gpu.store_tile %v, %c, %r, %k {index = [+128, +256]}
         tile.store of a register tile held in a fragment layout (#wgmma_acc)
 
+    gpu.roles {warpgroups = [1, 2], registers = [40, 232]} { producer } { consumers }
+        warp specialisation: region i runs on the next warpgroups[i] warpgroups, all at once
+    gpu.mbarrier_arrive %bars, %s
+        every warp of the role arrives on bars[s] (a consumer frees a stage for the producer)
+
 The interpreter runs wgmma at once and keeps which stages each group still reads: a TMA load
 into a stage an unretired wgmma reads, a wgmma reading a stage whose copy nobody waited for,
 a wait with the wrong parity (it would return before the copies land), and a wgmma reading a
 stage the threads wrote before a gpu.fence_proxy_async are hazards at the op that commits them.
 """
 
-from .grid import (CHUNK_BYTES, GRID_THREADS, TMA_BOX_LIMIT, TMA_GRANULE, CtaBarrierOp, GridOp, SingleThreadOp,
+from .grid import (CHUNK_BYTES, GRID_THREADS, TMA_BOX_LIMIT, TMA_GRANULE, CtaBarrierOp, CtasOp, GridOp, SingleThreadOp,
+                   TileCoordsOp, raster,
                    StagedCopy, StagedTile, barrier_array_type, is_barrier_array, is_staged_tile)
 from .tma import (CopyStageOp, ExpectTxAtOp, FenceProxyAsyncOp, MbarrierArrayOp, MbarrierWaitParityOp, StagesAllocOp,
                   TensorMapOp, TmaLoadOp)
+from .roles import REGISTER_BUDGETS, MbarrierArriveOp, RolesOp, arrive_count
 from .wgmma import LoadColumnsOp, StoreTileOp, WgmmaOp, WgmmaWaitOp, wgmma_operands

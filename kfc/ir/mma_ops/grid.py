@@ -13,11 +13,13 @@ from ..dtypes import DType
 from ..gpu_ops import check_layouts
 from ..smem_ops import HINT_WAIT_BEFORE_READ, HazardError
 from ..types import MemSpace, TensorType
+from .schedule import scheduler_of
 
 TMA_BOX_LIMIT = 256     # elements along each dim of a TMA box
 TMA_GRANULE = 16        # bytes: a tensor map's row pitch and base are multiples of it
 CHUNK_BYTES = 128       # a staged chunk's row: one 128-byte swizzle span
 GRID_THREADS = (128, 256, 384)
+WARPS_PER_WARPGROUP = 4
 
 
 def barrier_array_type(stages: int) -> TensorType:
@@ -55,7 +57,7 @@ class StagedTile:
 
     def refill(self, op: Op, machine, s: int) -> None:
         """A copy into stage s begins: no wgmma in flight may still read it."""
-        for group in wgmma_groups_of(machine):
+        for group in every_wgmma_group(machine):
             if (id(self), s) in group:
                 raise HazardError(f"{op.NAME}: overwrites stage {s} of {self.name} while a wgmma reading it is in "
                                   "flight", op.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage")
@@ -85,10 +87,21 @@ def unfenced_of(machine) -> set:
 
 
 def wgmma_groups_of(machine) -> list:
-    """The wgmma groups in flight: each a set of (staged tile, stage) it reads."""
+    """The wgmma groups the current role (or the CTA, outside gpu.roles) has in flight: each a
+    set of (staged tile, stage) it reads."""
+    sched = scheduler_of(machine)
+    if sched is not None:
+        return sched.groups[sched.current()]
     if not hasattr(machine, "wgmma_groups"):
         machine.wgmma_groups = []
     return machine.wgmma_groups
+
+
+def every_wgmma_group(machine) -> list:
+    """The wgmma groups in flight in any role: a copy into a stage must wait for all of them."""
+    sched = getattr(machine, "scheduler", None)
+    roles = [g for groups in sched.groups.values() for g in groups] if sched is not None else []
+    return [*getattr(machine, "wgmma_groups", []), *roles]
 
 
 def stage_index(op: Op, value, stages: int) -> int:
@@ -101,22 +114,37 @@ def stage_index(op: Op, value, stages: int) -> int:
 # --- the grid -------------------------------------------------------------------------------------
 
 
+# the CTAs the interpreter runs a persistent grid on: fewer than its tiles, so that a CTA takes
+# several in turn, as on the GPU, where one wave of CTAs runs however many tiles there are
+def persistent_ctas(tiles: int) -> int:
+    return max(1, -(-tiles // 3))
+
+
 @define_op("gpu.grid", traits={"loop"}, operands=0, results=0)
 class GridOp(Op):
     """Independent programs over an N-D grid of program ids (the region's index arguments), one
-    CTA of `threads` threads each."""
+    CTA of `threads` threads each. A `persistent` grid launches one wave of CTAs instead, its
+    region's one argument the CTA's index; the CTAs loop over the grid's tiles themselves
+    (gpu.ctas, gpu.tile_coords)."""
 
     grid: tuple[int, ...] = attrs.field(converter=tuple)
     threads: int = 128
     group: int = 1  # raster order: program rows launched together along the first grid dim
+    persistent: bool = False
+
+    @property
+    def tiles(self) -> int:
+        return int(np.prod(self.grid))
 
     @property
     def body(self):
         return self.regions[0]
 
     def verify_(self) -> None:
-        if len(self.regions) != 1 or len(self.body.args) != len(self.grid):
-            raise self.error(f"needs one region with an index argument per grid dim ({len(self.grid)})")
+        args = 1 if self.persistent else len(self.grid)
+        if len(self.regions) != 1 or len(self.body.args) != args:
+            raise self.error("a persistent grid's region takes one argument, the CTA's index" if self.persistent else
+                             f"needs one region with an index argument per grid dim ({len(self.grid)})")
         if not 1 <= len(self.grid) <= 3 or any(not isinstance(g, int) or g < 1 for g in self.grid):
             raise self.error(f"the grid has 1 to 3 dims of at least one program, not {list(self.grid)}")
         if any(a.type != TensorType(DType.INDEX) for a in self.body.args):
@@ -126,10 +154,16 @@ class GridOp(Op):
                              f"not {self.threads}")
         if self.group < 1:
             raise self.error(f"group must be positive, not {self.group}")
+        for op in self.body.ops:
+            if op.has_trait("roles") and op.threads != self.threads:  # gpu.roles (kfc.ir.mma_ops.roles)
+                raise op.error(f"its roles take {op.threads} threads; the grid's CTA has {self.threads}",
+                               "give the grid 128 threads for each warpgroup of every role")
         check_layouts(self.body, self.threads, 1, 1)
 
     def interpret(self, interp, ins, env):
-        for pid in np.ndindex(*self.grid):
+        interp.cta_warpgroups = self.threads // 128
+        interp.ctas = persistent_ctas(self.tiles)
+        for pid in np.ndindex(interp.ctas) if self.persistent else np.ndindex(*self.grid):
             for arg, i in zip(self.body.args, pid):
                 env[arg] = np.asarray(i, dtype=np.int64)
             interp.wgmma_groups = []
@@ -141,6 +175,45 @@ class GridOp(Op):
         if wgmma_groups_of(machine):
             raise HazardError(f"{self.NAME}: a program ends with {len(machine.wgmma_groups)} wgmma group(s) in "
                               "flight", self.loc, "end the program's MMAs with gpu.wgmma_wait {pending = 0}")
+
+
+@define_op("gpu.ctas", traits={"pure"}, operands=0, results=1)
+class CtasOp(Op):
+    """The CTAs a persistent grid runs on (the GPU's one wave: gridDim.x)."""
+
+    def verify_(self) -> None:
+        if self.result.type != TensorType(DType.INDEX):
+            raise self.error(f"its result is an index, not {self.result.type}")
+
+    def interpret(self, interp, ins, env):
+        return [np.asarray(interp.ctas, dtype=np.int64)]
+
+
+@define_op("gpu.tile_coords", traits={"pure"}, operands=1, results=2)
+class TileCoordsOp(Op):
+    """Tile t of a [GM, GN] grid as its (row, column) of tiles, in the raster order of gpu.grid:
+    rows of tiles in groups of `group`, column by column within a group."""
+
+    grid: tuple[int, ...] = attrs.field(converter=tuple)
+    group: int = 1
+
+    def verify_(self) -> None:
+        if len(self.grid) != 2 or any(g < 1 for g in self.grid) or self.group < 1:
+            raise self.error(f"decodes a 2-D grid of tiles with a positive group, not grid = {list(self.grid)}, "
+                             f"group = {self.group}")
+        if any(v.type != TensorType(DType.INDEX) for v in (*self.operands, *self.results)):
+            raise self.error("takes and gives index scalars")
+
+    def interpret(self, interp, ins, env):
+        return [np.asarray(v, dtype=np.int64) for v in raster(int(ins[0]), *self.grid, self.group)]
+
+
+def raster(t: int, gm: int, gn: int, group: int) -> tuple[int, int]:
+    """(pm, pn) of program t: what the generated code computes from blockIdx.x."""
+    per_group = group * gn
+    first = t // per_group * group
+    rows = min(gm - first, group)
+    return first + (t % per_group) % rows, (t % per_group) // rows
 
 
 @define_op("gpu.cta_barrier", traits={"writes_memory"}, operands=0, results=0)

@@ -13,6 +13,7 @@ from ..dtypes import poison_value
 from ..smem_ops import HINT_WAIT_BEFORE_REUSE, HazardError, MBarrier, value_name
 from ..tile_ops.checks import check_int_scalar, tensor_of
 from ..types import MemSpace
+from .schedule import scheduler_of, yield_point
 from .grid import (TMA_BOX_LIMIT, StagedCopy, StagedTile, is_barrier_array, is_staged_tile, stage_index,
                    unfenced_of)
 
@@ -103,6 +104,7 @@ class ExpectTxAtOp(Op):
             raise self.error(f"announces {self.bytes} bytes; an mbarrier's transaction count holds 0..2^20-1")
 
     def advance(self, machine, ins) -> None:
+        yield_point(machine)
         bar = ins[0][stage_index(self, ins[1], len(ins[0]))]
         bar.arrive(self)
         bar.announced += self.bytes
@@ -143,6 +145,7 @@ class TmaLoadOp(Op):
     def advance(self, machine, ins, box: np.ndarray | None = None) -> None:
         """The copy is issued: its bytes count against the stage's barrier, and it lands (box)
         when that barrier's phase completes."""
+        yield_point(machine)
         tile, bars = ins[1], ins[2]
         s = stage_index(self, ins[3], len(bars))
         tile.refill(self, machine, s)
@@ -234,14 +237,23 @@ class MbarrierWaitParityOp(Op):
         check_int_scalar(self, self.operands[2], "parity")
 
     def advance(self, machine, ins) -> list:
-        """The phase completes: returns its copies (StagedCopy, box) for the caller to land."""
+        """Wait until the phase of this parity has completed; when this wait ends it, returns its
+        copies (StagedCopy, box) for the caller to land. Inside gpu.roles the wait lets the other
+        roles run until the phase can end; the phase before the current one (the other parity)
+        has completed, and a wait for it returns at once, as on the GPU."""
         bars = ins[0]
         bar = bars[stage_index(self, ins[1], len(bars))]
         parity = int(np.asarray(ins[2]))
+        sched = scheduler_of(machine)
+        if sched is not None and parity == bar.phase:
+            sched.switch(lambda: bar.phase != parity or bar.blocker(self) is None, lambda: bar.blocker(self))
         if parity != bar.phase:
-            raise HazardError(f"{self.NAME}: waits for the phase of parity {parity} of {bar.name}, which is in a phase "
-                              f"of parity {bar.phase}: the wait returns before this phase's copies land", self.loc,
-                              "wait with the parity of the barrier's current phase: (uses of the stage) % 2")
+            if bar.copies:
+                raise HazardError(f"{self.NAME}: waits for the phase of parity {parity} of {bar.name}, which is in a "
+                                  f"phase of parity {bar.phase}: the wait returns before this phase's copies land",
+                                  self.loc, "wait with the parity of the barrier's current phase: (uses of the stage) "
+                                  "% 2")
+            return []
         copies = bar.complete(self)
         for copy, _ in copies:
             del copy.tile.pending[(copy.stage, copy.chunk)]

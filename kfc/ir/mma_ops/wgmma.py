@@ -14,6 +14,7 @@ from ..smem_ops import HazardError
 from ..tile_ops import StoreOp
 from ..tile_ops.checks import check_int_scalar, tensor_of
 from ..types import MemSpace, TensorType
+from .schedule import yield_point
 from .grid import CHUNK_BYTES, is_staged_tile, stage_index, unfenced_of, wgmma_groups_of
 
 # --- warpgroup MMA --------------------------------------------------------------------------------
@@ -63,6 +64,7 @@ class WgmmaOp(Op):
 
     def advance(self, machine, ins) -> int:
         """The group is issued reading stage s (returned) of A and B, which must have landed."""
+        yield_point(machine)
         ta, tb = ins[1], ins[2]
         s = stage_index(self, ins[3], self.operands[1].ttype.shape[0])
         for t in (ta, tb):
@@ -91,6 +93,7 @@ class WgmmaWaitOp(Op):
             raise self.error(f"pending is 0..7 groups, not {self.pending}")
 
     def advance(self, machine, ins) -> None:
+        yield_point(machine)
         groups = wgmma_groups_of(machine)
         del groups[:max(0, len(groups) - self.pending)]
 

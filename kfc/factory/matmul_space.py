@@ -1,0 +1,118 @@
+"""The space a tuner searches for a matrix product: the options accelerate-matmul declares, each
+with the values its declared range allows (kfc.passes.base.option), less the ones that do not
+change the kernel for these operands. A configuration is a dict of choices; it maps to one
+pipeline string, and a pipeline of that form maps back, so the knowledge base's records and a
+policy's proposals meet in one spelling.
+
+The same interface as the row space (kfc.factory.space.SearchSpace): choices, default, valid,
+pipeline, config_of, canonical, random, neighbours, describe and `geometry`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import attrs
+
+from ..ir.mma_ops import TMA_GRANULE
+from ..passes.accelerate_matmul import AccelerateMatmul, match_matmul
+from ..passes.base import PassError, option_range
+from ..passes.pipeline import parse_pipeline
+from .space import random_config, step_neighbours
+
+# options fixed for the search: the MMA instruction of the target, and who copies (TMA where the
+# row pitches allow it, which the pass decides)
+FIXED = ("mma", "copy")
+# a ranged option with more values than this is searched at powers of two
+MAX_LISTED = 8
+SMEM_RESERVE = 1024  # bytes the pass leaves beside the stages (mbarriers, alignment)
+
+
+def _values(field) -> tuple:
+    r = option_range(field)
+    if r.choices is not None:
+        return tuple(r.choices)
+    if r.hi - r.lo + 1 <= MAX_LISTED:
+        return tuple(range(r.lo, r.hi + 1))
+    out, v = [], max(1, r.lo)
+    while v <= r.hi:
+        out.append(v)
+        v *= 2
+    return tuple(out)
+
+
+DEFAULTS = {f.name: f.default for f in attrs.fields(AccelerateMatmul)}
+
+
+@attrs.frozen
+class MatmulSpace:
+    """Choices for a product of bf16 or f16 operands whose tiles TMA can move (`tma`) on a target
+    with `smem` bytes of shared memory a CTA, starting from the default pipeline's `default_pass`."""
+
+    itemsize: int = 2
+    smem: int = 227 * 1024
+    tma: bool = True
+    default_pass: AccelerateMatmul = AccelerateMatmul()
+    geometry: tuple[str, ...] = ("bm", "bn", "bk", "producer", "tiles")
+
+    def choices(self) -> dict[str, tuple]:
+        out = {f.name: _values(f) for f in attrs.fields(AccelerateMatmul) if f.name not in FIXED}
+        if not self.tma:  # the threads copy: no producer warpgroup, and its options stay off
+            out.update(producer=("mma",), inflight=(0,), registers=(0,), tiles=("grid",))
+        return out
+
+    def default(self) -> dict[str, Any]:
+        return {k: getattr(self.default_pass, k) for k in self.choices()}
+
+    def valid(self, c: dict[str, Any]) -> bool:
+        if any(c.get(k) not in v for k, v in self.choices().items()):
+            return False
+        if c["producer"] == "mma" and (c["inflight"] or c["registers"] or c["tiles"] != "grid"):
+            return False  # the pass refuses these without a producer warpgroup
+        stages = c["stages"] if self.tma else 2
+        return stages * (c["bm"] * c["bk"] + c["bk"] * c["bn"]) * self.itemsize <= self.smem - SMEM_RESERVE
+
+    def pipeline(self, c: dict[str, Any]) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in c.items() if v != DEFAULTS[k])
+        step = "accelerate-matmul" + ("{" + opts + "}" if opts else "")
+        return str(parse_pipeline(f"canonicalize,cse,dce,{step},canonicalize,cse,dce"))
+
+    def config_of(self, pipeline: str) -> dict[str, Any] | None:
+        try:
+            passes = list(parse_pipeline(pipeline))
+        except PassError:
+            return None
+        matmuls = [p for p in passes if isinstance(p, AccelerateMatmul)]
+        if len(matmuls) != 1 or any(getattr(matmuls[0], k) != DEFAULTS[k] for k in FIXED if k != "copy"):
+            return None
+        c = {k: getattr(matmuls[0], k) for k in self.choices()}
+        if not self.valid(c):
+            return None
+        form = self.pipeline(c)
+        return c if str(parse_pipeline(pipeline)) == form else None
+
+    def canonical(self, pipeline: str) -> str:
+        c = self.config_of(pipeline)
+        return self.pipeline(c) if c is not None else pipeline
+
+    def random(self, rng: random.Random) -> dict[str, Any]:
+        return random_config(self, rng)
+
+    def neighbours(self, c: dict[str, Any]) -> list[dict[str, Any]]:
+        return step_neighbours(self, c)
+
+    def describe(self) -> str:
+        lines = ["a matrix product on tensor cores; pipeline form:",
+                 "  " + self.pipeline(self.default()) + "   (the default)"]
+        lines += [f"  {k}: {', '.join(str(x) for x in v)}" for k, v in self.choices().items()]
+        return "\n".join(lines)
+
+
+def matmul_space(func, target, default_pipeline: str) -> MatmulSpace:
+    """The space of the matrix product in `func` (every dim fixed) on `target`."""
+    m = match_matmul(func)
+    a, b = (ld.operands[0].ttype for ld in (m.load_a, m.load_b))
+    tma = not (m.dot.trans_a or m.dot.trans_b) and all(t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (a, b))
+    default = next(p for p in parse_pipeline(default_pipeline) if isinstance(p, AccelerateMatmul))
+    return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default)
