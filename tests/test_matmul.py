@@ -248,11 +248,6 @@ def test_a_plain_target_is_built_for_its_arch_specific_variant_and_says_so(capsy
     assert any("built for sm_90a, not sm_90: the kernel uses wgmma" in n for n in r.report["pass_notes"])
 
 
-def test_blackwell_is_refused_until_tcgen05_lands(capsys):
-    assert main(["compile", "kernels/gemm.kfc", "--target", "sm_100a"]) == 2
-    assert "wgmma" in capsys.readouterr().err
-
-
 def test_the_epilogue_gemm_is_one_kernel_for_sm90a(tmp_path):
     spec = parse_kfc(EPILOGUE, str(tmp_path / "gemm_relu.kfc"))
     r = compile_op(spec, parse_target("sm_90a"), shape={"M": 256, "N": 512, "K": 128})

@@ -118,3 +118,10 @@ def test_what_one_gemm_shape_learned_seeds_another(kb):
     tune(spec, TARGET, other, 4, Spy(seed=4), kb, FakeGpu(spec, other))
     n_prior, first = seen[0]
     assert n_prior > 0 and first[0].rationale.startswith("prior from the knowledge base")
+
+
+def test_on_blackwell_the_space_is_the_tcgen05_kernels():
+    space = space_for(load_kfc("kernels/gemm.kfc"), SQUARE, parse_target("sm_100a"))
+    choices = space.choices()
+    assert choices["bm"] == (128,) and choices["tiles"] == ("grid",) and len(choices["producer"]) == 1
+    assert len(choices["bn"]) > 1 and len(choices["stages"]) > 1

@@ -15,7 +15,7 @@ from ..diagnostics import KfcError
 from ..ir.core import walk_block
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
-from ..ir.mma_ops import MbarrierArrayOp, TmaLoadOp, WgmmaOp
+from ..ir.mma_ops import MbarrierArrayOp, RolesOp, TmaLoadOp, Tcgen05MmaOp, WgmmaOp
 from ..ir.smem_ops import CopyAsyncOp, MbarrierAllocOp
 from ..ir.tile_ops import DotOp
 from ..passes.accelerate_matmul import match_matmul
@@ -50,6 +50,10 @@ def kernel_features(func: FuncOp) -> frozenset[str]:
     for op in walk_block(func.body):
         if isinstance(op, WgmmaOp):
             used.add("wgmma")
+        elif isinstance(op, Tcgen05MmaOp):
+            used.add("tcgen05")
+        elif isinstance(op, RolesOp) and op.registers:
+            used.add("setmaxnreg")
         elif isinstance(op, TmaLoadOp):
             used.add("tma")
         elif isinstance(op, (MbarrierArrayOp, MbarrierAllocOp)):

@@ -100,7 +100,7 @@ class GridKernelEmitter(CodeWriter):
     def _is_fragment(v: Value) -> bool:
         t = v.type
         return getattr(t, "layout", None) is not None and t.space is MemSpace.REG and \
-            t.layout.kind == layouts.WgmmaAccumulator.KIND
+            t.layout.kind in layouts.FRAGMENT_KINDS
 
     # --- what the rules write through ------------------------------------------------------------
     def kind(self, v: Value) -> str:

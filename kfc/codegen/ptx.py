@@ -344,8 +344,61 @@ static __device__ __forceinline__ void kfc_wgmma_commit() {
 static __device__ __forceinline__ void kfc_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+static __device__ __forceinline__ unsigned long long kfc_umma_desc(unsigned addr, unsigned leading, unsigned stride) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
+         ((unsigned long long)(stride >> 4) << 32) | (1ull << 46) | (2ull << 61);
+}
+static __device__ __forceinline__ void kfc_umma(unsigned tmem, unsigned long long a, unsigned long long b, unsigned idesc, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\ntcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p;\n}"
+               :: "r"(tmem), "l"(a), "l"(b), "r"(idesc), "r"(accumulate) : "memory");
+}
+static __device__ __forceinline__ void kfc_umma_commit(unsigned mbar) {
+  asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" :: "r"(mbar) : "memory");
+}
+static __device__ __forceinline__ void kfc_tcgen05_fence_before() {
+  asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory");
+}
+static __device__ __forceinline__ void kfc_tcgen05_fence_after() {
+  asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory");
+}
 """
 MMA_FUNCTIONS = definitions(MMA_PRELUDE.lstrip("\n"))
+
+# --- tcgen05 (Blackwell, sm_100a) -------------------------------------------------------------
+# Facts from the PTX ISA and CuTe's UMMA descriptors (cute/arch/mma_sm100_desc.hpp): the
+# shared-memory descriptor is the wgmma one with bit 46 set (a fixed version field) and the
+# layout in bits 61-63 (2: the 128-byte swizzle). The kind::f16 instruction descriptor holds the
+# accumulator format in bits 4-5 (1: f32), A's and B's in 7-9 and 10-12 (0: f16, 1: bf16), B
+# MN-major in bit 16, N >> 3 in bits 17-22 and M >> 4 in bits 24-28. Tensor memory addresses
+# hold the lane in bits 16-31 and the column in 0-15; warp w of a warpgroup reads lanes
+# 32 (w % 4) onwards. tcgen05.alloc and tcgen05.dealloc are run by one whole warp, the same one.
+
+
+def umma_instruction_descriptor(m: int, n: int, dtype: str) -> int:
+    """tcgen05.mma kind::f16's instruction descriptor: f32 accumulator, A K-major, B MN-major."""
+    fmt = {"f16": 0, "bf16": 1}[dtype]
+    return (1 << 4) | (fmt << 7) | (fmt << 10) | (1 << 16) | ((n >> 3) << 17) | ((m >> 4) << 24)
+
+
+def tmem_alloc(slot_u32: str, columns: int) -> str:
+    return (f'asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], {columns};" '
+            f':: "r"({slot_u32}) : "memory"); '
+            'asm volatile("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;" ::: "memory");')
+
+
+def tmem_dealloc(address: str, columns: int) -> str:
+    return f'asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, {columns};" :: "r"({address}) : "memory");'
+
+
+def tmem_load_32(dst: str, address: str) -> str:
+    """32 columns of this thread's lane into dst[0..31] (tcgen05.ld .32x32b.x32), waited for."""
+    regs = ", ".join(f"%{i}" for i in range(32))
+    outs = ", ".join(f'"=r"({dst}_bits[{i}])' for i in range(32))
+    # the load and its wait in one statement: nothing reads the registers before the wait
+    return (f"unsigned {dst}_bits[32];\n"
+            f'asm volatile("tcgen05.ld.sync.aligned.32x32b.x32.b32 {{{regs}}}, [%32];\\n'
+            f'tcgen05.wait::ld.sync.aligned;" : {outs} : "r"({address}) : "memory");\n'
+            f"for (int i = 0; i < 32; ++i) {dst}[i] = __uint_as_float({dst}_bits[i]);")
 
 
 def setmaxnreg(registers: int, increase: bool) -> str:

@@ -54,12 +54,17 @@ class MatmulSpace:
     smem: int = 227 * 1024
     tma: bool = True
     default_pass: AccelerateMatmul = AccelerateMatmul()
+    tcgen05: bool = False  # Blackwell: one kernel form, tiles of 128 rows, no wgmma roles to choose
     geometry: tuple[str, ...] = ("bm", "bn", "bk", "producer", "tiles")
 
     def choices(self) -> dict[str, tuple]:
         out = {f.name: _values(f) for f in attrs.fields(AccelerateMatmul) if f.name not in FIXED}
         if not self.tma:  # the threads copy: no producer warpgroup, and its options stay off
             out.update(producer=("mma",), inflight=(0,), registers=(0,), tiles=("grid",))
+        if self.tcgen05:  # the options of the wgmma kernel's roles do not change the tcgen05 one
+            d = self.default_pass
+            out.update(bm=(128,), producer=(d.producer,), inflight=(d.inflight,), registers=(d.registers,),
+                       tiles=("grid",))
         return out
 
     def default(self) -> dict[str, Any]:
@@ -115,4 +120,5 @@ def matmul_space(func, target, default_pipeline: str) -> MatmulSpace:
     a, b = (ld.operands[0].ttype for ld in (m.load_a, m.load_b))
     tma = not (m.dot.trans_a or m.dot.trans_b) and all(t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (a, b))
     default = next(p for p in parse_pipeline(default_pipeline) if isinstance(p, AccelerateMatmul))
-    return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default)
+    return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default,
+                       tcgen05=default.instruction(target) == "tcgen05")

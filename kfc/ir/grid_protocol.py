@@ -29,13 +29,14 @@ from .core import Op
 from .interpreter import Interpreter
 from .mma_ops import (CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp, MbarrierArrayOp,
                       MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagedTile, StagesAllocOp,
-                      TmaLoadOp, WgmmaOp, WgmmaWaitOp)
+                      Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmaLoadOp, TmemAllocOp, TmemLoadOp, WgmmaOp,
+                      WgmmaWaitOp)
 from .smem_ops import HazardError, value_name
 from .tile_ops import ForOp, IfOp
 from .types import MemSpace, TensorType
 
 PROTOCOL_OPS = (ExpectTxAtOp, TmaLoadOp, CopyStageOp, FenceProxyAsyncOp, MbarrierWaitParityOp, MbarrierArriveOp,
-                WgmmaOp, WgmmaWaitOp, CtaBarrierOp)
+                WgmmaOp, WgmmaWaitOp, CtaBarrierOp, Tcgen05MmaOp, Tcgen05CommitOp, TmemLoadOp)
 FOLLOWED = (ForOp, IfOp, SingleThreadOp, RolesOp)  # control flow the walk enters (roles as coroutines)
 # the seeded schedules the roles of a warp-specialised program are walked under: each an
 # interleaving the GPU could take; the walk of one without roles takes no schedule
@@ -45,7 +46,7 @@ SCHEDULES = 4
 PERSISTENT_TILES = (1, 2, 3)
 # what a protocol op's operands must be known for: the rest (tensors, maps, coordinates) it ignores
 CONTROL_OPERANDS = {ExpectTxAtOp: (1,), TmaLoadOp: (3,), CopyStageOp: (2,), MbarrierWaitParityOp: (1, 2),
-                    MbarrierArriveOp: (1,),
+                    MbarrierArriveOp: (1,), Tcgen05MmaOp: (3,), Tcgen05CommitOp: (1,),
                     WgmmaOp: (3,), ForOp: (0, 1, 2), IfOp: (0,)}
 
 
@@ -80,6 +81,8 @@ class ProtocolWalk(Interpreter):
             return op.interpret(self, ins, env)
         if isinstance(op, StagesAllocOp):
             return [StagedTile(value_name(op.result), None)]
+        if isinstance(op, TmemAllocOp):
+            return [TensorMemoryTile(value_name(op.result), None)]
         if isinstance(op, MbarrierArrayOp):
             return op.interpret(self, ins, env)
         if any(isinstance(p, PROTOCOL_OPS + (StagesAllocOp, MbarrierArrayOp))

@@ -17,6 +17,8 @@ object that does its arithmetic. The kinds:
         in registers: each warp holds 16 rows, each thread 2 columns of 2 rows per 8 columns
     #wgmma_a<warpgroups = G>                  the A operand [64·G, K] of a warpgroup MMA taken
         from registers, 8 elements a thread per 16 columns
+    #tmem_rows                                a [128, C] tile loaded from tensor memory into a
+        warpgroup's registers: thread t row t, register r column r
     #tmem                                     a [128, N] 32-bit tile in tensor memory (tcgen05):
         row i is lane i, column j column j; warp w of a warpgroup reaches lanes 32·(w % 4) on
 
@@ -415,8 +417,54 @@ class TensorMemory:
         return f"((({warp}) % 4) * 32 + ({lane}))"
 
 
+@attrs.frozen
+class TmemRows:
+    """#tmem_rows: a [128, C] tile loaded from tensor memory into one warpgroup's registers
+    (tcgen05.ld .32x32b.xC): thread t holds row t, register r column r."""
+
+    KIND = "tmem_rows"
+    DTYPES = ()
+
+    def as_layout(self) -> Layout:
+        return Layout(self.KIND, ())
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP
+
+    def against_type(self, t: TensorType) -> str | None:
+        problem = _matrix(t, MemSpace.REG, "a #tmem_rows tile")
+        if problem:
+            return problem
+        if t.shape[0] != TMEM_LANES:
+            return f"a warpgroup holds the {TMEM_LANES} lanes of tensor memory, a row each, not {t.shape[0]} rows"
+        return None
+
+    def against_launch(self, threads: int, vec: int, cluster: int) -> str | None:
+        if threads % WARPGROUP:
+            return f"a #tmem_rows tile is held by whole warpgroups; the gpu.launch it is in has {threads} threads"
+        return None
+
+    def registers(self, cols: int) -> int:
+        return cols
+
+    def element(self, thread, reg):
+        return thread, reg
+
+    def owner(self, row, col):
+        return row, col
+
+    def row_c(self, reg: str, thread: str) -> str:
+        return f"({thread})"
+
+    def col_c(self, reg: str, thread: str) -> str:
+        return f"({reg})"
+
+
 KINDS = {cls.KIND: cls for cls in (Blocked1D, Lanes, SharedTile, TensorMapBox, WgmmaAccumulator, WgmmaOperandA,
-                                   TensorMemory)}
+                                   TensorMemory, TmemRows)}
+# the layouts of register tiles the grid emitter holds as per-thread arrays
+FRAGMENT_KINDS = (WgmmaAccumulator.KIND, TmemRows.KIND)
 
 
 def of(layout: Layout | None):

@@ -80,6 +80,9 @@ class MBarrier:
     delivered: int = 0      # bytes the copies of this phase carry
     phase: int = 0
     copies: list = attrs.Factory(list)  # (buffer, data) landing when the phase completes
+    # groups of asynchronous MMAs (sets of what they read and write) a tcgen05.commit made this
+    # phase wait for: they are done once it completes, and their sets are emptied
+    retires: list = attrs.Factory(list)
 
     def arrive(self, op: Op) -> None:
         """Count one arrival of `op` in the current phase."""
@@ -96,6 +99,9 @@ class MBarrier:
         if blocked is not None:
             raise blocked
         copies, self.copies = self.copies, []
+        for group in self.retires:
+            group.clear()
+        self.retires = []
         self.arrived = self.announced = self.delivered = 0
         self.phase ^= 1
         return copies

@@ -46,6 +46,7 @@ from ..ir.mma_ops import LoadColumnsOp, MbarrierArrayOp
 from ..ir.mma_ops import MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagesAllocOp, StoreTileOp
 from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
+from ..ir.mma_ops import TMEM_LOAD_COLUMNS, Tcgen05CommitOp, Tcgen05MmaOp, TmemAllocOp, TmemDeallocOp, TmemLoadOp
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
 from ..ir.tile_ops import UnaryOp, WhereOp
 from ..ir.types import MemSpace, TensorType
@@ -131,10 +132,11 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
 
 
 @define_pass("accelerate-matmul",
-             "a whole-tensor dot to a grid of TMA-fed, pipelined wgmma tiles (Hopper)",
-             requires={"tma", "wgmma", "mbarrier"})
+             "a whole-tensor dot to a grid of TMA-fed, pipelined tensor-core tiles (wgmma on Hopper, tcgen05 on "
+             "Blackwell)", requires={"tma", "mbarrier"})
 class AccelerateMatmul(Pass):
-    mma: str = option("wgmma", choices=("wgmma",))
+    # the MMA: the target's (wgmma on sm_90a, tcgen05 on sm_100a), or one named
+    mma: str = option("auto", choices=("auto", "wgmma", "tcgen05"))
     bm: int = option(128, choices=(64, 128))
     bn: int = option(256, choices=(64, 128, 192, 256))
     bk: int = option(64, choices=(64, 128))
@@ -162,8 +164,24 @@ class AccelerateMatmul(Pass):
     def warpgroups(self) -> int:
         return self.bm // layouts.WGMMA_M
 
+    def required_features(self) -> frozenset[str]:
+        return self.REQUIRES | ({self.mma} if self.mma != "auto" else set())
+
+    def instruction(self, target) -> str:
+        """The MMA these options build on `target`."""
+        if self.mma != "auto":
+            return self.mma
+        if target.has("tcgen05"):
+            return "tcgen05"
+        if target.has("wgmma"):
+            return "wgmma"
+        raise PassError(f"accelerate-matmul: {target} has neither wgmma (sm_90a) nor tcgen05 (sm_100a)",
+                        hint="compile for sm_90a or sm_100a")
+
     def run(self, func: FuncOp, ctx) -> FuncOp:
         m = match_matmul(func)
+        if self.instruction(ctx.target) == "tcgen05":
+            return self._run_tcgen05(func, ctx, m)
         A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
         ta, tb = A.ttype, B.ttype
         if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
@@ -204,6 +222,82 @@ class AccelerateMatmul(Pass):
                 " (a transposed operand)" if copy == "threads" else ""
             ctx.note(self, f"operand tiles copied by {'TMA' if copy == 'tma' else 'the threads'}{why}")
         return func.evolve(regions=(Block(func.args, body),))
+
+    def _run_tcgen05(self, func: FuncOp, ctx, m: MatmulMatch) -> FuncOp:
+        """Blackwell: a producer warpgroup's thread loads stages by TMA; one thread of the MMA
+        warpgroup issues tcgen05.mma into an accumulator in tensor memory and commits each
+        stage back to the producer (empty[s]) and the last to `done`; the warpgroup then loads
+        the accumulator 32 columns at a time, runs the epilogue on them and stores."""
+        A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
+        ta, tb = A.ttype, B.ttype
+        why = None
+        if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
+            why = f"tcgen05 multiplies bf16 or f16 operands of one dtype here, not {ta.dtype} and {tb.dtype}"
+        elif not (ta.is_static and tb.is_static):
+            why = "the operands' sizes must be fixed (kfc compile --shape)"
+        elif m.dot.trans_a or m.dot.trans_b or any(t.shape[1] * t.dtype.itemsize % TMA_GRANULE for t in (ta, tb)):
+            why = (f"the tcgen05 kernel takes its operands by TMA: a[M, K] and b[K, N], rows a multiple of "
+                   f"{TMA_GRANULE} bytes")
+        elif self.bm != layouts.TMEM_LANES or self.tiles != "grid":
+            why = f"the tcgen05 kernel computes tiles of {layouts.TMEM_LANES} rows (bm=128), one CTA a tile"
+        if why:
+            raise PassError(f"accelerate-matmul: {why}", m.dot.loc, "on sm_90a the wgmma kernel takes these")
+        M, K = ta.shape
+        N = tb.shape[1]
+        smem = self.stages * (self.bm * self.bk + self.bk * self.bn) * ta.dtype.itemsize
+        if smem > ctx.target.smem_per_block - 1024:
+            raise PassError(f"accelerate-matmul: {self.stages} stages take {smem} bytes of shared memory; "
+                            f"{ctx.target} has {ctx.target.smem_per_block}", func.loc, "use fewer stages")
+        b = Builder()
+        pm, pn = Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn")
+        S, kt_count, bn = self.stages, -(-K // self.bk), self.bn
+
+        def idx(v: int) -> Value:
+            return b.const(v, DType.INDEX)
+
+        with b.at(m.dot.loc), b.region() as top:
+            with b.region() as inner:
+                row0 = b.binary("mul", pm, idx(self.bm), name="row0")
+                col0 = b.binary("mul", pn, idx(bn), name="col0")
+                sa, sb, full, load = self._tma_stages(b, A, B)
+                empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="empty").result
+                done = b.create(MbarrierArrayOp, [], [barrier_array_type(1)], arrivals=1, name="done").result
+                acc = b.create(TmemAllocOp, [], [TensorType(DType.F32, (self.bm, bn), MemSpace.TMEM,
+                                                            layouts.TensorMemory().as_layout())], name="acc").result
+                with b.region() as producer:
+                    with b.region() as one_thread:
+                        with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
+                            s = b.binary("rem", loop.iv, idx(S), name="s")
+                            uses = b.binary("div", loop.iv, idx(S))
+                            b.create(MbarrierWaitParityOp, [empty, s, b.binary(
+                                "rem", b.binary("add", uses, idx(1)), idx(2), name="parity")], [])
+                            load(loop.iv, s, row0, col0)
+                    b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
+                with b.region() as mma:
+                    with b.region() as one_thread:
+                        with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
+                            s = b.binary("rem", loop.iv, idx(S), name="s")
+                            parity = b.binary("rem", b.binary("div", loop.iv, idx(S)), idx(2), name="parity")
+                            b.create(MbarrierWaitParityOp, [full, s, parity], [])
+                            b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", loop.iv, idx(0))], [])
+                            b.create(Tcgen05CommitOp, [empty, s], [])  # the stage is free once these are done
+                        b.create(Tcgen05CommitOp, [done, idx(0)], [])
+                    b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
+                    b.create(MbarrierWaitParityOp, [done, idx(0), idx(0)], [])
+                    chunk_t = TensorType(DType.F32, (self.bm, TMEM_LOAD_COLUMNS), layout=layouts.TmemRows().as_layout())
+                    with b.for_(idx(0), idx(bn // TMEM_LOAD_COLUMNS), idx(1), iv_name="chunk") as chunks:
+                        col = b.binary("mul", chunks.iv, idx(TMEM_LOAD_COLUMNS), name="col")
+                        part = b.create(TmemLoadOp, [acc, col], [chunk_t], name="part").result
+                        at = b.binary("add", col0, col, name="at")
+                        value = self._epilogue(b, m, part, chunk_t, at)
+                        b.create(StoreTileOp, [value, C, row0, at], [],
+                                 index=(IndexDim("slice", self.bm), IndexDim("slice", TMEM_LOAD_COLUMNS)))
+                b.create(RolesOp, [], [], regions=[Block((), producer), Block((), mma)], warpgroups=(1, 1))
+                b.create(TmemDeallocOp, [acc], [])
+            top.append(GridOp(regions=(Block((pm, pn), inner),), grid=(-(-M // self.bm), -(-N // bn)), threads=256,
+                              group=self.group, loc=m.dot.loc))
+        ctx.note(self, "tcgen05: a producer warpgroup loads by TMA, one thread issues the MMAs into tensor memory")
+        return func.evolve(regions=(Block(func.args, [*m.prelude, *top]),))
 
     def _build(self, m: MatmulMatch, A: Value, B: Value, C: Value, M: int, N: int, K: int, copy: str,
                specialise: bool) -> list[Op]:

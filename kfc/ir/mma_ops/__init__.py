@@ -47,6 +47,8 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
         warp specialisation: region i runs on the next warpgroups[i] warpgroups, all at once
     gpu.mbarrier_arrive %bars, %s
         every warp of the role arrives on bars[s] (a consumer frees a stage for the producer)
+    %acc = gpu.tmem_alloc, gpu.tcgen05_mma, gpu.tcgen05_commit, gpu.tmem_load, gpu.tmem_dealloc
+        Blackwell's MMA: the accumulator in tensor memory (kfc.ir.mma_ops.tcgen05)
 
 The interpreter runs wgmma at once and keeps which stages each group still reads: a TMA load
 into a stage an unretired wgmma reads, a wgmma reading a stage whose copy nobody waited for,
@@ -59,5 +61,7 @@ from .grid import (CHUNK_BYTES, GRID_THREADS, TMA_BOX_LIMIT, TMA_GRANULE, CtaBar
                    StagedCopy, StagedTile, barrier_array_type, is_barrier_array, is_staged_tile)
 from .tma import (CopyStageOp, ExpectTxAtOp, FenceProxyAsyncOp, MbarrierArrayOp, MbarrierWaitParityOp, StagesAllocOp,
                   TensorMapOp, TmaLoadOp)
+from .tcgen05 import (TMEM_LOAD_COLUMNS, Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmemAllocOp, TmemDeallocOp,
+                      TmemLoadOp)
 from .roles import REGISTER_BUDGETS, MbarrierArriveOp, RolesOp, arrive_count
 from .wgmma import LoadColumnsOp, StoreTileOp, WgmmaOp, WgmmaWaitOp, wgmma_operands

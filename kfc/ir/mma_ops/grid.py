@@ -59,8 +59,10 @@ class StagedTile:
         """A copy into stage s begins: no wgmma in flight may still read it."""
         for group in every_wgmma_group(machine):
             if (id(self), s) in group:
-                raise HazardError(f"{op.NAME}: overwrites stage {s} of {self.name} while a wgmma reading it is in "
-                                  "flight", op.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage")
+                mma = "tcgen05.mma" if TCGEN05 in group else "wgmma"
+                raise HazardError(f"{op.NAME}: overwrites stage {s} of {self.name} while a {mma} reading it is in "
+                                  "flight", op.loc, "retire the wgmma with gpu.wgmma_wait before refilling its stage"
+                                  if mma == "wgmma" else "wait on the barrier its tcgen05.commit arrives on first")
 
 
 @attrs.frozen
@@ -98,10 +100,23 @@ def wgmma_groups_of(machine) -> list:
 
 
 def every_wgmma_group(machine) -> list:
-    """The wgmma groups in flight in any role: a copy into a stage must wait for all of them."""
+    """The asynchronous MMA groups in flight in any role, wgmma's and tcgen05's: a copy into a
+    stage must wait for all of them."""
     sched = getattr(machine, "scheduler", None)
     roles = [g for groups in sched.groups.values() for g in groups] if sched is not None else []
-    return [*getattr(machine, "wgmma_groups", []), *roles]
+    return [*getattr(machine, "wgmma_groups", []), *roles, *tcgen05_groups_of(machine)]
+
+
+TCGEN05 = "tcgen05"  # the mark of a tcgen05.mma group among the (tile, stage) pairs it reads
+
+
+def tcgen05_groups_of(machine) -> list:
+    """The tcgen05.mma groups issued and not yet known done (a group's set is emptied when the
+    barrier phase a tcgen05.commit made wait for it completes)."""
+    if not hasattr(machine, "tcgen05_groups"):
+        machine.tcgen05_groups = []
+    machine.tcgen05_groups[:] = [g for g in machine.tcgen05_groups if g]
+    return machine.tcgen05_groups
 
 
 def stage_index(op: Op, value, stages: int) -> int:
@@ -166,7 +181,7 @@ class GridOp(Op):
         for pid in np.ndindex(interp.ctas) if self.persistent else np.ndindex(*self.grid):
             for arg, i in zip(self.body.args, pid):
                 env[arg] = np.asarray(i, dtype=np.int64)
-            interp.wgmma_groups = []
+            interp.wgmma_groups, interp.tcgen05_groups = [], []
             interp.exec_iteration(self.body, env)
             self.program_ends(interp)
         return None
@@ -175,6 +190,9 @@ class GridOp(Op):
         if wgmma_groups_of(machine):
             raise HazardError(f"{self.NAME}: a program ends with {len(machine.wgmma_groups)} wgmma group(s) in "
                               "flight", self.loc, "end the program's MMAs with gpu.wgmma_wait {pending = 0}")
+        if tcgen05_groups_of(machine):
+            raise HazardError(f"{self.NAME}: a program ends with {len(machine.tcgen05_groups)} tcgen05.mma group(s) "
+                              "nobody waited for", self.loc, "commit them to an mbarrier and wait on it")
 
 
 @define_op("gpu.ctas", traits={"pure"}, operands=0, results=1)

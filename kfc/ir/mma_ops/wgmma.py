@@ -113,9 +113,9 @@ class LoadColumnsOp(Op):
         t = tensor_of(self, self.result, "result")
         if v.space is not MemSpace.GLOBAL or v.rank != 1:
             raise self.error(f"reads a rank-1 global tensor, not {v}")
-        if t.rank != 2 or t.dtype is not v.dtype or t.layout is None \
-                or t.layout.kind != layouts.WgmmaAccumulator.KIND:
-            raise self.error(f"its result is a {v.dtype}[rows, cols] tile in a #wgmma_acc layout, not {t}")
+        if t.rank != 2 or t.dtype is not v.dtype or t.layout is None or t.layout.kind not in layouts.FRAGMENT_KINDS:
+            raise self.error(f"its result is a {v.dtype}[rows, cols] tile in a #wgmma_acc or #tmem_rows layout, "
+                             f"not {t}")
 
     def interpret(self, interp, ins, env):
         rows, cols = self.result.ttype.shape
@@ -136,7 +136,7 @@ class StoreTileOp(StoreOp):
     def verify_(self) -> None:
         super().verify_()
         t = self.operands[0].ttype
-        if t.layout is None or t.layout.kind != layouts.WgmmaAccumulator.KIND:
-            raise self.error(f"stores a tile held in a #wgmma_acc layout, not {t}")
+        if t.layout is None or t.layout.kind not in layouts.FRAGMENT_KINDS:
+            raise self.error(f"stores a tile held in a #wgmma_acc or #tmem_rows layout, not {t}")
         if self.operands[1].ttype.rank != 2 or any(ix.kind != "slice" or ix.limit for ix in self.index):
             raise self.error("stores a [rows, cols] tile at a (row, column) of a rank-2 tensor")
