@@ -1,6 +1,7 @@
 """kfc's GEMM (kernels/gemm.kfc: TMA + wgmma) against cuBLAS (torch.matmul), in one run on one GPU.
 
-    python -m bench.gemm [--shapes 4096x4096x4096,...] [--pipeline P [--pipeline P2 ...]] [--out FILE]
+    python -m bench.gemm [--shapes 4096x4096x4096,...] [--pipeline P [--pipeline P2 ...]]
+                         [--epilogue bias-gelu] [--out FILE]
 
 bf16 a [M, K], b [K, N] from a normal distribution, bf16 c, fp32 accumulation. Each shape
 compiles its own kfc kernel (every dim is fixed per compile). Both contenders' outputs are
@@ -8,7 +9,10 @@ checked against a.float() @ b.float() first (max |err| / max |ref| < 1e-2; a wro
 not timed and the run exits non-zero); then timed eagerly (triton.testing.do_bench, median, L2
 flushed before each call) and by CUDA graph replay (triton.testing.do_bench_cudagraph, median).
 TFLOP/s = 2 M N K / time. Each --pipeline is a kfc contender of its own ("kfc" alone for the
-default pipeline, else "kfc[PIPELINE]"), all timed in the same run as cuBLAS.
+default pipeline, else "kfc[PIPELINE]"), all timed in the same run as cuBLAS. With --epilogue,
+kfc runs kernels/gemm_<epilogue>.kfc (bias along the columns, the epilogue fused), checked
+against its own reference, and the ratio is to cuBLAS's GEMM alone; torch's GEMM followed by the
+epilogue is timed beside them.
 """
 
 from __future__ import annotations
@@ -47,42 +51,61 @@ def kfc_name(pipeline: str | None) -> str:
     return "kfc" if pipeline is None else f"kfc[{pipeline}]"
 
 
-def contenders(pipelines: list[str | None]) -> dict:
+def contenders(pipelines: list[str | None], epilogue: str | None = None) -> dict:
+    """name -> (fn(a, b, bias), what it computes: "gemm" or the epilogue's name). With an
+    epilogue, kfc runs the .kfc with it fused; cuBLAS runs the GEMM alone (the bar the fused
+    kernel is held to) and torch the GEMM and the epilogue as two kernels."""
     import torch
 
     import kfc
 
+    kernel = ROOT / "kernels" / ("gemm.kfc" if epilogue is None else f"gemm_{epilogue.replace('-', '_')}.kfc")
     fns = {}
     for p in pipelines:
-        fns[kfc_name(p)] = (lambda k: lambda a, b: k(a, b))(kfc.load(ROOT / "kernels" / "gemm.kfc", pipeline=p))
-    fns["cublas"] = torch.matmul
+        fns[kfc_name(p)] = ((lambda k: lambda a, b, bias: k(a, b) if epilogue is None else k(a, b, bias))(
+            kfc.load(kernel, pipeline=p)), epilogue or "gemm")
+    fns["cublas"] = (lambda a, b, bias: torch.matmul(a, b), "gemm")
+    if epilogue is not None:
+        fns["torch"] = (lambda a, b, bias: EPILOGUES[epilogue](torch.matmul(a, b).float() + bias).to(a.dtype),
+                        epilogue)
     return fns
 
 
-def run(shapes, pipelines: list[str | None], seed: int = 0) -> tuple[list[dict], list[str]]:
+def _gelu_tanh(x):
+    import torch
+
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+EPILOGUES = {"bias-gelu": _gelu_tanh}
+
+
+def run(shapes, pipelines: list[str | None], seed: int = 0, epilogue: str | None = None) -> tuple[list[dict], list[str]]:
     import torch
     from triton.testing import do_bench_cudagraph
 
     torch.backends.cuda.matmul.allow_tf32 = False  # an fp32 reference, not a tf32 one
-    fns = contenders(pipelines)
+    fns = contenders(pipelines, epilogue)
     gen = torch.Generator(device="cuda")
     rows, failures = [], []
     for m, n, k in shapes:
         gen.manual_seed(seed + m * 31 + n * 7 + k)
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
-        ref = a.float() @ b.float()
+        bias = torch.randn(n, device="cuda", dtype=torch.float32, generator=gen)
+        product = a.float() @ b.float()
+        refs = {"gemm": product, **({epilogue: EPILOGUES[epilogue](product + bias)} if epilogue else {})}
         flops = 2 * m * n * k
         row = {"M": m, "N": n, "K": k}
-        for name, fn in fns.items():
-            r: dict = {}
+        for name, (fn, computes) in fns.items():
+            r: dict = {"computes": computes}
             try:
-                r["max_err_rel"] = err = error(fn(a, b), ref)
+                r["max_err_rel"] = err = error(fn(a, b, bias), refs[computes])
                 torch.cuda.synchronize()
                 if not err < TOL:
                     raise AssertionError(f"wrong: max |err| / max |ref| = {err:.3g} (tolerance {TOL})")
-                r["eager_us"] = harness.time_eager(fn, (a, b))
-                r["graph_us"] = do_bench_cudagraph(lambda: fn(a, b), rep=100, return_mode="median") * 1e3
+                r["eager_us"] = harness.time_eager(fn, (a, b, bias))
+                r["graph_us"] = do_bench_cudagraph(lambda: fn(a, b, bias), rep=100, return_mode="median") * 1e3
                 r["eager_tflops"] = flops / (r["eager_us"] * 1e-6) / 1e12
                 r["graph_tflops"] = flops / (r["graph_us"] * 1e-6) / 1e12
                 r["ok"] = True
@@ -99,7 +122,7 @@ def run(shapes, pipelines: list[str | None], seed: int = 0) -> tuple[list[dict],
                 row[f"eager_ratio_{tag}_over_cublas"] = row[name]["eager_tflops"] / row["cublas"]["eager_tflops"]
                 row[f"graph_ratio_{tag}_over_cublas"] = row[name]["graph_tflops"] / row["cublas"]["graph_tflops"]
         rows.append(row)
-        del a, b, ref
+        del a, b, bias, product, refs
         torch.cuda.empty_cache()
     return rows, failures
 
@@ -131,16 +154,20 @@ def main(argv=None) -> int:
     ap.add_argument("--pipeline", action="append",
                     help="a kfc pass pipeline (passed to kfc.load), or 'default' for kfc's own (the default); repeat "
                          "it to time several kfc contenders in the same run")
+    ap.add_argument("--epilogue", choices=sorted(EPILOGUES),
+                    help="time kernels/gemm_<epilogue>.kfc (the epilogue fused) against cuBLAS's GEMM alone and "
+                         "torch's GEMM then epilogue")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     pipelines = [None if p == "default" else p for p in args.pipeline or ["default"]]
-    rows, failures = run(shapes, pipelines)
+    rows, failures = run(shapes, pipelines, epilogue=args.epilogue)
     prov = harness.provenance([])
     first = kfc_name(pipelines[0])
     eager = [r[f"eager_ratio_{first}_over_cublas"] for r in rows if f"eager_ratio_{first}_over_cublas" in r]
     graph = [r[f"graph_ratio_{first}_over_cublas"] for r in rows if f"graph_ratio_{first}_over_cublas" in r]
-    payload = {"op": "gemm", "dtype": "bf16 a, b and c; fp32 accumulation",
+    payload = {"op": "gemm" if args.epilogue is None else f"gemm_{args.epilogue}",
+               "dtype": "bf16 a, b and c; fp32 accumulation",
                "pipeline": pipelines[0] if len(pipelines) == 1 else pipelines,
                "metric": "TFLOP/s = 2 M N K / time",
                "check": f"max |out - a.float() @ b.float()| / max |ref| < {TOL}, before timing",

@@ -244,7 +244,7 @@ def test_a_default_whose_epilogue_spills_is_rebuilt_as_one_role():
     assert r.report["kernels"][0]["block"] == [256, 1, 1] and r.kernel.report.spills == 0
 
 
-@pytest.mark.parametrize("kernel", ["gemm", "gemm_bias_relu"])
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_bias_relu", "gemm_bias_gelu"])
 def test_the_gemm_kernels_build_warp_specialised_by_default_without_spills(kernel):
     spec = load_kfc(f"kernels/{kernel}.kfc")
     for shape in ({"M": 4096, "N": 4096, "K": 4096}, {"M": 1, "N": 8, "K": 8}):

@@ -27,6 +27,7 @@ SMEM_ALIGN = 1024  # a 128-byte swizzle's period: every staged tile starts on it
 # ops whose rules read a fragment value register by register (em.elem), so that it may be
 # written inline where they read it
 FUSED_READERS = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, StoreTileOp)
+INLINE_REPEATED_CHARS = 400  # a value read more than once is inlined only while its expression is short
 
 
 @attrs.frozen
@@ -133,21 +134,32 @@ class GridKernelEmitter(CodeWriter):
         return n
 
     def assign(self, op: Op, expr_of_i) -> None:
-        """An elementwise result read once, by the next elementwise op or the store in the same
-        block, is written where it is read: an epilogue (bias, activation, cast) becomes one
-        expression per register at the store, not an array of registers per step beside the
-        accumulator's (which spilled at 168 registers)."""
+        """An elementwise result read only by the elementwise ops and the store after it in the
+        same block is written where it is read (once, or a short expression repeated at each
+        read, which the C compiler computes once): an epilogue (bias, activation, cast) becomes
+        one expression per register at the store, not an array of registers per step beside
+        the accumulator's (which spilled at 168 registers)."""
         r = op.result
-        if self.kind(r) == "row" and self._read_once_in_place(r, op):
+        if self.kind(r) == "row" and self._read_in_place(r, op) and \
+                (len(self.uses[r]) == 1 or len(expr_of_i("i")) <= INLINE_REPEATED_CHARS):
             self.inline[r] = expr_of_i
+            return
+        dying = next((v for v in op.operands if self.kind(v) == "row" and v not in self.inline and v in self.names
+                      and self.uses.get(v) == [op] and C_TYPES[v.ttype.dtype] == C_TYPES[r.ttype.dtype]), None)
+        if self.kind(r) == "row" and dying is not None:
+            # an operand array read by this op alone takes the result in place (register i
+            # reads only register i): the accumulator becomes acc + bias without a second array
+            self.names[r] = self.names[dying]
+            self.loop(f"{self.names[r]}[i] = {expr_of_i('i')};")
             return
         super().assign(op, expr_of_i)
 
-    def _read_once_in_place(self, v: Value, op: Op) -> bool:
+    def _read_in_place(self, v: Value, op: Op) -> bool:
+        """Whether every reader of v is an elementwise op or the store in op's own block."""
         users = self.uses.get(v, [])
-        if len(users) != 1 or not isinstance(users[0], FUSED_READERS):
+        if not users or not all(isinstance(u, FUSED_READERS) for u in users):
             return False
-        return any(op in block.ops and users[0] in block.ops for block in self._blocks_of(op))
+        return any(op in block.ops and all(u in block.ops for u in users) for block in self._blocks_of(op))
 
     def _blocks_of(self, op: Op):
         for o in self.launch.walk():

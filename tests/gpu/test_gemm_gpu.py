@@ -139,6 +139,26 @@ def test_gemm_bias_relu_is_one_kernel_and_matches_torch(m, n, k):
     assert len(report["kernels"]) == 1
 
 
+@pytest.mark.parametrize("m,n,k", [(33, 72, 24), (4095, 4104, 136), (4096, 4096, 4096)])
+def test_gemm_bias_gelu_is_one_kernel_and_matches_torch(m, n, k):
+    """kernels/gemm_bias_gelu.kfc: GELU (tanh form) of the product plus a bias, in the GEMM's kernel."""
+    requires_gpu()
+    import kfc
+
+    g = kfc.load("kernels/gemm_bias_gelu.kfc")
+    a, b = inputs(m, n, k)
+    bias = torch.randn(n, device="cuda", dtype=torch.float32)
+    got = g(a, b, bias, out=poisoned(m, n))
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.gelu(a.float() @ b.float() + bias, approximate="tanh")
+    o = got.float()
+    assert torch.isfinite(o).all()
+    err = float((o - ref).abs().max() / ref.abs().max())
+    assert err < TOL, f"gemm_bias_gelu {m}x{n}x{k}: max |err| / max |ref| = {err:.3g}"
+    _, report = g.kernel_for({"M": m, "N": n, "K": k}, 0)
+    assert len(report["kernels"]) == 1 and report["kernels"][0]["block"] == [384, 1, 1]
+
+
 # warp specialisation: a producer warpgroup issues the TMA loads, the consumers free each stage
 # through an mbarrier; K = 512 at 4 stages and K = 4096 are where a wgmma group left in flight
 # once lost the last k-tile's product
