@@ -109,9 +109,43 @@ def test_a_missing_final_commit_is_a_deadlock_at_the_epilogues_wait():
         verify(_rewrite(_small(), drop_done_commit, in_role=1))
 
 
-def test_operands_tma_cannot_move_are_refused_on_blackwell_by_name():
-    with pytest.raises(KfcError, match="tcgen05 kernel takes its operands by TMA"):
-        lowered(load_kfc("kernels/gemm.kfc"), {"M": 33, "N": 65, "K": 17})
+TRANSPOSED = """
+op gemm_t(a: bf16[K, M], b: bf16[N, K]) -> (c: f32[M, N]) {
+  c = dot(a, b, trans_a=true, trans_b=true)
+}
+"""
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 7, 5), (33, 65, 17), (130, 257, 129)])
+def test_operands_tma_cannot_move_are_copied_by_the_threads(m, n, k):
+    func, low = lowered(load_kfc("kernels/gemm.kfc"), {"M": m, "N": n, "K": k})
+    assert any(op.NAME == "gpu.copy_stage" for op in low.walk()) and not any(isinstance(op, RolesOp) for op in low.walk())
+    args = operands(m, n, k)
+    np.testing.assert_allclose(run(low, args)["c"].astype(np.float32), run(func, args)["c"].astype(np.float32),
+                               rtol=2 ** -7, atol=1e-2)
+
+
+def test_transposed_operands_are_copied_transposed_on_blackwell():
+    spec = parse_kfc(TRANSPOSED, "gemm_t.kfc")
+    func, low = lowered(spec, {"M": 70, "N": 72, "K": 40})
+    rng = np.random.default_rng(5)
+    import ml_dtypes
+    args = {"a": rng.standard_normal((40, 70)).astype(ml_dtypes.bfloat16),
+            "b": rng.standard_normal((72, 40)).astype(ml_dtypes.bfloat16)}
+    np.testing.assert_allclose(run(low, args)["c"], run(func, args)["c"], rtol=1e-5, atol=1e-4)
+
+
+def test_copying_over_a_stage_an_mma_still_reads_is_a_hazard():
+    low = lowered(load_kfc("kernels/gemm.kfc"), {"M": 33, "N": 65, "K": 300})[1]
+
+    def drop_loop_wait(op):
+        if op.NAME == "tile.if":  # the wait for the MMAs of k-tile kt - 1, which read the other stage
+            return [op.evolve(regions=tuple(Block(r.args, [o for o in r.ops if not isinstance(o, MbarrierWaitParityOp)])
+                                            for r in op.regions))]
+        return [op]
+
+    with pytest.raises(VerifyError, match="overwrites stage .* while a tcgen05.mma reading it is in flight"):
+        verify(_rewrite(low, drop_loop_wait))
 
 
 def test_wgmma_named_on_blackwell_is_refused_with_what_to_use():
@@ -128,3 +162,5 @@ def test_gemm_compiles_for_sm100a_to_utchmma(tmp_path):
     [entry] = r.report["kernels"]
     assert entry["grid"] == ["512", "1", "1"] and entry["block"] == [256, 1, 1]
     assert main(["compile", "kernels/gemm_bias_relu.kfc", "--target", "sm_100a", "-o", str(tmp_path / "out")]) == 0
+    odd = compile_op(load_kfc("kernels/gemm.kfc"), BLACKWELL, shape={"M": 33, "N": 65, "K": 17})
+    assert "UTCHMMA" in disassemble(odd.kernel.cubin) and odd.report["kernels"][0]["block"] == [128, 1, 1]

@@ -251,3 +251,26 @@ def test_the_gemm_kernels_build_warp_specialised_by_default_without_spills(kerne
         r = compile_op(spec, parse_target("sm_90a"), shape=shape)
         assert r.report["kernels"][0]["block"] == [384, 1, 1], r.report["pass_notes"]
         assert r.kernel.report.spills == 0
+
+
+def test_a_producer_waiting_on_the_wrong_parity_of_a_free_stage_deadlocks():
+    """Before its first use a stage is free only to a wait for the phase before the first: the
+    producer that waits for phase 0 itself waits on consumers that wait on it."""
+    from kfc.ir.mma_ops import MbarrierWaitParityOp
+
+    low = _specialised(k=512)
+
+    def stage_as_parity(b: Block, in_producer=False) -> Block:
+        ops = []
+        for op in b.ops:
+            if isinstance(op, RolesOp):
+                op = op.evolve(regions=(stage_as_parity(op.regions[0], True), op.regions[1]))
+            elif op.regions:
+                op = op.evolve(regions=tuple(stage_as_parity(r, in_producer) for r in op.regions))
+            elif in_producer and isinstance(op, MbarrierWaitParityOp):
+                op = op.evolve(operands=(op.operands[0], op.operands[1], op.operands[1]))
+            ops.append(op)
+        return Block(b.args, ops)
+
+    with pytest.raises(VerifyError, match="deadlock: waits on %empty"):
+        verify(low.evolve(regions=(stage_as_parity(low.body),)))

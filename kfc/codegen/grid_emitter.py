@@ -144,11 +144,14 @@ class GridKernelEmitter(CodeWriter):
                 (len(self.uses[r]) == 1 or len(expr_of_i("i")) <= INLINE_REPEATED_CHARS):
             self.inline[r] = expr_of_i
             return
+        defined_here = {res for block in self._blocks_of(op) for o in block.ops for res in o.results}
         dying = next((v for v in op.operands if self.kind(v) == "row" and v not in self.inline and v in self.names
-                      and self.uses.get(v) == [op] and C_TYPES[v.ttype.dtype] == C_TYPES[r.ttype.dtype]), None)
+                      and v in defined_here and self.uses.get(v) == [op]
+                      and C_TYPES[v.ttype.dtype] == C_TYPES[r.ttype.dtype]), None)
         if self.kind(r) == "row" and dying is not None:
-            # an operand array read by this op alone takes the result in place (register i
-            # reads only register i): the accumulator becomes acc + bias without a second array
+            # an operand array defined in this block and read by this op alone takes the result
+            # in place (register i reads only register i): the accumulator becomes acc + bias
+            # without a second array (one defined outside a loop around op must keep its value)
             self.names[r] = self.names[dying]
             self.loop(f"{self.names[r]}[i] = {expr_of_i('i')};")
             return

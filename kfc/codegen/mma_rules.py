@@ -224,7 +224,7 @@ def emit_wgmma(em, op: WgmmaOp) -> None:
     dtype = "bf16" if ta.dtype is DType.BF16 else "f16"
     fn, text = ptx.wgmma_function(bn, dtype, trans_b=True)
     em.device_functions[fn] = text
-    if em.used_after(acc, op):
+    if em.used_after(acc, op) or acc in em.inline:  # an inlined start (a constant) has no registers to update
         n = em.declare(op.result)
         em.loop(f"{n}[i] = {em.elem(acc, 'i')};")
     else:

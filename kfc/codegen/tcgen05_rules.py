@@ -83,6 +83,7 @@ def emit_tmem_load(em, op: TmemLoadOp) -> None:
     lane = layouts.TensorMemory().lane_c("kfc_tid / 32", "0")
     address = layouts.TensorMemory().address_c(lane, f"(unsigned)({em.name(col)})", em.name(acc))
     em.emit("kfc_tcgen05_fence_after();")
+    em.emit("__syncwarp();  // tcgen05.ld is .sync.aligned: the warp's lanes meet first (lane 0 issued the MMAs)")
     em.emit("{")
     for line in ptx.tmem_load_32(n, address).split("\n"):
         em.emit("  " + line)

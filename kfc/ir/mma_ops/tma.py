@@ -248,11 +248,13 @@ class MbarrierWaitParityOp(Op):
         if sched is not None and parity == bar.phase:
             sched.switch(lambda: bar.phase != parity or bar.blocker(self) is None, lambda: bar.blocker(self))
         if parity != bar.phase:
-            if bar.copies:
+            # the phase of this parity has completed and the wait returns at once; that is the
+            # protocol's intent only while nothing of the next phase has begun
+            if bar.outstanding():
                 raise HazardError(f"{self.NAME}: waits for the phase of parity {parity} of {bar.name}, which is in a "
-                                  f"phase of parity {bar.phase}: the wait returns before this phase's copies land",
-                                  self.loc, "wait with the parity of the barrier's current phase: (uses of the stage) "
-                                  "% 2")
+                                  f"phase of parity {bar.phase} with {bar.outstanding()}: the wait returns before this "
+                                  "phase's copies land", self.loc,
+                                  "wait with the parity of the barrier's current phase: (uses of the stage) % 2")
             return []
         copies = bar.complete(self)
         for copy, _ in copies:
