@@ -46,11 +46,11 @@ from ..ir.mma_ops import LoadColumnsOp, MbarrierArrayOp
 from ..ir.mma_ops import MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagesAllocOp, StoreTileOp
 from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
-from ..ir.mma_ops import TMEM_LOAD_COLUMNS, Tcgen05CommitOp, Tcgen05MmaOp, TmemAllocOp, TmemDeallocOp, TmemLoadOp
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
 from ..ir.tile_ops import UnaryOp, WhereOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, define_pass, option
+from .matmul_tcgen05 import run_tcgen05
 
 EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
 
@@ -181,7 +181,7 @@ class AccelerateMatmul(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
         m = match_matmul(func)
         if self.instruction(ctx.target) == "tcgen05":
-            return self._run_tcgen05(func, ctx, m)
+            return run_tcgen05(self, func, ctx, m)
         A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
         ta, tb = A.ttype, B.ttype
         if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
@@ -223,68 +223,7 @@ class AccelerateMatmul(Pass):
             ctx.note(self, f"operand tiles copied by {'TMA' if copy == 'tma' else 'the threads'}{why}")
         return func.evolve(regions=(Block(func.args, body),))
 
-    def _run_tcgen05(self, func: FuncOp, ctx, m: MatmulMatch) -> FuncOp:
-        """Blackwell: the accumulator in tensor memory, one thread issuing tcgen05.mma on each
-        k-tile's stage and committing it to an mbarrier, then the warpgroup loading the
-        accumulator 32 columns at a time for the epilogue and the store. TMA-fed operands take
-        a producer warpgroup (_tcgen05_tma); others are copied by the threads (_tcgen05_threads)."""
-        A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
-        ta, tb = A.ttype, B.ttype
-        why = None
-        if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
-            why = f"tcgen05 multiplies bf16 or f16 operands of one dtype here, not {ta.dtype} and {tb.dtype}"
-        elif not (ta.is_static and tb.is_static):
-            why = "the operands' sizes must be fixed (kfc compile --shape)"
-        elif self.bm != layouts.TMEM_LANES or self.tiles != "grid":
-            why = f"the tcgen05 kernel computes tiles of {layouts.TMEM_LANES} rows (bm=128), one CTA a tile"
-        if why:
-            raise PassError(f"accelerate-matmul: {why}", m.dot.loc, "on sm_90a the wgmma kernel takes these")
-        trans_a, trans_b = m.dot.trans_a, m.dot.trans_b
-        M, K = reversed(ta.shape) if trans_a else ta.shape
-        N = tb.shape[0] if trans_b else tb.shape[1]
-        by_tma = not (trans_a or trans_b) and all(t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (ta, tb))
-        if self.copy == "tma" and not by_tma:
-            raise PassError("accelerate-matmul: TMA cannot move these operands (a transposed one, or a row pitch "
-                            f"that is not a multiple of {TMA_GRANULE} bytes)", m.dot.loc, "leave copy at auto")
-        by_tma = by_tma and self.copy != "threads"
-        stages = self.stages if by_tma else 2
-        smem = stages * (self.bm * self.bk + self.bk * self.bn) * ta.dtype.itemsize
-        if smem > ctx.target.smem_per_block - 1024:
-            raise PassError(f"accelerate-matmul: {stages} stages take {smem} bytes of shared memory; "
-                            f"{ctx.target} has {ctx.target.smem_per_block}", func.loc, "use fewer stages")
-        b = Builder()
-        pm, pn = Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn")
-        with b.at(m.dot.loc), b.region() as top:
-            with b.region() as inner:
-                row0 = b.binary("mul", pm, b.const(self.bm, DType.INDEX), name="row0")
-                col0 = b.binary("mul", pn, b.const(self.bn, DType.INDEX), name="col0")
-                acc = b.create(TmemAllocOp, [], [TensorType(DType.F32, (self.bm, self.bn), MemSpace.TMEM,
-                                                            layouts.TensorMemory().as_layout())], name="acc").result
-                if by_tma:
-                    self._tcgen05_tma(b, m, A, B, C, K, acc, row0, col0)
-                else:
-                    self._tcgen05_threads(b, m, A, B, C, K, acc, row0, col0)
-                b.create(TmemDeallocOp, [acc], [])
-            top.append(GridOp(regions=(Block((pm, pn), inner),), grid=(-(-M // self.bm), -(-N // self.bn)),
-                              threads=256 if by_tma else 128, group=self.group, loc=m.dot.loc))
-        ctx.note(self, "tcgen05: " + ("a producer warpgroup loads by TMA" if by_tma else
-                                      "the threads copy the operands' tiles") + ", one thread issues the MMAs into "
-                 "tensor memory")
-        return func.evolve(regions=(Block(func.args, [*m.prelude, *top]),))
-
-    def _tmem_epilogue(self, b: Builder, m: MatmulMatch, C: Value, acc: Value, row0: Value, col0: Value) -> None:
-        """The accumulator 32 columns at a time into registers, the .kfc's epilogue on them, the store."""
-        chunk_t = TensorType(DType.F32, (self.bm, TMEM_LOAD_COLUMNS), layout=layouts.TmemRows().as_layout())
-        with b.for_(b.const(0, DType.INDEX), b.const(self.bn // TMEM_LOAD_COLUMNS, DType.INDEX),
-                    b.const(1, DType.INDEX), iv_name="chunk") as chunks:
-            col = b.binary("mul", chunks.iv, b.const(TMEM_LOAD_COLUMNS, DType.INDEX), name="col")
-            part = b.create(TmemLoadOp, [acc, col], [chunk_t], name="part").result
-            at = b.binary("add", col0, col, name="at")
-            value = self._epilogue(b, m, part, chunk_t, at)
-            b.create(StoreTileOp, [value, C, row0, at], [],
-                     index=(IndexDim("slice", self.bm), IndexDim("slice", TMEM_LOAD_COLUMNS)))
-
-    def _produce(self, b: Builder, empty: Value, load, kt_count: int, row0: Value, col0: Value, base: Value) -> None:
+    def produce(self, b: Builder, empty: Value, load, kt_count: int, row0: Value, col0: Value, base: Value) -> None:
         """The producer's k loop over one tile: k-tile kt (the CTA's it = base + kt-th) into stage
         it % stages once the consumers have freed it (empty[s]); before its first use a stage is
         free: the wait for the phase before the first returns at once."""
@@ -301,82 +240,6 @@ class AccelerateMatmul(Pass):
                                                                name="parity")], [])
             load(loop.iv, s, row0, col0)
 
-    def _tcgen05_tma(self, b: Builder, m: MatmulMatch, A: Value, B: Value, C: Value, K: int, acc: Value,
-                     row0: Value, col0: Value) -> None:
-        """A producer warpgroup's thread loads k-tile kt by TMA once empty[s] says its stage is
-        free; thread 0 of the MMA warpgroup issues its MMAs and commits them to empty[s], the last
-        to `done`, which the whole warpgroup waits on before the epilogue."""
-        S, kt_count = self.stages, -(-K // self.bk)
-
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
-
-        sa, sb, full, load = self._tma_stages(b, A, B)
-        empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="empty").result
-        done = b.create(MbarrierArrayOp, [], [barrier_array_type(1)], arrivals=1, name="done").result
-        with b.region() as producer:
-            with b.region() as one_thread:
-                self._produce(b, empty, load, kt_count, row0, col0, idx(0))
-            b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
-        with b.region() as mma:
-            with b.region() as one_thread:
-                with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
-                    s = b.binary("rem", loop.iv, idx(S), name="s")
-                    parity = b.binary("rem", b.binary("div", loop.iv, idx(S)), idx(2), name="parity")
-                    b.create(MbarrierWaitParityOp, [full, s, parity], [])
-                    b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", loop.iv, idx(0))], [])
-                    b.create(Tcgen05CommitOp, [empty, s], [])  # the stage is free once these are done
-                b.create(Tcgen05CommitOp, [done, idx(0)], [])
-            b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
-            b.create(MbarrierWaitParityOp, [done, idx(0), idx(0)], [])
-            self._tmem_epilogue(b, m, C, acc, row0, col0)
-        b.create(RolesOp, [], [], regions=[Block((), producer), Block((), mma)], warpgroups=(1, 1))
-
-    def _tcgen05_threads(self, b: Builder, m: MatmulMatch, A: Value, B: Value, C: Value, K: int, acc: Value,
-                         row0: Value, col0: Value) -> None:
-        """Operands TMA cannot move: the warpgroup's threads copy k-tile kt + 1 into the other of
-        two stages while k-tile kt's MMAs run, once the MMAs of k-tile kt - 1, which read that
-        stage, are done (their commit to mma_done[stage]); then a fence and a barrier."""
-        kt_count = -(-K // self.bk)
-
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
-
-        sa, sb = self._stages(b, A, B, 2)
-        mma_done = b.create(MbarrierArrayOp, [], [barrier_array_type(2)], arrivals=1, name="mma_done").result
-
-        def copy(kt: Value, s: Value) -> None:
-            k0 = b.binary("mul", kt, idx(self.bk))
-            b.create(CopyStageOp, [A, sa, s, row0, k0], [], transpose=m.dot.trans_a)
-            b.create(CopyStageOp, [B, sb, s, k0, col0], [], transpose=m.dot.trans_b)
-            b.create(FenceProxyAsyncOp, [], [])
-
-        copy(idx(0), idx(0))
-        b.create(CtaBarrierOp, [], [])
-        with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
-            kt = loop.iv
-            s = b.binary("rem", kt, idx(2), name="s")
-            with b.region() as one_thread:
-                b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", kt, idx(0))], [])
-                b.create(Tcgen05CommitOp, [mma_done, s], [])
-            b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
-            nxt = b.binary("add", kt, idx(1), name="next")
-            with b.region() as ahead:
-                other = b.binary("rem", nxt, idx(2), name="other")
-                with b.region() as after_first:  # k-tile kt - 1's MMAs read the other stage
-                    b.create(MbarrierWaitParityOp, [mma_done, other, b.binary(
-                        "rem", b.binary("div", b.binary("sub", kt, idx(1)), idx(2)), idx(2), name="parity")], [])
-                b.if_(b.cmp("gt", kt, idx(0)), after_first, [], [], [], [])
-                copy(nxt, other)
-            b.if_(b.cmp("lt", nxt, idx(kt_count)), ahead, [], [], [], [])
-            b.create(CtaBarrierOp, [], [])
-        # the last k-tile's commit: every MMA is done once its phase completes
-        last = (kt_count - 1) % 2
-        b.create(MbarrierWaitParityOp, [mma_done, idx(last), idx(((kt_count - 1) // 2) % 2)], [])
-        if kt_count >= 2:  # the phase of the k-tile before it, which nobody waited for
-            b.create(MbarrierWaitParityOp, [mma_done, idx(1 - last), idx(((kt_count - 2) // 2) % 2)], [])
-        self._tmem_epilogue(b, m, C, acc, row0, col0)
-
     def _build(self, m: MatmulMatch, A: Value, B: Value, C: Value, M: int, N: int, K: int, copy: str,
                specialise: bool) -> list[Op]:
         bm, bn = self.bm, self.bn
@@ -388,7 +251,7 @@ class AccelerateMatmul(Pass):
             (Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn"))
 
         def finish(acc: Value, row0: Value, col0: Value) -> None:
-            value = self._epilogue(b, m, acc, acc_t, col0)
+            value = self.epilogue(b, m, acc, acc_t, col0)
             b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
 
         def origin(pm: Value, pn: Value) -> tuple[Value, Value]:
@@ -424,7 +287,7 @@ class AccelerateMatmul(Pass):
                               group=self.group, persistent=persistent, loc=m.dot.loc))
         return [*m.prelude, *top]
 
-    def _stages(self, b: Builder, A: Value, B: Value, count: int) -> tuple[Value, Value]:
+    def staged_tiles(self, b: Builder, A: Value, B: Value, count: int) -> tuple[Value, Value]:
         """`count` stages of A's [bm, bk] and B's [bk, bn] tiles, as 128-byte chunks."""
         dt = A.ttype.dtype
         chunk = CHUNK_BYTES // dt.itemsize  # elements of a 128-byte swizzle span
@@ -444,7 +307,7 @@ class AccelerateMatmul(Pass):
         def idx(v: int) -> Value:
             return b.const(v, DType.INDEX)
 
-        sa, sb = self._stages(b, A, B, 2)
+        sa, sb = self.staged_tiles(b, A, B, 2)
 
         def copy(kt: Value, s: Value) -> None:
             k0 = b.binary("mul", kt, idx(bk))
@@ -468,7 +331,7 @@ class AccelerateMatmul(Pass):
             loop.yielded = (acc,)
         return loop.results[0]
 
-    def _tma_stages(self, b: Builder, A: Value, B: Value):
+    def tma_stages(self, b: Builder, A: Value, B: Value):
         """The tensor maps, `stages` stages and their `full` barriers; and `load(kt, s, row0,
         col0)`, which announces k-tile kt's bytes on full[s] and issues its TMA boxes of the tile
         at (row0, col0) into stage s (by the thread it runs in)."""
@@ -481,7 +344,7 @@ class AccelerateMatmul(Pass):
             *a_box, CHUNK_BYTES).as_layout())], box=a_box, swizzle=CHUNK_BYTES, name=f"tm_{A.name}").result
         tma_b = b.create(TensorMapOp, [B], [attrs.evolve(B.ttype, layout=layouts.TensorMapBox(
             *b_box, CHUNK_BYTES).as_layout())], box=b_box, swizzle=CHUNK_BYTES, name=f"tm_{B.name}").result
-        sa, sb = self._stages(b, A, B, S)
+        sa, sb = self.staged_tiles(b, A, B, S)
         full = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="full").result
 
         def load(kt: Value, s: Value, row0: Value, col0: Value) -> None:
@@ -508,12 +371,12 @@ class AccelerateMatmul(Pass):
         def idx(v: int) -> Value:
             return b.const(v, DType.INDEX)
 
-        sa, sb, full, load = self._tma_stages(b, A, B)
+        sa, sb, full, load = self.tma_stages(b, A, B)
         empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=arrive_count(self.warpgroups),
                          name="empty").result
 
         def produce(row0: Value, col0: Value, n: Value) -> None:
-            self._produce(b, empty, load, kt_count, row0, col0, b.binary("mul", n, idx(kt_count), name="base"))
+            self.produce(b, empty, load, kt_count, row0, col0, b.binary("mul", n, idx(kt_count), name="base"))
 
         def consume(row0: Value, col0: Value, n: Value) -> None:
             base = b.binary("mul", n, idx(kt_count), name="base")
@@ -560,7 +423,7 @@ class AccelerateMatmul(Pass):
         def idx(v: int) -> Value:
             return b.const(v, DType.INDEX)
 
-        sa, sb, full, load = self._tma_stages(b, A, B)
+        sa, sb, full, load = self.tma_stages(b, A, B)
 
         def issue(kt: Value, s: Value) -> None:
             """k-tile kt into stage s, by one thread: one announcement, then its boxes."""
@@ -592,7 +455,7 @@ class AccelerateMatmul(Pass):
         return loop.results[0]
 
     @staticmethod
-    def _epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType, col0: Value) -> Value:
+    def epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType, col0: Value) -> Value:
         """The .kfc's ops after the dot, on the accumulator's tile: same ops, the tile's shape and
         layout in place of the whole product's; a vector spread over the rows (a bias) is read
         for the tile's columns."""

@@ -1,0 +1,159 @@
+"""accelerate-matmul on Blackwell (tcgen05): the accumulator in tensor memory, one thread
+issuing tcgen05.mma on each k-tile's stage and committing it to an mbarrier, then the warpgroup
+loading the accumulator 32 columns at a time for the epilogue and the store. TMA-fed operands
+take a producer warpgroup (gpu.roles); others are copied by the threads into two stages. `p` is
+the AccelerateMatmul pass whose options (bm, bn, bk, stages, group, copy) and shared builders
+(stages, TMA loads, the producer loop, the epilogue) these use; kfc.passes.accelerate_matmul
+runs them where the target's MMA is tcgen05."""
+
+from __future__ import annotations
+
+from ..ir import layouts
+from ..ir.builder import Builder
+from ..ir.core import Block, Value
+from ..ir.dtypes import DType
+from ..ir.func import FuncOp
+from ..ir.mma_ops import (TMA_GRANULE, TMEM_LOAD_COLUMNS, CopyStageOp, CtaBarrierOp, FenceProxyAsyncOp, GridOp,
+                          MbarrierArrayOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StoreTileOp, Tcgen05CommitOp,
+                          Tcgen05MmaOp, TmemAllocOp, TmemDeallocOp, TmemLoadOp, barrier_array_type)
+from ..ir.tile_ops import IndexDim
+from ..ir.types import MemSpace, TensorType
+from .base import PassError
+
+
+def run_tcgen05(p, func: FuncOp, ctx, m) -> FuncOp:
+    """Blackwell: the accumulator in tensor memory, one thread issuing tcgen05.mma on each
+    k-tile's stage and committing it to an mbarrier, then the warpgroup loading the
+    accumulator 32 columns at a time for the epilogue and the store. TMA-fed operands take
+    a producer warpgroup (_tcgen05_tma); others are copied by the threads (_tcgen05_threads)."""
+    A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
+    ta, tb = A.ttype, B.ttype
+    why = None
+    if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
+        why = f"tcgen05 multiplies bf16 or f16 operands of one dtype here, not {ta.dtype} and {tb.dtype}"
+    elif not (ta.is_static and tb.is_static):
+        why = "the operands' sizes must be fixed (kfc compile --shape)"
+    elif p.bm != layouts.TMEM_LANES or p.tiles != "grid":
+        why = f"the tcgen05 kernel computes tiles of {layouts.TMEM_LANES} rows (bm=128), one CTA a tile"
+    if why:
+        raise PassError(f"accelerate-matmul: {why}", m.dot.loc, "on sm_90a the wgmma kernel takes these")
+    trans_a, trans_b = m.dot.trans_a, m.dot.trans_b
+    M, K = reversed(ta.shape) if trans_a else ta.shape
+    N = tb.shape[0] if trans_b else tb.shape[1]
+    by_tma = not (trans_a or trans_b) and all(t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (ta, tb))
+    if p.copy == "tma" and not by_tma:
+        raise PassError("accelerate-matmul: TMA cannot move these operands (a transposed one, or a row pitch "
+                        f"that is not a multiple of {TMA_GRANULE} bytes)", m.dot.loc, "leave copy at auto")
+    by_tma = by_tma and p.copy != "threads"
+    stages = p.stages if by_tma else 2
+    smem = stages * (p.bm * p.bk + p.bk * p.bn) * ta.dtype.itemsize
+    if smem > ctx.target.smem_per_block - 1024:
+        raise PassError(f"accelerate-matmul: {stages} stages take {smem} bytes of shared memory; "
+                        f"{ctx.target} has {ctx.target.smem_per_block}", func.loc, "use fewer stages")
+    b = Builder()
+    pm, pn = Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn")
+    with b.at(m.dot.loc), b.region() as top:
+        with b.region() as inner:
+            row0 = b.binary("mul", pm, b.const(p.bm, DType.INDEX), name="row0")
+            col0 = b.binary("mul", pn, b.const(p.bn, DType.INDEX), name="col0")
+            acc = b.create(TmemAllocOp, [], [TensorType(DType.F32, (p.bm, p.bn), MemSpace.TMEM,
+                                                        layouts.TensorMemory().as_layout())], name="acc").result
+            if by_tma:
+                _tcgen05_tma(p, b, m, A, B, C, K, acc, row0, col0)
+            else:
+                _tcgen05_threads(p, b, m, A, B, C, K, acc, row0, col0)
+            b.create(TmemDeallocOp, [acc], [])
+        top.append(GridOp(regions=(Block((pm, pn), inner),), grid=(-(-M // p.bm), -(-N // p.bn)),
+                          threads=256 if by_tma else 128, group=p.group, loc=m.dot.loc))
+    ctx.note(p, "tcgen05: " + ("a producer warpgroup loads by TMA" if by_tma else
+                                  "the threads copy the operands' tiles") + ", one thread issues the MMAs into "
+             "tensor memory")
+    return func.evolve(regions=(Block(func.args, [*m.prelude, *top]),))
+
+def _tmem_epilogue(p, b: Builder, m, C: Value, acc: Value, row0: Value, col0: Value) -> None:
+    """The accumulator 32 columns at a time into registers, the .kfc's epilogue on them, the store."""
+    chunk_t = TensorType(DType.F32, (p.bm, TMEM_LOAD_COLUMNS), layout=layouts.TmemRows().as_layout())
+    with b.for_(b.const(0, DType.INDEX), b.const(p.bn // TMEM_LOAD_COLUMNS, DType.INDEX),
+                b.const(1, DType.INDEX), iv_name="chunk") as chunks:
+        col = b.binary("mul", chunks.iv, b.const(TMEM_LOAD_COLUMNS, DType.INDEX), name="col")
+        part = b.create(TmemLoadOp, [acc, col], [chunk_t], name="part").result
+        at = b.binary("add", col0, col, name="at")
+        value = p.epilogue(b, m, part, chunk_t, at)
+        b.create(StoreTileOp, [value, C, row0, at], [],
+                 index=(IndexDim("slice", p.bm), IndexDim("slice", TMEM_LOAD_COLUMNS)))
+
+def _tcgen05_tma(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc: Value, row0: Value,
+                 col0: Value) -> None:
+    """A producer warpgroup's thread loads k-tile kt by TMA once empty[s] says its stage is
+    free; thread 0 of the MMA warpgroup issues its MMAs and commits them to empty[s], the last
+    to `done`, which the whole warpgroup waits on before the epilogue."""
+    S, kt_count = p.stages, -(-K // p.bk)
+
+    def idx(v: int) -> Value:
+        return b.const(v, DType.INDEX)
+
+    sa, sb, full, load = p.tma_stages(b, A, B)
+    empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="empty").result
+    done = b.create(MbarrierArrayOp, [], [barrier_array_type(1)], arrivals=1, name="done").result
+    with b.region() as producer:
+        with b.region() as one_thread:
+            p.produce(b, empty, load, kt_count, row0, col0, idx(0))
+        b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
+    with b.region() as mma:
+        with b.region() as one_thread:
+            with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
+                s = b.binary("rem", loop.iv, idx(S), name="s")
+                parity = b.binary("rem", b.binary("div", loop.iv, idx(S)), idx(2), name="parity")
+                b.create(MbarrierWaitParityOp, [full, s, parity], [])
+                b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", loop.iv, idx(0))], [])
+                b.create(Tcgen05CommitOp, [empty, s], [])  # the stage is free once these are done
+            b.create(Tcgen05CommitOp, [done, idx(0)], [])
+        b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
+        b.create(MbarrierWaitParityOp, [done, idx(0), idx(0)], [])
+        _tmem_epilogue(p, b, m, C, acc, row0, col0)
+    b.create(RolesOp, [], [], regions=[Block((), producer), Block((), mma)], warpgroups=(1, 1))
+
+def _tcgen05_threads(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc: Value, row0: Value,
+                     col0: Value) -> None:
+    """Operands TMA cannot move: the warpgroup's threads copy k-tile kt + 1 into the other of
+    two stages while k-tile kt's MMAs run, once the MMAs of k-tile kt - 1, which read that
+    stage, are done (their commit to mma_done[stage]); then a fence and a barrier."""
+    kt_count = -(-K // p.bk)
+
+    def idx(v: int) -> Value:
+        return b.const(v, DType.INDEX)
+
+    sa, sb = p.staged_tiles(b, A, B, 2)
+    mma_done = b.create(MbarrierArrayOp, [], [barrier_array_type(2)], arrivals=1, name="mma_done").result
+
+    def copy(kt: Value, s: Value) -> None:
+        k0 = b.binary("mul", kt, idx(p.bk))
+        b.create(CopyStageOp, [A, sa, s, row0, k0], [], transpose=m.dot.trans_a)
+        b.create(CopyStageOp, [B, sb, s, k0, col0], [], transpose=m.dot.trans_b)
+        b.create(FenceProxyAsyncOp, [], [])
+
+    copy(idx(0), idx(0))
+    b.create(CtaBarrierOp, [], [])
+    with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
+        kt = loop.iv
+        s = b.binary("rem", kt, idx(2), name="s")
+        with b.region() as one_thread:
+            b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", kt, idx(0))], [])
+            b.create(Tcgen05CommitOp, [mma_done, s], [])
+        b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
+        nxt = b.binary("add", kt, idx(1), name="next")
+        with b.region() as ahead:
+            other = b.binary("rem", nxt, idx(2), name="other")
+            with b.region() as after_first:  # k-tile kt - 1's MMAs read the other stage
+                b.create(MbarrierWaitParityOp, [mma_done, other, b.binary(
+                    "rem", b.binary("div", b.binary("sub", kt, idx(1)), idx(2)), idx(2), name="parity")], [])
+            b.if_(b.cmp("gt", kt, idx(0)), after_first, [], [], [], [])
+            copy(nxt, other)
+        b.if_(b.cmp("lt", nxt, idx(kt_count)), ahead, [], [], [], [])
+        b.create(CtaBarrierOp, [], [])
+    # the last k-tile's commit: every MMA is done once its phase completes
+    last = (kt_count - 1) % 2
+    b.create(MbarrierWaitParityOp, [mma_done, idx(last), idx(((kt_count - 1) // 2) % 2)], [])
+    if kt_count >= 2:  # the phase of the k-tile before it, which nobody waited for
+        b.create(MbarrierWaitParityOp, [mma_done, idx(1 - last), idx(((kt_count - 2) // 2) % 2)], [])
+    _tmem_epilogue(p, b, m, C, acc, row0, col0)
