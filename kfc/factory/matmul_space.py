@@ -5,12 +5,11 @@ pipeline string, and a pipeline of that form maps back, so the knowledge base's 
 policy's proposals meet in one spelling.
 
 The same interface as the row space (kfc.factory.space.SearchSpace): choices, default, valid,
-pipeline, config_of, canonical, random, neighbours, describe and `geometry`.
+pipeline, config_of, describe and `geometry`, and SpaceMoves' canonical, random and neighbours.
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import attrs
@@ -19,7 +18,7 @@ from ..ir.mma_ops import TMA_GRANULE
 from ..passes.accelerate_matmul import AccelerateMatmul, match_matmul
 from ..passes.base import PassError, option_range
 from ..passes.pipeline import parse_pipeline
-from .space import random_config, step_neighbours
+from .space import SpaceMoves
 
 # options fixed for the search: the MMA instruction of the target, and who copies (TMA where the
 # row pitches allow it, which the pass decides)
@@ -46,7 +45,7 @@ DEFAULTS = {f.name: f.default for f in attrs.fields(AccelerateMatmul)}
 
 
 @attrs.frozen
-class MatmulSpace:
+class MatmulSpace(SpaceMoves):
     """Choices for a product of bf16 or f16 operands whose tiles TMA can move (`tma`) on a target
     with `smem` bytes of shared memory a CTA, starting from the default pipeline's `default_pass`."""
 
@@ -96,16 +95,6 @@ class MatmulSpace:
             return None
         form = self.pipeline(c)
         return c if str(parse_pipeline(pipeline)) == form else None
-
-    def canonical(self, pipeline: str) -> str:
-        c = self.config_of(pipeline)
-        return self.pipeline(c) if c is not None else pipeline
-
-    def random(self, rng: random.Random) -> dict[str, Any]:
-        return random_config(self, rng)
-
-    def neighbours(self, c: dict[str, Any]) -> list[dict[str, Any]]:
-        return step_neighbours(self, c)
 
     def describe(self) -> str:
         lines = ["a matrix product on tensor cores; pipeline form:",

@@ -45,8 +45,42 @@ def completed(config: dict[str, Any]) -> dict[str, Any]:
 
 
 
+class SpaceMoves:
+    """What every space (this one, kfc.factory.matmul_space) does alike, given its choices(),
+    valid(c), default(), pipeline(c) and config_of(pipeline)."""
+
+    def canonical(self, pipeline: str) -> str:
+        """One text per kernel: the space's form where the pipeline has one (so the default
+        pipeline and its explicit spelling count as the same candidate), else the text."""
+        c = self.config_of(pipeline)
+        return self.pipeline(c) if c is not None else pipeline
+
+    def random(self, rng: random.Random) -> dict[str, Any]:
+        """A valid configuration drawn at random (the default when a thousand draws miss)."""
+        for _ in range(1000):
+            c = {k: rng.choice(v) for k, v in self.choices().items()}
+            if self.valid(c):
+                return c
+        return self.default()
+
+    def neighbours(self, c: dict[str, Any]) -> list[dict[str, Any]]:
+        """Configurations one or two steps away in one choice (the next values up or down, or a
+        flip): ordinal choices also take a longer stride."""
+        out = []
+        for k, values in self.choices().items():
+            if c.get(k) not in values:
+                continue
+            i = values.index(c[k])
+            for j in (i - 1, i + 1, i - 2, i + 2):
+                if 0 <= j < len(values):
+                    d = {**c, k: values[j]}
+                    if self.valid(d):
+                        out.append(d)
+        return out
+
+
 @attrs.frozen
-class SearchSpace:
+class SearchSpace(SpaceMoves):
     """Choices for a row of n elements whose narrowest tensor element is `itemsize` bytes."""
 
     n: int
@@ -160,18 +194,6 @@ class SearchSpace:
         form = [p for p in parse_pipeline(self.pipeline(c)) if str(p) not in LONG_ROW_PASSES]
         return c if ",".join(map(str, form)) == ",".join(map(str, passes)) else None
 
-    def canonical(self, pipeline: str) -> str:
-        """One text per kernel: the space's form where the pipeline has one (so the default
-        pipeline and its explicit spelling count as the same candidate), else the text."""
-        c = self.config_of(pipeline)
-        return self.pipeline(c) if c is not None else pipeline
-
-    def random(self, rng: random.Random) -> dict[str, Any]:
-        return random_config(self, rng)
-
-    def neighbours(self, c: dict[str, Any]) -> list[dict[str, Any]]:
-        return step_neighbours(self, c)
-
     def describe(self) -> str:
         """The space in words, for a human or an agent."""
         lines = [f"row length {self.n}, narrowest element {self.itemsize} bytes; pipeline form:",
@@ -180,29 +202,3 @@ class SearchSpace:
             lines.append(f"  {k}: {', '.join(str(x) for x in v)}")
         return "\n".join(lines)
 
-
-# what every space (this one, kfc.factory.matmul_space) draws and steps through alike: a space
-# has choices(), valid(c) and default()
-def random_config(space, rng: random.Random) -> dict[str, Any]:
-    """A valid configuration drawn at random (the default when a thousand draws miss)."""
-    for _ in range(1000):
-        c = {k: rng.choice(v) for k, v in space.choices().items()}
-        if space.valid(c):
-            return c
-    return space.default()
-
-
-def step_neighbours(space, c: dict[str, Any]) -> list[dict[str, Any]]:
-    """Configurations one or two steps away in one choice (the next values up or down, or a
-    flip): ordinal choices also take a longer stride."""
-    out = []
-    for k, values in space.choices().items():
-        if c.get(k) not in values:
-            continue
-        i = values.index(c[k])
-        for j in (i - 1, i + 1, i - 2, i + 2):
-            if 0 <= j < len(values):
-                d = {**c, k: values[j]}
-                if space.valid(d):
-                    out.append(d)
-    return out
