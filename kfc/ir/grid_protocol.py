@@ -27,6 +27,7 @@ import numpy as np
 from ..diagnostics import InterpretError, VerifyError
 from .core import Op
 from .interpreter import Interpreter
+from .printer import Printer
 from .mma_ops import (CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp, MbarrierArrayOp,
                       MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagedTile, StagesAllocOp,
                       Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmaLoadOp, TmemAllocOp, TmemLoadOp, WgmmaOp,
@@ -97,9 +98,28 @@ class ProtocolWalk(Interpreter):
             return [UNKNOWN] * len(op.results)  # e.g. a dim not bound here: the walk does not need it
 
 
+# the grids (as printed) this process has found sound: the verifier runs after every pass, and a
+# pass that leaves the grid as it was need not have it walked again (a warp-specialised one takes
+# SCHEDULES walks)
+_SOUND: dict[str, None] = {}
+SOUND_REMEMBERED = 64
+
+
 def check_grid_protocol(grid: GridOp) -> None:
     """Raise a VerifyError at the first op of grid's body that breaks the protocol: in program
     order, or for a warp-specialised program under each of SCHEDULES interleavings of its roles."""
+    printer = Printer()
+    printer.print_op(grid, 0)
+    key = "\n".join(printer.lines)
+    if key in _SOUND:
+        return
+    _walk_grid(grid)
+    _SOUND[key] = None
+    if len(_SOUND) > SOUND_REMEMBERED:
+        del _SOUND[next(iter(_SOUND))]
+
+
+def _walk_grid(grid: GridOp) -> None:
     specialised = any(isinstance(op, RolesOp) for op in grid.body.ops)
     for seed in range(SCHEDULES if specialised else 1):
         for tiles in PERSISTENT_TILES if grid.persistent else (None,):
