@@ -144,7 +144,8 @@ class GridKernelEmitter(CodeWriter):
                 (len(self.uses[r]) == 1 or len(expr_of_i("i")) <= INLINE_REPEATED_CHARS):
             self.inline[r] = expr_of_i
             return
-        defined_here = {res for block in self._blocks_of(op) for o in block.ops for res in o.results}
+        block = self._block_of(op)
+        defined_here = {res for o in block.ops for res in o.results} if block is not None else set()
         dying = next((v for v in op.operands if self.kind(v) == "row" and v not in self.inline and v in self.names
                       and v in defined_here and self.uses.get(v) == [op]
                       and C_TYPES[v.ttype.dtype] == C_TYPES[r.ttype.dtype]), None)
@@ -162,13 +163,12 @@ class GridKernelEmitter(CodeWriter):
         users = self.uses.get(v, [])
         if not users or not all(isinstance(u, FUSED_READERS) for u in users):
             return False
-        return any(op in block.ops and all(u in block.ops for u in users) for block in self._blocks_of(op))
+        block = self._block_of(op)
+        return block is not None and all(u in block.ops for u in users)
 
-    def _blocks_of(self, op: Op):
-        for o in self.launch.walk():
-            for region in o.regions:
-                if op in region.ops:
-                    yield region
+    def _block_of(self, op: Op):
+        """The block of the launch that holds op."""
+        return next((region for o in self.launch.walk() for region in o.regions if op in region.ops), None)
 
     def used_after(self, v: Value, op: Op) -> bool:
         """Whether anything but `op` reads v (a wgmma may then update its accumulator in place)."""

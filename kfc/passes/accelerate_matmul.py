@@ -131,6 +131,21 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
     return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude), columns)
 
 
+@attrs.frozen
+class Operands:
+    """What accelerate-matmul resolved of a product: its tensors, sizes, who copies its tiles
+    ("tma" or "threads") and why, where that is not what the options asked."""
+
+    A: Value
+    B: Value
+    C: Value
+    M: int
+    N: int
+    K: int
+    copy: str
+    why_copy: str
+
+
 @define_pass("accelerate-matmul",
              "a whole-tensor dot to a grid of TMA-fed, pipelined tensor-core tiles (wgmma on Hopper, tcgen05 on "
              "Blackwell)", requires={"tma", "mbarrier"})
@@ -180,12 +195,29 @@ class AccelerateMatmul(Pass):
 
     def run(self, func: FuncOp, ctx) -> FuncOp:
         m = match_matmul(func)
-        if self.instruction(ctx.target) == "tcgen05":
-            return run_tcgen05(self, func, ctx, m)
+        mma = self.instruction(ctx.target)
+        ops = self.operands(m, mma)
+        if mma == "tcgen05":
+            return run_tcgen05(self, func, ctx, m, ops)
+        if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"):
+            raise PassError("accelerate-matmul: inflight, registers and tiles=persistent apply to a producer "
+                            "warpgroup", m.dot.loc, "add producer=warpgroup, or leave them out")
+        specialise = self.producer == "warpgroup" and ops.copy == "tma"
+        if self.producer == "warpgroup" and not specialise:
+            ctx.note(self, "no producer warpgroup: it issues TMA loads, and the threads copy these operands")
+        self.check_smem(ops, ctx, func)
+        body = self._build(m, ops.A, ops.B, ops.C, ops.M, ops.N, ops.K, ops.copy, specialise)
+        self.note_copy(ops, ctx)
+        return func.evolve(regions=(Block(func.args, body),))
+
+    def operands(self, m: MatmulMatch, mma: str) -> "Operands":
+        """The product's tensors and sizes and who copies its tiles (TMA, or the threads where
+        TMA cannot: a transposed operand or a row pitch not a multiple of 16 bytes): what both
+        MMAs' kernels start from, refused here by name where neither can take it."""
         A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
         ta, tb = A.ttype, B.ttype
         if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
-            raise PassError(f"accelerate-matmul: wgmma multiplies bf16 or f16 operands of one dtype, not {ta.dtype} "
+            raise PassError(f"accelerate-matmul: {mma} multiplies bf16 or f16 operands of one dtype, not {ta.dtype} "
                             f"and {tb.dtype}", m.dot.loc, "cast the operands in the caller")
         if not (ta.is_static and tb.is_static):
             raise PassError("accelerate-matmul: the operands' sizes must be fixed (kfc compile --shape)", m.dot.loc)
@@ -204,24 +236,34 @@ class AccelerateMatmul(Pass):
                             f"moves rows whose pitch is a multiple of {TMA_GRANULE} bytes", m.dot.loc,
                             f"leave copy at auto (the threads then copy the tiles), or pad {name}'s last dim to a "
                             f"multiple of {TMA_GRANULE // t.dtype.itemsize} elements")
-        if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"):
-            raise PassError("accelerate-matmul: inflight, registers and tiles=persistent apply to a producer "
-                            "warpgroup", m.dot.loc, "add producer=warpgroup, or leave them out")
-        specialise = self.producer == "warpgroup" and copy == "tma"
-        if self.producer == "warpgroup" and not specialise:
-            ctx.note(self, "no producer warpgroup: it issues TMA loads, and the threads copy these operands")
-        stages = self.stages if copy == "tma" else 2
-        smem = stages * (self.bm * self.bk + self.bk * self.bn) * ta.dtype.itemsize
+        why = f" ({unaligned[0][1]} has a row pitch TMA cannot take)" if unaligned else \
+            " (a transposed operand)" if copy == "threads" else ""
+        return Operands(A, B, C, M, N, K, copy, why)
+
+    def check_smem(self, ops: "Operands", ctx, func: FuncOp) -> int:
+        """The stages the kernel takes (two where the threads copy), refused where they do not
+        fit the target's shared memory."""
+        stages = self.stages if ops.copy == "tma" else 2
+        smem = stages * (self.bm * self.bk + self.bk * self.bn) * ops.A.ttype.dtype.itemsize
         if smem > ctx.target.smem_per_block - 1024:
             raise PassError(f"accelerate-matmul: {stages} stages of [{self.bm}, {self.bk}] and [{self.bk}, "
                             f"{self.bn}] tiles take {smem} bytes of shared memory; {ctx.target} has "
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
-        body = self._build(m, A, B, C, M, N, K, copy, specialise)
-        if copy != self.copy:
-            why = f" ({unaligned[0][1]} has a row pitch TMA cannot take)" if unaligned else \
-                " (a transposed operand)" if copy == "threads" else ""
-            ctx.note(self, f"operand tiles copied by {'TMA' if copy == 'tma' else 'the threads'}{why}")
-        return func.evolve(regions=(Block(func.args, body),))
+        return stages
+
+    def note_copy(self, ops: "Operands", ctx) -> None:
+        if ops.copy != self.copy:
+            ctx.note(self, f"operand tiles copied by {'TMA' if ops.copy == 'tma' else 'the threads'}{ops.why_copy}")
+
+    def copy_tiles(self, b: Builder, m: MatmulMatch, sa: Value, sb: Value, kt: Value, s: Value, row0: Value,
+                   col0: Value) -> None:
+        """Every thread copies its share of k-tile kt of A's and B's tiles at (row0, col0) into
+        stage s, then fences the writes for the async proxy (the MMAs)."""
+        A, B = m.load_a.operands[0], m.load_b.operands[0]
+        k0 = b.binary("mul", kt, b.const(self.bk, DType.INDEX))
+        b.create(CopyStageOp, [A, sa, s, row0, k0], [], transpose=m.dot.trans_a)
+        b.create(CopyStageOp, [B, sb, s, k0, col0], [], transpose=m.dot.trans_b)
+        b.create(FenceProxyAsyncOp, [], [])
 
     def produce(self, b: Builder, empty: Value, load, kt_count: int, row0: Value, col0: Value, base: Value) -> None:
         """The producer's k loop over one tile: k-tile kt (the CTA's it = base + kt-th) into stage
@@ -280,8 +322,7 @@ class AccelerateMatmul(Pass):
                     if copy == "tma":
                         finish(self._tma_mainloop(b, A, B, K, acc_t, row0, col0), row0, col0)
                     else:
-                        finish(self._threads_mainloop(b, A, B, K, acc_t, row0, col0, m.dot.trans_a, m.dot.trans_b),
-                               row0, col0)
+                        finish(self._threads_mainloop(b, m, A, B, K, acc_t, row0, col0), row0, col0)
             threads = (self.warpgroups + specialise) * 128
             top.append(GridOp(regions=(Block(args, inner),), grid=grid, threads=threads,
                               group=self.group, persistent=persistent, loc=m.dot.loc))
@@ -298,11 +339,10 @@ class AccelerateMatmul(Pass):
                                                      shared)], name=f"s{B.name}").result
         return sa, sb
 
-    def _threads_mainloop(self, b: Builder, A: Value, B: Value, K: int, acc_t: TensorType, row0: Value,
-                          col0: Value, trans_a: bool, trans_b: bool) -> Value:
+    def _threads_mainloop(self, b: Builder, m: MatmulMatch, A: Value, B: Value, K: int, acc_t: TensorType,
+                          row0: Value, col0: Value) -> Value:
         """Two stages the threads fill: k-tile kt + 1 is copied while k-tile kt's wgmma runs."""
-        bk = self.bk
-        kt_count = -(-K // bk)
+        kt_count = -(-K // self.bk)
 
         def idx(v: int) -> Value:
             return b.const(v, DType.INDEX)
@@ -310,10 +350,7 @@ class AccelerateMatmul(Pass):
         sa, sb = self.staged_tiles(b, A, B, 2)
 
         def copy(kt: Value, s: Value) -> None:
-            k0 = b.binary("mul", kt, idx(bk))
-            b.create(CopyStageOp, [A, sa, s, row0, k0], [], transpose=trans_a)
-            b.create(CopyStageOp, [B, sb, s, k0, col0], [], transpose=trans_b)
-            b.create(FenceProxyAsyncOp, [], [])
+            self.copy_tiles(b, m, sa, sb, kt, s, row0, col0)
 
         copy(idx(0), idx(0))
         b.create(CtaBarrierOp, [], [])

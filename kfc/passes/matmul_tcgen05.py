@@ -13,43 +13,26 @@ from ..ir.builder import Builder
 from ..ir.core import Block, Value
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
-from ..ir.mma_ops import (TMA_GRANULE, TMEM_LOAD_COLUMNS, CopyStageOp, CtaBarrierOp, FenceProxyAsyncOp, GridOp,
-                          MbarrierArrayOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StoreTileOp, Tcgen05CommitOp,
-                          Tcgen05MmaOp, TmemAllocOp, TmemDeallocOp, TmemLoadOp, barrier_array_type)
+from ..ir.mma_ops import (TMEM_LOAD_COLUMNS, CtaBarrierOp, GridOp, MbarrierArrayOp, MbarrierWaitParityOp, RolesOp,
+                          SingleThreadOp, StoreTileOp, Tcgen05CommitOp, Tcgen05MmaOp, TmemAllocOp, TmemDeallocOp,
+                          TmemLoadOp, barrier_array_type)
 from ..ir.tile_ops import IndexDim
 from ..ir.types import MemSpace, TensorType
 from .base import PassError
 
 
-def run_tcgen05(p, func: FuncOp, ctx, m) -> FuncOp:
+def run_tcgen05(p, func: FuncOp, ctx, m, ops) -> FuncOp:
     """Blackwell: the accumulator in tensor memory, one thread issuing tcgen05.mma on each
     k-tile's stage and committing it to an mbarrier, then the warpgroup loading the
     accumulator 32 columns at a time for the epilogue and the store. TMA-fed operands take
-    a producer warpgroup (_tcgen05_tma); others are copied by the threads (_tcgen05_threads)."""
-    A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
-    ta, tb = A.ttype, B.ttype
-    why = None
-    if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
-        why = f"tcgen05 multiplies bf16 or f16 operands of one dtype here, not {ta.dtype} and {tb.dtype}"
-    elif not (ta.is_static and tb.is_static):
-        why = "the operands' sizes must be fixed (kfc compile --shape)"
-    elif p.bm != layouts.TMEM_LANES or p.tiles != "grid":
-        why = f"the tcgen05 kernel computes tiles of {layouts.TMEM_LANES} rows (bm=128), one CTA a tile"
-    if why:
-        raise PassError(f"accelerate-matmul: {why}", m.dot.loc, "on sm_90a the wgmma kernel takes these")
-    trans_a, trans_b = m.dot.trans_a, m.dot.trans_b
-    M, K = reversed(ta.shape) if trans_a else ta.shape
-    N = tb.shape[0] if trans_b else tb.shape[1]
-    by_tma = not (trans_a or trans_b) and all(t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (ta, tb))
-    if p.copy == "tma" and not by_tma:
-        raise PassError("accelerate-matmul: TMA cannot move these operands (a transposed one, or a row pitch "
-                        f"that is not a multiple of {TMA_GRANULE} bytes)", m.dot.loc, "leave copy at auto")
-    by_tma = by_tma and p.copy != "threads"
-    stages = p.stages if by_tma else 2
-    smem = stages * (p.bm * p.bk + p.bk * p.bn) * ta.dtype.itemsize
-    if smem > ctx.target.smem_per_block - 1024:
-        raise PassError(f"accelerate-matmul: {stages} stages take {smem} bytes of shared memory; "
-                        f"{ctx.target} has {ctx.target.smem_per_block}", func.loc, "use fewer stages")
+    a producer warpgroup (_tcgen05_tma); others are copied by the threads (_tcgen05_threads).
+    `ops` is what the pass resolved of the product (AccelerateMatmul.operands)."""
+    if p.bm != layouts.TMEM_LANES or p.tiles != "grid":
+        raise PassError(f"accelerate-matmul: the tcgen05 kernel computes tiles of {layouts.TMEM_LANES} rows (bm=128), "
+                        "one CTA a tile", m.dot.loc, "on sm_90a the wgmma kernel takes these")
+    A, B, C, M, N, K = ops.A, ops.B, ops.C, ops.M, ops.N, ops.K
+    by_tma = ops.copy == "tma"
+    p.check_smem(ops, ctx, func)
     b = Builder()
     pm, pn = Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn")
     with b.at(m.dot.loc), b.region() as top:
@@ -65,6 +48,7 @@ def run_tcgen05(p, func: FuncOp, ctx, m) -> FuncOp:
             b.create(TmemDeallocOp, [acc], [])
         top.append(GridOp(regions=(Block((pm, pn), inner),), grid=(-(-M // p.bm), -(-N // p.bn)),
                           threads=256 if by_tma else 128, group=p.group, loc=m.dot.loc))
+    p.note_copy(ops, ctx)
     ctx.note(p, "tcgen05: " + ("a producer warpgroup loads by TMA" if by_tma else
                                   "the threads copy the operands' tiles") + ", one thread issues the MMAs into "
              "tensor memory")
@@ -127,10 +111,7 @@ def _tcgen05_threads(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc
     mma_done = b.create(MbarrierArrayOp, [], [barrier_array_type(2)], arrivals=1, name="mma_done").result
 
     def copy(kt: Value, s: Value) -> None:
-        k0 = b.binary("mul", kt, idx(p.bk))
-        b.create(CopyStageOp, [A, sa, s, row0, k0], [], transpose=m.dot.trans_a)
-        b.create(CopyStageOp, [B, sb, s, k0, col0], [], transpose=m.dot.trans_b)
-        b.create(FenceProxyAsyncOp, [], [])
+        p.copy_tiles(b, m, sa, sb, kt, s, row0, col0)
 
     copy(idx(0), idx(0))
     b.create(CtaBarrierOp, [], [])

@@ -57,7 +57,7 @@ class StagedTile:
 
     def refill(self, op: Op, machine, s: int) -> None:
         """A copy into stage s begins: no wgmma in flight may still read it."""
-        for group in every_wgmma_group(machine):
+        for group in every_mma_group(machine):
             if (id(self), s) in group:
                 mma = "tcgen05.mma" if TCGEN05 in group else "wgmma"
                 raise HazardError(f"{op.NAME}: overwrites stage {s} of {self.name} while a {mma} reading it is in "
@@ -99,7 +99,7 @@ def wgmma_groups_of(machine) -> list:
     return machine.wgmma_groups
 
 
-def every_wgmma_group(machine) -> list:
+def every_mma_group(machine) -> list:
     """The asynchronous MMA groups in flight in any role, wgmma's and tcgen05's: a copy into a
     stage must wait for all of them."""
     sched = getattr(machine, "scheduler", None)
