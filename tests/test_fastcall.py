@@ -247,7 +247,7 @@ def test_which_signatures_the_compiled_launcher_serves():
 
     call = PreparedCall.__new__(PreparedCall)
     call.scalar_args, call.outputs = {2}, [("y", 3), ("z", 4)]
-    call.followers, call.workspaces, call.maps = [], {}, []
+    call.followers, call.workspaces, call.maps, call.out_maps = [], {}, [], []
     x = object()
     assert call.can_be_native((x, x, 0.5), None)
     assert call.can_be_native((x, x), None)

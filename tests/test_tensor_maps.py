@@ -139,7 +139,7 @@ class FakeLaunch:
 
 def _call(maps, runs=True):
     launch = FakeLaunch([ctypes.c_void_p, TensorMapSlot])
-    stage = Stage(launch, [0, None], {}, [(0, "a", 0)], [], [], [], maps, runs)
+    stage = Stage(launch, [0, None], {}, [(0, "a", 0)], [], [], [], maps, [], runs)
     return PreparedCall(stage, [], outputs_given=True), launch
 
 
@@ -154,6 +154,19 @@ def test_a_prepared_call_encodes_its_tensor_maps_and_takes_the_python_path(encod
     assert len(launch.launched) == 2
     without, _ = _call([])
     assert without.can_be_native((FakeTensor(0x1000, (64, 64), (64, 1)),), None)
+
+
+def test_an_output_stored_through_a_tensor_map_has_its_map_encoded_from_the_output(encoded):
+    """A TMA-store epilogue's map describes the output the call writes: encoded per call from
+    the output given (or allocated), after its pointer slot is filled."""
+    launch = FakeLaunch([ctypes.c_void_p, TensorMapSlot])
+    out_map = {**MAP, "name": "c", "is_output": True, "box": [64, 64]}
+    stage = Stage(launch, [0, None], {}, [], [], [("c", 0)], [], [], [(0, 1, out_map, "op: 'c'")], True)
+    call = PreparedCall(stage, [], outputs_given=True)
+    assert not call.can_be_native((), [FakeTensor(0x4000, (64, 64), (64, 1))])
+    call.call((), [FakeTensor(0x4000, (64, 64), (64, 1))])
+    assert launch.slots.values[0].value == 0x4000 and launch.launched == [b"\x01" * 128]
+    assert encoded[0][0] == "op: 'c'" and encoded[0][2] == 0x4000 and encoded[0][3].box_dim == (64, 64)
 
 
 def test_an_empty_grid_encodes_nothing(encoded):

@@ -85,11 +85,16 @@ def test_every_point_of_the_space_is_a_pipeline_the_pass_takes_and_maps_back():
     assert space.config_of("canonicalize,accelerate-matmul{mma=wgmma,bm=64}") is None  # another form: opaque
     assert not space.valid({**space.default(), "producer": "mma", "tiles": "persistent"})
     assert not space.valid({**space.default(), "bk": 128, "stages": 6})  # 288 KB of stages
+    assert space.valid({**space.default(), "store": "tma"})  # 192 KB of stages and 32 KB of staging slots
+    assert space.valid({**space.default(), "bn": 192, "stages": 5})  # 200 KB of stages ...
+    assert not space.valid({**space.default(), "bn": 192, "stages": 5, "store": "tma"})  # ... and 32 KB more
 
 
 def test_operands_tma_cannot_move_leave_the_producer_out_of_the_space():
     space = space_for(load_kfc("kernels/gemm.kfc"), {"M": 33, "N": 65, "K": 17}, TARGET)
     assert space.choices()["producer"] == ("mma",) and space.choices()["tiles"] == ("grid",)
+    assert space.choices()["store"] == ("direct",)  # a row of c is 130 bytes: no TMA store
+    assert space_for(load_kfc("kernels/gemm.kfc"), SQUARE, TARGET).choices()["store"] == ("direct", "tma")
 
 
 def test_a_gemm_tune_records_every_candidate_and_keeps_the_best(kb):
@@ -124,4 +129,5 @@ def test_on_blackwell_the_space_is_the_tcgen05_kernels():
     space = space_for(load_kfc("kernels/gemm.kfc"), SQUARE, parse_target("sm_100a"))
     choices = space.choices()
     assert choices["bm"] == (128,) and choices["tiles"] == ("grid",) and len(choices["producer"]) == 1
+    assert choices["store"] == ("direct",)
     assert len(choices["bn"]) > 1 and len(choices["stages"]) > 1

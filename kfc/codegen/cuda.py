@@ -14,7 +14,7 @@ from ..ir.mma_ops import GridOp
 from . import ptx
 # the rule modules register their rules on import
 from . import control_rules, elementwise_rules, memory_rules, pair_rules, reduction_rules  # noqa: F401
-from . import mma_rules, row_launch, scan_rules, smem_rules, tcgen05_rules  # noqa: F401
+from . import mma_rules, row_launch, scan_rules, smem_rules, tcgen05_rules, tma_store_rules  # noqa: F401
 from .c_names import c_dim, c_kernel, c_param  # noqa: F401  (kfc.codegen.cuda's names)
 from .emitter import KernelEmitter, LaunchPlan
 from .grid_emitter import GridKernelEmitter, GridPlan

@@ -16,7 +16,7 @@ import attrs
 from ..ir.core import Op, Value
 from ..ir.func import FuncOp
 from ..ir import layouts
-from ..ir.mma_ops import GridOp, StoreTileOp, TensorMapOp
+from ..ir.mma_ops import GridOp, StageFragmentOp, StoreTileOp, TensorMapOp
 from ..ir.tile_ops import BinaryOp, CastOp, CmpOp, UnaryOp, WhereOp
 from ..ir.types import MemSpace
 from .c_names import C_TYPES, KernelParam, argument_params, as_float, c_param, dim_params, from_float
@@ -26,7 +26,7 @@ from .writer import CodeWriter
 SMEM_ALIGN = 1024  # a 128-byte swizzle's period: every staged tile starts on it
 # ops whose rules read a fragment value register by register (em.elem), so that it may be
 # written inline where they read it
-FUSED_READERS = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, StoreTileOp)
+FUSED_READERS = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, StoreTileOp, StageFragmentOp)
 INLINE_REPEATED_CHARS = 400  # a value read more than once is inlined only while its expression is short
 
 
@@ -140,8 +140,11 @@ class GridKernelEmitter(CodeWriter):
         one expression per register at the store, not an array of registers per step beside
         the accumulator's (which spilled at 168 registers)."""
         r = op.result
+        readers = self.uses.get(r, [])
+        # the chunks of a TMA-store epilogue read disjoint columns: each element once in all
+        once = len(readers) == 1 or all(isinstance(u, StageFragmentOp) for u in readers)
         if self.kind(r) == "row" and self._read_in_place(r, op) and \
-                (len(self.uses[r]) == 1 or len(expr_of_i("i")) <= INLINE_REPEATED_CHARS):
+                (once or len(expr_of_i("i")) <= INLINE_REPEATED_CHARS):
             self.inline[r] = expr_of_i
             return
         block = self._block_of(op)
@@ -182,8 +185,9 @@ class GridKernelEmitter(CodeWriter):
 
     # --- the kernel --------------------------------------------------------------------------
     def params(self) -> list[KernelParam]:
+        outputs = set(self.func.outputs)
         maps = [KernelParam(op.operands[0].name, "tensor_map", "kfc_tensor_map", str(op.operands[0].ttype.dtype),
-                            box=tuple(op.box), swizzle=op.swizzle)
+                            is_output=op.operands[0] in outputs, box=tuple(op.box), swizzle=op.swizzle)
                 for op in self.launch.body.ops if isinstance(op, TensorMapOp)]
         return argument_params(self.func) + maps + dim_params(self.func)
 

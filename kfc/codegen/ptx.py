@@ -138,6 +138,16 @@ def bar_sync(barrier: int = 0) -> str:
     return f'asm volatile("bar.sync {barrier};" ::: "memory");'
 
 
+def bar_sync_threads(barrier: str, threads: int) -> str:
+    """Named barrier `barrier` (an expression: 1.. for a warpgroup of its own) for `threads` threads."""
+    return f'asm volatile("bar.sync %0, {threads};" :: "r"({barrier}) : "memory");'
+
+
+def bulk_wait_read(pending: int) -> str:
+    """Until at most `pending` of this thread's bulk groups still read shared memory."""
+    return f'asm volatile("cp.async.bulk.wait_group.read {pending};" ::: "memory");'
+
+
 def st_shared_f32(addr_u32: str, value: str) -> str:
     return f'asm volatile("st.shared.f32 [%0], %1;" :: "r"({addr_u32}), "f"({value}) : "memory");'
 
@@ -330,6 +340,11 @@ MMA_PRELUDE = r"""
 static __device__ __forceinline__ void kfc_tma_load_2d(unsigned dst, const void* map, int inner, int outer, unsigned mbar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(mbar) : "memory");
+}
+static __device__ __forceinline__ void kfc_tma_store_2d(const void* map, unsigned src, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :: "l"(map), "r"(src), "r"(inner), "r"(outer) : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 static __device__ __forceinline__ unsigned long long kfc_wgmma_desc(unsigned addr, unsigned leading, unsigned stride) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |

@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from ..ir.mma_ops import TMA_GRANULE
-from ..passes.accelerate_matmul import AccelerateMatmul, match_matmul
+from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE
+from ..passes.accelerate_matmul import STORE_SLOTS, AccelerateMatmul, match_matmul
 from ..passes.base import PassError, option_range
 from ..passes.pipeline import parse_pipeline
 from .space import SpaceMoves
@@ -54,6 +54,7 @@ class MatmulSpace(SpaceMoves):
     tma: bool = True
     default_pass: AccelerateMatmul = AccelerateMatmul()
     tcgen05: bool = False  # Blackwell: one kernel form, tiles of 128 rows, no wgmma roles to choose
+    tma_store: bool = True  # the output's rows can be stored by TMA (store=tma)
     geometry: tuple[str, ...] = ("bm", "bn", "bk", "producer", "tiles")
 
     def choices(self) -> dict[str, tuple]:
@@ -64,6 +65,8 @@ class MatmulSpace(SpaceMoves):
             d = self.default_pass
             out.update(bm=(128,), producer=(d.producer,), inflight=(d.inflight,), registers=(d.registers,),
                        tiles=("grid",))
+        if self.tcgen05 or not self.tma_store:
+            out.update(store=("direct",))
         return out
 
     def default(self) -> dict[str, Any]:
@@ -75,7 +78,8 @@ class MatmulSpace(SpaceMoves):
         if c["producer"] == "mma" and (c["inflight"] or c["registers"] or c["tiles"] != "grid"):
             return False  # the pass refuses these without a producer warpgroup
         stages = c["stages"] if self.tma else 2
-        return stages * (c["bm"] * c["bk"] + c["bk"] * c["bn"]) * self.itemsize <= self.smem - SMEM_RESERVE
+        staging = STORE_SLOTS * c["bm"] * CHUNK_BYTES if c["store"] == "tma" else 0
+        return stages * (c["bm"] * c["bk"] + c["bk"] * c["bn"]) * self.itemsize + staging <= self.smem - SMEM_RESERVE
 
     def pipeline(self, c: dict[str, Any]) -> str:
         opts = ",".join(f"{k}={v}" for k, v in c.items() if v != DEFAULTS[k])
@@ -108,6 +112,8 @@ def matmul_space(func, target, default_pipeline: str) -> MatmulSpace:
     m = match_matmul(func)
     a, b = (ld.operands[0].ttype for ld in (m.load_a, m.load_b))
     tma = not (m.dot.trans_a or m.dot.trans_b) and all(t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (a, b))
+    c = m.store.operands[1].ttype
     default = next(p for p in parse_pipeline(default_pipeline) if isinstance(p, AccelerateMatmul))
     return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default,
-                       tcgen05=default.instruction(target) == "tcgen05")
+                       tcgen05=default.instruction(target) == "tcgen05",
+                       tma_store=c.shape[1] * c.dtype.itemsize % TMA_GRANULE == 0 and c.dtype.itemsize in (2, 4))

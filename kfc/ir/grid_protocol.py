@@ -10,8 +10,9 @@ op's own `advance` (the step the interpreter takes too, without the data). It pr
 programs at once what the interpreter checks for the inputs it runs: every wait reached with
 its arrivals counted and its announced bytes delivered, with the parity of the phase it waits
 for; no stage refilled while a copy into it or a wgmma reading it is in flight; no wgmma
-reading a stage that has not landed, or that the threads wrote unfenced; nothing in flight
-when a program ends. A stage, parity or loop bound that depends on data or on the program id
+reading a stage that has not landed, or that the threads wrote unfenced; no staging slot of a
+TMA store written while a store reads it, or stored unfenced; nothing in flight when a program
+ends. A stage, parity or loop bound that depends on data or on the program id
 is refused: the check cannot follow it.
 
 A warp-specialised program (gpu.roles) runs its roles at once: the walk runs them as coroutines
@@ -30,14 +31,15 @@ from .interpreter import Interpreter
 from .printer import Printer
 from .mma_ops import (CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp, MbarrierArrayOp,
                       MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagedTile, StagesAllocOp,
-                      Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmaLoadOp, TmemAllocOp, TmemLoadOp, WgmmaOp,
-                      WgmmaWaitOp)
+                      StageFragmentOp, Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmaLoadOp, TmaStoreOp,
+                      TmaStoreWaitOp, TmemAllocOp, TmemLoadOp, WgmmaOp, WgmmaWaitOp)
 from .smem_ops import HazardError, value_name
 from .tile_ops import ForOp, IfOp
 from .types import MemSpace, TensorType
 
 PROTOCOL_OPS = (ExpectTxAtOp, TmaLoadOp, CopyStageOp, FenceProxyAsyncOp, MbarrierWaitParityOp, MbarrierArriveOp,
-                WgmmaOp, WgmmaWaitOp, CtaBarrierOp, Tcgen05MmaOp, Tcgen05CommitOp, TmemLoadOp)
+                WgmmaOp, WgmmaWaitOp, CtaBarrierOp, Tcgen05MmaOp, Tcgen05CommitOp, TmemLoadOp, StageFragmentOp,
+                TmaStoreOp, TmaStoreWaitOp)
 FOLLOWED = (ForOp, IfOp, SingleThreadOp, RolesOp)  # control flow the walk enters (roles as coroutines)
 # the seeded schedules the roles of a warp-specialised program are walked under: each an
 # interleaving the GPU could take; the walk of one without roles takes no schedule
@@ -48,7 +50,7 @@ PERSISTENT_TILES = (1, 2, 3)
 # what a protocol op's operands must be known for: the rest (tensors, maps, coordinates) it ignores
 CONTROL_OPERANDS = {ExpectTxAtOp: (1,), TmaLoadOp: (3,), CopyStageOp: (2,), MbarrierWaitParityOp: (1, 2),
                     MbarrierArriveOp: (1,), Tcgen05MmaOp: (3,), Tcgen05CommitOp: (1,),
-                    WgmmaOp: (3,), ForOp: (0, 1, 2), IfOp: (0,)}
+                    WgmmaOp: (3,), StageFragmentOp: (2,), TmaStoreOp: (2,), ForOp: (0, 1, 2), IfOp: (0,)}
 
 
 class _Unknown:

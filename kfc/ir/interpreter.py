@@ -104,6 +104,7 @@ def run_tracked(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | None 
     dims, env = bind_arguments(func, args, dims)
     interp = Interpreter(func, dims)
     interp.writers = {v: np.full(env[v].shape, -1, dtype=np.int64) for v in func.outputs if env[v] is not None}
+    interp.tracked_arrays = {id(env[v]): v for v in interp.writers}
     interp.exec_block(func.body, env)
     writers: dict[str, Any] = {v.name: w for v, w in interp.writers.items()}
     writers["__ops__"] = interp.writer_ops
@@ -119,6 +120,7 @@ class Interpreter:
         self.dims = dims
         self.writers: dict[Value, np.ndarray] | None = None  # set by run_tracked
         self.writer_ops: list[Op] = []
+        self.tracked_arrays: dict[int, Value] = {}  # id of a tracked output's array -> the output
         self._writer_index: dict[int, int] = {}
         self.barriers: list = []  # (MBarrier, its alloc op) made in the current loop iteration
 
@@ -209,13 +211,17 @@ class Interpreter:
             return arr.data
         return arr
 
-    def record_write(self, op: Op, dst) -> None:
-        """Which store wrote each element of a tracked output (run_tracked)."""
-        if self.writers is not None and op.operands[1] in self.writers:
+    def record_write(self, op: Op, dst, array: np.ndarray | None = None) -> None:
+        """Which store wrote each element of a tracked output (run_tracked): the op's operand 1,
+        or the output whose array is `array` (a store through a tensor map)."""
+        if self.writers is None:
+            return
+        target = op.operands[1] if array is None else self.tracked_arrays.get(id(array))
+        if target in self.writers:
             if id(op) not in self._writer_index:
                 self._writer_index[id(op)] = len(self.writer_ops)
                 self.writer_ops.append(op)
-            self.writers[op.operands[1]][np.ix_(*dst)] = self._writer_index[id(op)]
+            self.writers[target][np.ix_(*dst)] = self._writer_index[id(op)]
 
     # --- loops: what the ops' semantics share ------------------------------------------------
     def loop_accumulators(self, op) -> list:

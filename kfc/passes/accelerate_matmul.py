@@ -44,6 +44,7 @@ from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CopyStageOp, CtaBarrierOp, Ct
 from ..ir.mma_ops import GridOp, TileCoordsOp
 from ..ir.mma_ops import LoadColumnsOp, MbarrierArrayOp
 from ..ir.mma_ops import MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagesAllocOp, StoreTileOp
+from ..ir.mma_ops import STORE_ROWS, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
 from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
@@ -53,6 +54,8 @@ from .base import Pass, PassError, define_pass, option
 from .matmul_tcgen05 import run_tcgen05
 
 EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
+# staging slots of a TMA-store epilogue: the threads write one while the other's store reads it
+STORE_SLOTS = 2
 
 
 @attrs.frozen
@@ -174,6 +177,10 @@ class AccelerateMatmul(Pass):
     # ("persistent"; with a producer warpgroup, which loads the next tile's stages while the
     # consumers run this one's epilogue)
     tiles: str = option("grid", choices=("grid", "persistent"))
+    # how the epilogue's tile reaches global memory: each thread stores its registers ("direct"),
+    # or the warpgroups write it into shared memory 128 bytes of columns at a time and TMA stores
+    # each chunk ("tma": whole rows per store, and the threads go on while the stores drain)
+    store: str = option("direct", choices=("direct", "tma"))
 
     @property
     def warpgroups(self) -> int:
@@ -198,6 +205,9 @@ class AccelerateMatmul(Pass):
         mma = self.instruction(ctx.target)
         ops = self.operands(m, mma)
         if mma == "tcgen05":
+            if self.store == "tma":
+                raise PassError("accelerate-matmul: store=tma stages wgmma's fragments; the tcgen05 kernel stores "
+                                "from tensor memory directly", m.dot.loc, "leave store at direct for tcgen05")
             return run_tcgen05(self, func, ctx, m, ops)
         if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"):
             raise PassError("accelerate-matmul: inflight, registers and tiles=persistent apply to a producer "
@@ -238,6 +248,15 @@ class AccelerateMatmul(Pass):
                             f"multiple of {TMA_GRANULE // t.dtype.itemsize} elements")
         why = f" ({unaligned[0][1]} has a row pitch TMA cannot take)" if unaligned else \
             " (a transposed operand)" if copy == "threads" else ""
+        if self.store == "tma":
+            tc = C.ttype
+            if tc.dtype not in (DType.BF16, DType.F16, DType.F32):
+                raise PassError(f"accelerate-matmul: store=tma stores bf16, f16 or f32 outputs, not {tc.dtype}",
+                                m.store.loc, "leave store at direct")
+            if tc.shape[1] * tc.dtype.itemsize % TMA_GRANULE:
+                raise PassError(f"accelerate-matmul: a row of {C.name} is {tc.shape[1] * tc.dtype.itemsize} bytes; "
+                                f"a TMA store takes rows whose pitch is a multiple of {TMA_GRANULE} bytes",
+                                m.store.loc, "leave store at direct: each thread then stores its registers")
         return Operands(A, B, C, M, N, K, copy, why)
 
     def check_smem(self, ops: "Operands", ctx, func: FuncOp) -> int:
@@ -245,9 +264,11 @@ class AccelerateMatmul(Pass):
         fit the target's shared memory."""
         stages = self.stages if ops.copy == "tma" else 2
         smem = stages * (self.bm * self.bk + self.bk * self.bn) * ops.A.ttype.dtype.itemsize
-        if smem > ctx.target.smem_per_block - 1024:
+        staging = STORE_SLOTS * self.bm * CHUNK_BYTES if self.store == "tma" else 0
+        if smem + staging > ctx.target.smem_per_block - 1024:
+            also = f" and {STORE_SLOTS} staging slots of the output {staging}" if staging else ""
             raise PassError(f"accelerate-matmul: {stages} stages of [{self.bm}, {self.bk}] and [{self.bk}, "
-                            f"{self.bn}] tiles take {smem} bytes of shared memory; {ctx.target} has "
+                            f"{self.bn}] tiles take {smem} bytes of shared memory{also}; {ctx.target} has "
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
         return stages
 
@@ -292,9 +313,15 @@ class AccelerateMatmul(Pass):
         args = (Value(TensorType(DType.INDEX), "cta"),) if persistent else \
             (Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn"))
 
-        def finish(acc: Value, row0: Value, col0: Value) -> None:
+        store = None
+
+        def finish(acc: Value, row0: Value, col0: Value, n: Value | None = None) -> None:
+            """The epilogue on tile n's accumulator (the CTA's n-th tile; None: its only one), stored."""
             value = self.epilogue(b, m, acc, acc_t, col0)
-            b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
+            if store is not None:
+                store(value, row0, col0, n)
+            else:
+                b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
 
         def origin(pm: Value, pn: Value) -> tuple[Value, Value]:
             return (b.binary("mul", pm, b.const(bm, DType.INDEX), name="row0"),
@@ -315,6 +342,8 @@ class AccelerateMatmul(Pass):
 
         with b.at(m.dot.loc), b.region() as top:
             with b.region() as inner:
+                if self.store == "tma":
+                    store = self.tma_store(b, C)
                 if specialise:
                     self._specialised(b, A, B, K, acc_t, each_tile, finish)
                 else:
@@ -323,10 +352,44 @@ class AccelerateMatmul(Pass):
                         finish(self._tma_mainloop(b, A, B, K, acc_t, row0, col0), row0, col0)
                     else:
                         finish(self._threads_mainloop(b, m, A, B, K, acc_t, row0, col0), row0, col0)
+                    if store is not None:
+                        b.create(TmaStoreWaitOp, [], [], pending=0)
             threads = (self.warpgroups + specialise) * 128
             top.append(GridOp(regions=(Block(args, inner),), grid=grid, threads=threads,
                               group=self.group, persistent=persistent, loc=m.dot.loc))
         return [*m.prelude, *top]
+
+    def tma_store(self, b: Builder, C: Value):
+        """C's tensor map and the staging slots; and `store(value, row0, col0, n)`, which writes
+        the tile's value at (row0, col0) 128 bytes of columns at a time into the slots in turn
+        (chunk j of the CTA's tile n into slot (n * chunks + j) % 2, once the store that last
+        read it has), and stores each chunk by TMA."""
+        dt = C.ttype.dtype
+        width = CHUNK_BYTES // dt.itemsize
+        chunks = self.bn // width
+        box = (STORE_ROWS, width)
+        tm = b.create(TensorMapOp, [C], [attrs.evolve(C.ttype, layout=layouts.TensorMapBox(
+            *box, CHUNK_BYTES).as_layout())], box=box, swizzle=CHUNK_BYTES, name=f"tm_{C.name}").result
+        staging = b.create(StagesAllocOp, [], [TensorType(dt, (STORE_SLOTS, 1, self.bm, width), MemSpace.SHARED,
+                                                          layouts.SharedTile(CHUNK_BYTES).as_layout())],
+                           name=f"s{C.name}").result
+
+        def idx(v: int) -> Value:
+            return b.const(v, DType.INDEX)
+
+        def store(value: Value, row0: Value, col0: Value, n: Value | None) -> None:
+            for j in range(chunks):
+                if n is None or chunks % STORE_SLOTS == 0:
+                    slot = idx(j % STORE_SLOTS)
+                else:
+                    slot = b.binary("rem", b.binary("add", b.binary("mul", n, idx(chunks)), idx(j)), idx(STORE_SLOTS),
+                                    name="slot")
+                b.create(TmaStoreWaitOp, [], [], pending=STORE_SLOTS - 1)
+                b.create(StageFragmentOp, [value, staging, slot], [], column=j * width)
+                b.create(FenceProxyAsyncOp, [], [])
+                b.create(TmaStoreOp, [tm, staging, slot, row0, b.binary("add", col0, idx(j * width))], [])
+
+        return store
 
     def staged_tiles(self, b: Builder, A: Value, B: Value, count: int) -> tuple[Value, Value]:
         """`count` stages of A's [bm, bk] and B's [bk, bn] tiles, as 128-byte chunks."""
@@ -438,7 +501,7 @@ class AccelerateMatmul(Pass):
             if self.inflight:
                 last = b.binary("rem", b.binary("add", base, idx(kt_count - 1)), idx(S))
                 b.create(MbarrierArriveOp, [empty, last], [])
-            finish(loop.results[0], row0, col0)
+            finish(loop.results[0], row0, col0, n)
 
         with b.region() as producer:
             with b.region() as one_thread:
@@ -446,6 +509,8 @@ class AccelerateMatmul(Pass):
             b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
         with b.region() as consumers:
             each_tile(consume)
+            if self.store == "tma":  # every store has read its slot before the CTA's shared memory goes
+                b.create(TmaStoreWaitOp, [], [], pending=0)
         registers = (40, self.registers) if self.registers else ()
         b.create(RolesOp, [], [], regions=[Block((), producer), Block((), consumers)],
                  warpgroups=(1, self.warpgroups), registers=registers)

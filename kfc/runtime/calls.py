@@ -147,7 +147,7 @@ def prepare_stage(what: str, function, launch: dict, names: list[str], bound: di
     """One kernel's launch: its grid and its argument slots (the kernels after the first
     take the op's outputs, workspaces and dims only)."""
     slot_types, kinds, fixed, tensors, scalars, outputs, workspaces = [], [], {}, [], [], [], []
-    maps = []
+    maps, out_maps = [], []
     for k, p in enumerate(launch["params"]):
         # a tensor map has no fastcall kind: a call that takes one goes the Python way (can_be_native)
         kinds.append(None if p["kind"] == "tensor_map" else fastcall.KINDS[
@@ -156,11 +156,14 @@ def prepare_stage(what: str, function, launch: dict, names: list[str], bound: di
             raise CallError(f"{what}: its kernel {launch['name']} takes the input {p['name']!r}; this "
                             "runtime passes only outputs, workspaces and dims to the kernels after the first")
         if p["kind"] == "tensor_map":
-            if p["is_output"]:
-                raise CallError(f"{what}: its kernel {launch['name']} takes a tensor map of its output "
-                                f"{p['name']!r}; this runtime encodes tensor maps of inputs only")
             slot_types.append(launcher.TensorMapSlot)
-            maps.append((names.index(p["name"]), k, p, f"{what}: {p['name']!r}"))
+            if not p["is_output"]:
+                maps.append((names.index(p["name"]), k, p, f"{what}: {p['name']!r}"))
+            elif not first:
+                raise CallError(f"{what}: its kernel {launch['name']} stores {p['name']!r} through a tensor map; "
+                                "this runtime encodes an output's tensor map for an op's first kernel only")
+            else:  # an output's map (a TMA store): encoded per call from the output, after the tensors
+                out_maps.append((p["name"], k, p, f"{what}: {p['name']!r}"))
         elif p["kind"] == "workspace":
             slot_types.append(ctypes.c_void_p)
             workspaces.append((p["name"], k))
@@ -192,7 +195,8 @@ def prepare_stage(what: str, function, launch: dict, names: list[str], bound: di
                                        cluster, smem, slot_types, device_index, function.name)
     for k, value in fixed.items():
         prepared.slots.values[k].value = value
-    return Stage(prepared, kinds, fixed, tensors, scalars, outputs, workspaces, maps, all(grid)), grid
+    out_maps = [([name for name, _ in outputs].index(name), k, p, w) for name, k, p, w in out_maps]
+    return Stage(prepared, kinds, fixed, tensors, scalars, outputs, workspaces, maps, out_maps, all(grid)), grid
 
 
 # --- the signature's call -----------------------------------------------------------------------
@@ -256,10 +260,10 @@ class Allocation:
 class Stage:
     """One kernel of a call: its prepared launch and which values fill its argument slots."""
 
-    __slots__ = ("launch", "kinds", "fixed", "tensors", "scalars", "outputs", "workspaces", "maps", "runs")
+    __slots__ = ("launch", "kinds", "fixed", "tensors", "scalars", "outputs", "workspaces", "maps", "out_maps", "runs")
 
     def __init__(self, launch, kinds: list, fixed: dict, tensors: list, scalars: list, outputs: list,
-                 workspaces: list, maps: list, runs: bool) -> None:
+                 workspaces: list, maps: list, out_maps: list, runs: bool) -> None:
         self.launch = launch          # a launcher.PreparedLaunch
         self.kinds = kinds            # per slot, fastcall.KINDS
         self.fixed = fixed            # slot -> the value the signature fixes (dims, defaulted scalars)
@@ -268,6 +272,7 @@ class Stage:
         self.outputs = outputs        # (name, slot)
         self.workspaces = workspaces  # (name, slot)
         self.maps = maps              # (argument index, slot, contract param, what errors call it): encoded per call
+        self.out_maps = out_maps      # (index in outputs, slot, contract param, what errors call it): likewise
         self.runs = runs              # False when its grid is empty: nothing to launch
 
 
@@ -284,6 +289,7 @@ class PreparedCall:
         self.scalars = first.scalars
         self.outputs = first.outputs
         self.maps = first.maps
+        self.out_maps = first.out_maps
         self.first = first
         self.followers: list[Stage] = []
         self.workspaces: dict[str, tuple[int, ...]] = {}  # name -> shape (f32), allocated per call
@@ -316,6 +322,9 @@ class PreparedCall:
                 values[k].value = kind(v)
             for (_, k), o in zip(self.outputs, outs):
                 values[k].value = 0 if o is None else o.data_ptr()
+            if self.runs:
+                for j, k, param, what in self.out_maps:
+                    values[k].fill(None if outs[j] is None else tensor_maps.encodings.get(what, outs[j], param))
             if not self.followers and not self.workspaces:
                 if self.runs:
                     self.launch.launch()
@@ -343,7 +352,7 @@ class PreparedCall:
         default) is not one it can tell apart; and it takes out= only as every output, each a
         tensor. Tensor maps are encoded per call in Python, which it does not do, so a kernel
         that takes one always goes the Python way."""
-        if self.followers or self.workspaces or self.maps:
+        if self.followers or self.workspaces or self.maps or self.out_maps:
             return False
         if any(i < len(args) and args[i] is None for i in self.scalar_args):
             return False

@@ -139,13 +139,15 @@ def test_gemm_bias_relu_is_one_kernel_and_matches_torch(m, n, k):
     assert len(report["kernels"]) == 1
 
 
+@pytest.mark.parametrize("pipeline", [
+    None, "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,registers=232,store=tma}"])
 @pytest.mark.parametrize("m,n,k", [(33, 72, 24), (4095, 4104, 136), (4096, 4096, 4096)])
-def test_gemm_bias_gelu_is_one_kernel_and_matches_torch(m, n, k):
+def test_gemm_bias_gelu_is_one_kernel_and_matches_torch(m, n, k, pipeline):
     """kernels/gemm_bias_gelu.kfc: GELU (tanh form) of the product plus a bias, in the GEMM's kernel."""
     requires_gpu()
     import kfc
 
-    g = kfc.load("kernels/gemm_bias_gelu.kfc")
+    g = kfc.load("kernels/gemm_bias_gelu.kfc", pipeline=pipeline)
     a, b = inputs(m, n, k)
     bias = torch.randn(n, device="cuda", dtype=torch.float32)
     got = g(a, b, bias, out=poisoned(m, n))
@@ -175,6 +177,43 @@ SPECIALISED_SHAPES = [(1, 8, 8), (33, 72, 24), (128, 256, 512), (4095, 4104, 136
 
 @pytest.mark.parametrize("pipeline", SPECIALISED)
 def test_warp_specialised_gemm_matches_torch(pipeline):
+    g = _matches_torch(pipeline)
+    _, report = g.kernel_for({"M": 4096, "N": 4096, "K": 4096}, 0)
+    assert report["kernels"][0]["block"][0] == 128 * (1 + ("bm=64" not in pipeline) + 1), "a producer warpgroup"
+
+
+# the epilogue through shared memory and TMA stores, in each kernel form; N = 8 is one 16-byte
+# row, 4104 leaves a partial chunk of columns, 4095 a partial warpgroup of rows
+TMA_STORED = ["accelerate-matmul{store=tma}",
+              "accelerate-matmul{producer=warpgroup,inflight=1,store=tma}",
+              "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,store=tma}",
+              "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,bn=192,stages=3,store=tma}",
+              "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=128,stages=6,store=tma}"]
+
+
+@pytest.mark.parametrize("pipeline", TMA_STORED)
+def test_gemm_stored_by_tma_matches_torch(pipeline):
+    _matches_torch(pipeline)
+
+
+def test_an_f32_output_stored_by_tma_matches_torch(tmp_path):
+    requires_gpu()
+    import kfc
+
+    path = tmp_path / "gemm_f32.kfc"
+    path.write_text("op gemm_f32(a: bf16[M, K], b: bf16[K, N]) -> (c: f32[M, N]) {\n  c = dot(a, b)\n}\n")
+    g = kfc.load(path, pipeline="accelerate-matmul{producer=warpgroup,inflight=1,store=tma}")
+    for m, n, k in [(33, 72, 24), (1000, 1036, 1000)]:
+        a, b = inputs(m, n, k)
+        got = g(a, b, out=torch.full((m, n), float("nan"), device="cuda"))
+        ref = a.float() @ b.float()
+        assert torch.isfinite(got).all(), f"{m}x{n}x{k}: unwritten elements"
+        assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def _matches_torch(pipeline: str):
+    """kernels/gemm.kfc built with `pipeline` against torch at SPECIALISED_SHAPES, into poisoned
+    outputs, and the same bits from a second call."""
     requires_gpu()
     import kfc
 
@@ -189,5 +228,4 @@ def test_warp_specialised_gemm_matches_torch(pipeline):
         err = float((o - ref).abs().max() / ref.abs().max())
         assert err < TOL, f"{pipeline} {m}x{n}x{k}: max |err| / max |ref| = {err:.3g}"
         assert torch.equal(g(a, b), got), f"{pipeline} {m}x{n}x{k}: a second call differs"
-    _, report = g.kernel_for({"M": 4096, "N": 4096, "K": 4096}, 0)
-    assert report["kernels"][0]["block"][0] == 128 * (1 + ("bm=64" not in pipeline) + 1), "a producer warpgroup"
+    return g

@@ -42,6 +42,12 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
         a vector spread down the rows of a fragment tile: (r, c) holds bias[k + c]
     gpu.store_tile %v, %c, %r, %k {index = [+128, +256]}
         tile.store of a register tile held in a fragment layout (#wgmma_acc)
+    gpu.stage_fragment %v, %out, %slot {column = 64}
+        every thread writes its registers of columns 64.. of a #wgmma_acc tile into a staging slot
+    gpu.tma_store %tc, %out, %slot, %r, %k
+        each warpgroup stores its 64 rows of the slot to global memory by TMA (one bulk group)
+    gpu.tma_store_wait {pending = 1}
+        until at most `pending` stores still read their slots (kfc.ir.mma_ops.tma_store)
 
     gpu.roles {warpgroups = [1, 2], registers = [40, 232]} { producer } { consumers }
         warp specialisation: region i runs on the next warpgroups[i] warpgroups, all at once
@@ -64,4 +70,5 @@ from .tma import (CopyStageOp, ExpectTxAtOp, FenceProxyAsyncOp, MbarrierArrayOp,
 from .tcgen05 import (TMEM_LOAD_COLUMNS, Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmemAllocOp, TmemDeallocOp,
                       TmemLoadOp)
 from .roles import REGISTER_BUDGETS, MbarrierArriveOp, RolesOp, arrive_count
+from .tma_store import STORE_ROWS, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
 from .wgmma import LoadColumnsOp, StoreTileOp, WgmmaOp, WgmmaWaitOp, wgmma_operands

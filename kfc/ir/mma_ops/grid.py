@@ -107,6 +107,21 @@ def every_mma_group(machine) -> list:
     return [*getattr(machine, "wgmma_groups", []), *roles, *tcgen05_groups_of(machine)]
 
 
+@attrs.frozen
+class StoreGroup:
+    """A TMA store in flight: it reads `slot` of the staging tile until a wait retires it."""
+
+    tile: object
+    slot: int
+
+
+def store_groups_of(machine) -> list:
+    """The TMA stores issued and not yet retired by a gpu.tma_store_wait, oldest first."""
+    if not hasattr(machine, "store_groups"):
+        machine.store_groups = []
+    return machine.store_groups
+
+
 TCGEN05 = "tcgen05"  # the mark of a tcgen05.mma group among the (tile, stage) pairs it reads
 
 
@@ -181,7 +196,7 @@ class GridOp(Op):
         for pid in np.ndindex(interp.ctas) if self.persistent else np.ndindex(*self.grid):
             for arg, i in zip(self.body.args, pid):
                 env[arg] = np.asarray(i, dtype=np.int64)
-            interp.wgmma_groups, interp.tcgen05_groups = [], []
+            interp.wgmma_groups, interp.tcgen05_groups, interp.store_groups = [], [], []
             interp.exec_iteration(self.body, env)
             self.program_ends(interp)
         return None
@@ -193,6 +208,10 @@ class GridOp(Op):
         if tcgen05_groups_of(machine):
             raise HazardError(f"{self.NAME}: a program ends with {len(machine.tcgen05_groups)} tcgen05.mma group(s) "
                               "nobody waited for", self.loc, "commit them to an mbarrier and wait on it")
+        if store_groups_of(machine):
+            raise HazardError(f"{self.NAME}: a program ends with {len(machine.store_groups)} TMA store(s) still "
+                              "reading shared memory", self.loc, "end the program's stores with gpu.tma_store_wait "
+                              "{pending = 0}")
 
 
 @define_op("gpu.ctas", traits={"pure"}, operands=0, results=1)
