@@ -239,7 +239,9 @@ def test_gemm_compiles_for_sm90a_to_hgmma_and_utmaldg(gemm_4096):
     assert r.kernel.report.spills == 0
     [entry] = r.report["kernels"]
     assert entry["grid"] == ["512", "1", "1"] and entry["block"] == [384, 1, 1], "a producer warpgroup and two MMA ones"
-    assert [p["kind"] for p in entry["params"]] == ["tensor", "tensor", "tensor", "tensor_map", "tensor_map"]
+    assert [(p["kind"], p["name"]) for p in entry["params"]] == \
+        [("tensor", "a"), ("tensor", "b"), ("tensor", "c"), ("tensor_map", "c"), ("tensor_map", "a"), ("tensor_map", "b")]
+    assert "UTMASTG" in sass, "the default stores its tiles by TMA (store=auto)"
 
 
 def test_a_plain_target_is_built_for_its_arch_specific_variant_and_says_so(capsys):

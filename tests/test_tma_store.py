@@ -18,7 +18,9 @@ from kfc.ir import parse_ir, print_ir, verify
 from kfc.ir.core import Block
 from kfc.ir.interpreter import run
 from kfc.ir.mma_ops import FenceProxyAsyncOp, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
+from kfc.ir.specialize import specialize
 from kfc.model.target import parse_target
+from kfc.passes import PassContext, PassManager, parse_pipeline
 from test_matmul import lowered, operands
 
 WS = "producer=warpgroup,inflight=1"
@@ -126,10 +128,26 @@ def test_the_tma_store_gemm_builds_for_sm90a_with_its_stores():
 
 def test_what_a_tma_store_cannot_take_is_refused_by_name():
     spec = load_kfc("kernels/gemm.kfc")
-    with pytest.raises(KfcError, match="a row of c is 14 bytes; a TMA store takes rows whose pitch is a multiple "
-                                       "of 16 bytes"):
+    with pytest.raises(KfcError, match="a TMA store takes rows whose pitch is a multiple of 16 bytes; a row of c "
+                                       "is 14"):
         compile_op(spec, parse_target("sm_90a"), pipeline="accelerate-matmul{store=tma}",
                    shape={"M": 8, "N": 7, "K": 8})
     with pytest.raises(KfcError, match="store=tma stages wgmma's fragments"):
         compile_op(spec, parse_target("sm_100a"), pipeline="accelerate-matmul{store=tma}",
                    shape={"M": 128, "N": 256, "K": 64})
+
+
+def test_store_auto_takes_tma_where_the_output_the_mma_and_shared_memory_allow_it():
+    spec = load_kfc("kernels/gemm.kfc")
+
+    def stores_by_tma(dims, options, target="sm_90a"):
+        pm = f"canonicalize,accelerate-matmul{{{options}}}"
+        low = PassManager(parse_pipeline(pm), PassContext(target=parse_target(target))).run(
+            specialize(spec.func, dims))
+        return any(isinstance(op, TmaStoreOp) for op in low.walk())
+
+    square = {"M": 256, "N": 512, "K": 128}
+    assert stores_by_tma(square, f"{WS},store=auto")
+    assert not stores_by_tma({"M": 8, "N": 7, "K": 8}, f"{WS},store=auto")        # a row of 14 bytes
+    assert not stores_by_tma(square, f"{WS},bn=192,stages=5,store=auto")         # 200 KB of stages: no room
+    assert not stores_by_tma(square, "store=auto", target="sm_100a")              # tcgen05 stores directly

@@ -11,6 +11,8 @@ parameter, staged shared tiles and mbarrier arrays a shared-memory address. The 
 
 from __future__ import annotations
 
+import contextlib
+
 import attrs
 
 from ..ir.core import Op, Value
@@ -87,6 +89,7 @@ class GridKernelEmitter(CodeWriter):
         # fragment values written where they are read, an expression of the register index:
         # no register array of their own beside the accumulator's (a bias read per use)
         self.inline: dict[Value, object] = {}  # defined once each at the top of the .cu
+        self.locals = None  # inside register_locals: ({(value, index): local name}, their definitions)
         fragments = {layouts.of(r.ttype.layout).registers(r.ttype.shape[1]) for op in self.launch.walk()
                      for r in op.results if self._is_fragment(r)}
         if len(fragments) > 1:
@@ -117,8 +120,28 @@ class GridKernelEmitter(CodeWriter):
 
     def elem(self, v: Value, i: str) -> str:
         if v in self.inline:
-            return self.inline[v](i)
+            expr = self.inline[v](i)
+            if self.locals is None or len(self.uses.get(v, ())) < 2 or "(" not in expr:
+                return expr
+            names, lines = self.locals
+            if (v, i) not in names:
+                names[v, i] = self.fresh("kfc_r")
+                lines.append(f"const {C_TYPES[v.ttype.dtype]} {names[v, i]} = {expr};")
+            return names[v, i]
         return f"{self.name(v)}[{i}]" if self.kind(v) == "row" else self.name(v)
+
+    @contextlib.contextmanager
+    def register_locals(self):
+        """While a store's loop body is written: an inlined value that more than one op reads
+        becomes a local of the iteration, once per register index, in the lines yielded (for the
+        rule to write before its store). Its text would otherwise repeat at every read, and the
+        C compiler does not merge the repeated loads of a bias (GELU reads its argument four
+        times)."""
+        outer, self.locals = self.locals, ({}, [])
+        try:
+            yield self.locals[1]
+        finally:
+            self.locals = outer
 
     def operand(self, v: Value, i):
         return self.elem(v, i) if i is not None else self.name(v)

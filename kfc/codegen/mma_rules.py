@@ -295,7 +295,10 @@ def emit_store_tile(em, op: StoreTileOp) -> None:
     em.emit(f"for (int i = 0; i < {em.EV}; i += 2) {{")
     em.emit(f"  const long long r = {r0} + {frag.row_c('i', 'kfc_tid')};")
     em.emit(f"  const long long c = {c0} + {frag.col_c('i', 'kfc_tid')};")
-    v0, v1 = em.elem(value, "i"), em.elem(value, "i + 1")
+    with em.register_locals() as lets:
+        v0, v1 = em.elem(value, "i"), em.elem(value, "i + 1")
+    for line in lets:
+        em.emit("  " + line)
     if paired:
         em.emit(f"  if (r < {rows} && c < {cols}) {{ {pair_t} w; w.x = {v0}; w.y = {v1}; "
                 f"*reinterpret_cast<{pair_t}*>(&{p}[r * {cols} + c]) = w; }}")

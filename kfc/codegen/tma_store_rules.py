@@ -44,7 +44,11 @@ def emit_stage_fragment(em, op: StageFragmentOp) -> None:
     em.emit(f"  const unsigned b = (unsigned)({frag.col_c('i', 'kfc_tid')} - {op.column}) * {size}u;")
     em.emit(f"  const unsigned a = {em.name(tile)} + (unsigned)({em.name(slot)}) * {_stage_bytes(t)}u + "
             f"r * {CHUNK_BYTES}u + ((((b >> 4) ^ (r & 7u)) << 4) | (b & 15u));")
-    em.emit(f"  {pair_t} w; w.x = {em.elem(value, 'i')}; w.y = {em.elem(value, 'i + 1')};")
+    with em.register_locals() as lets:
+        v0, v1 = em.elem(value, "i"), em.elem(value, "i + 1")
+    for line in lets:
+        em.emit("  " + line)
+    em.emit(f"  {pair_t} w; w.x = {v0}; w.y = {v1};")
     # no "memory" clobber: the stores may not pin a fused epilogue's global loads (a bias) behind
     # them, one L2 round trip per register pair; the fence and barrier of gpu.tma_store (asm
     # with the clobber) order them before the store

@@ -65,12 +65,19 @@ class MatmulSpace(SpaceMoves):
             d = self.default_pass
             out.update(bm=(128,), producer=(d.producer,), inflight=(d.inflight,), registers=(d.registers,),
                        tiles=("grid",))
-        if self.tcgen05 or not self.tma_store:
-            out.update(store=("direct",))
+        # store=auto is the pass's choice between the two, made here as it makes it
+        out.update(store=("direct",) if self.tcgen05 or not self.tma_store else ("direct", "tma"))
         return out
 
     def default(self) -> dict[str, Any]:
-        return {k: getattr(self.default_pass, k) for k in self.choices()}
+        return self._resolved({k: getattr(self.default_pass, k) for k in self.choices()})
+
+    def _resolved(self, c: dict[str, Any]) -> dict[str, Any]:
+        """c with store=auto as the pass resolves it: TMA where the output and shared memory allow."""
+        if c.get("store") != "auto":
+            return c
+        tma = {**c, "store": "tma"}
+        return tma if "tma" in self.choices()["store"] and self.valid(tma) else {**c, "store": "direct"}
 
     def valid(self, c: dict[str, Any]) -> bool:
         if any(c.get(k) not in v for k, v in self.choices().items()):
@@ -94,11 +101,12 @@ class MatmulSpace(SpaceMoves):
         matmuls = [p for p in passes if isinstance(p, AccelerateMatmul)]
         if len(matmuls) != 1 or any(getattr(matmuls[0], k) != DEFAULTS[k] for k in FIXED if k != "copy"):
             return None
-        c = {k: getattr(matmuls[0], k) for k in self.choices()}
+        written = {k: getattr(matmuls[0], k) for k in self.choices()}
+        c = self._resolved(written)
         if not self.valid(c):
             return None
-        form = self.pipeline(c)
-        return c if str(parse_pipeline(pipeline)) == form else None
+        # the pipeline of this form as written (store=auto included), mapped to what it builds
+        return c if str(parse_pipeline(pipeline)) == self.pipeline(written) else None
 
     def describe(self) -> str:
         lines = ["a matrix product on tensor cores; pipeline form:",

@@ -10,7 +10,7 @@ from .pipeline import Pipeline, parse_pipeline, parse_user_pipeline
 
 ROW_PIPELINE = "canonicalize,cse,dce,flatten-branches,chunk-rows,stage-rows,tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
 # a whole-tensor matrix product and its elementwise epilogue, on tensor cores
-MATMUL_PIPELINE = "canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1},canonicalize,cse,dce"
+MATMUL_PIPELINE = "canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1,store=auto},canonicalize,cse,dce"
 
 
 def default_pipeline(kind: str) -> str:

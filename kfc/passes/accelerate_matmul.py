@@ -53,6 +53,7 @@ from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, define_pass, option
 from .matmul_tcgen05 import run_tcgen05
 
+SMEM_RESERVE = 1024  # bytes of a CTA's shared memory left beside the dynamic (mbarriers, alignment)
 EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
 # staging slots of a TMA-store epilogue: the threads write one while the other's store reads it
 STORE_SLOTS = 2
@@ -147,6 +148,7 @@ class Operands:
     K: int
     copy: str
     why_copy: str
+    store: str = "direct"  # how the epilogue's tile is stored: "direct" or "tma"
 
 
 @define_pass("accelerate-matmul",
@@ -179,8 +181,9 @@ class AccelerateMatmul(Pass):
     tiles: str = option("grid", choices=("grid", "persistent"))
     # how the epilogue's tile reaches global memory: each thread stores its registers ("direct"),
     # or the warpgroups write it into shared memory 128 bytes of columns at a time and TMA stores
-    # each chunk ("tma": whole rows per store, and the threads go on while the stores drain)
-    store: str = option("direct", choices=("direct", "tma"))
+    # each chunk ("tma": whole rows per store, and the threads go on while the stores drain);
+    # auto takes TMA where the output's rows, the MMA (wgmma) and shared memory allow it
+    store: str = option("direct", choices=("direct", "tma", "auto"))
 
     @property
     def warpgroups(self) -> int:
@@ -203,9 +206,9 @@ class AccelerateMatmul(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
         m = match_matmul(func)
         mma = self.instruction(ctx.target)
-        ops = self.operands(m, mma)
+        ops = self.operands(m, mma, ctx.target)
         if mma == "tcgen05":
-            if self.store == "tma":
+            if ops.store == "tma":
                 raise PassError("accelerate-matmul: store=tma stages wgmma's fragments; the tcgen05 kernel stores "
                                 "from tensor memory directly", m.dot.loc, "leave store at direct for tcgen05")
             return run_tcgen05(self, func, ctx, m, ops)
@@ -216,14 +219,15 @@ class AccelerateMatmul(Pass):
         if self.producer == "warpgroup" and not specialise:
             ctx.note(self, "no producer warpgroup: it issues TMA loads, and the threads copy these operands")
         self.check_smem(ops, ctx, func)
-        body = self._build(m, ops.A, ops.B, ops.C, ops.M, ops.N, ops.K, ops.copy, specialise)
+        body = self._build(m, ops, specialise)
         self.note_copy(ops, ctx)
         return func.evolve(regions=(Block(func.args, body),))
 
-    def operands(self, m: MatmulMatch, mma: str) -> "Operands":
-        """The product's tensors and sizes and who copies its tiles (TMA, or the threads where
-        TMA cannot: a transposed operand or a row pitch not a multiple of 16 bytes): what both
-        MMAs' kernels start from, refused here by name where neither can take it."""
+    def operands(self, m: MatmulMatch, mma: str, target) -> "Operands":
+        """The product's tensors and sizes, who copies its tiles (TMA, or the threads where TMA
+        cannot: a transposed operand or a row pitch not a multiple of 16 bytes) and how its tile
+        is stored: what both MMAs' kernels start from, refused here by name where neither can
+        take it."""
         A, B, C = m.load_a.operands[0], m.load_b.operands[0], m.store.operands[1]
         ta, tb = A.ttype, B.ttype
         if ta.dtype is not tb.dtype or ta.dtype not in (DType.BF16, DType.F16):
@@ -248,29 +252,40 @@ class AccelerateMatmul(Pass):
                             f"multiple of {TMA_GRANULE // t.dtype.itemsize} elements")
         why = f" ({unaligned[0][1]} has a row pitch TMA cannot take)" if unaligned else \
             " (a transposed operand)" if copy == "threads" else ""
-        if self.store == "tma":
+        store = self.store
+        if store != "direct":
             tc = C.ttype
-            if tc.dtype not in (DType.BF16, DType.F16, DType.F32):
-                raise PassError(f"accelerate-matmul: store=tma stores bf16, f16 or f32 outputs, not {tc.dtype}",
-                                m.store.loc, "leave store at direct")
-            if tc.shape[1] * tc.dtype.itemsize % TMA_GRANULE:
-                raise PassError(f"accelerate-matmul: a row of {C.name} is {tc.shape[1] * tc.dtype.itemsize} bytes; "
-                                f"a TMA store takes rows whose pitch is a multiple of {TMA_GRANULE} bytes",
-                                m.store.loc, "leave store at direct: each thread then stores its registers")
-        return Operands(A, B, C, M, N, K, copy, why)
+            problem = f"stores bf16, f16 or f32 outputs, not {tc.dtype}" \
+                if tc.dtype not in (DType.BF16, DType.F16, DType.F32) else \
+                f"takes rows whose pitch is a multiple of {TMA_GRANULE} bytes; a row of {C.name} is " \
+                f"{tc.shape[1] * tc.dtype.itemsize}" if tc.shape[1] * tc.dtype.itemsize % TMA_GRANULE else None
+            if problem and store == "tma":
+                raise PassError(f"accelerate-matmul: a TMA store {problem}", m.store.loc,
+                                "leave store at direct (or auto): each thread then stores its registers")
+            if store == "auto":
+                fits = self.smem_bytes(copy, "tma", A.ttype.dtype.itemsize) <= target.smem_per_block - SMEM_RESERVE
+                store = "tma" if mma == "wgmma" and not problem and fits else "direct"
+        return Operands(A, B, C, M, N, K, copy, why, store)
 
     def check_smem(self, ops: "Operands", ctx, func: FuncOp) -> int:
         """The stages the kernel takes (two where the threads copy), refused where they do not
         fit the target's shared memory."""
         stages = self.stages if ops.copy == "tma" else 2
-        smem = stages * (self.bm * self.bk + self.bk * self.bn) * ops.A.ttype.dtype.itemsize
-        staging = STORE_SLOTS * self.bm * CHUNK_BYTES if self.store == "tma" else 0
-        if smem + staging > ctx.target.smem_per_block - 1024:
+        smem = self.smem_bytes(ops.copy, "direct", ops.A.ttype.dtype.itemsize)
+        staging = self.smem_bytes(ops.copy, ops.store, ops.A.ttype.dtype.itemsize) - smem
+        if smem + staging > ctx.target.smem_per_block - SMEM_RESERVE:
             also = f" and {STORE_SLOTS} staging slots of the output {staging}" if staging else ""
             raise PassError(f"accelerate-matmul: {stages} stages of [{self.bm}, {self.bk}] and [{self.bk}, "
                             f"{self.bn}] tiles take {smem} bytes of shared memory{also}; {ctx.target} has "
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
         return stages
+
+    def smem_bytes(self, copy: str, store: str, itemsize: int) -> int:
+        """The dynamic shared memory the kernel takes: its stages (two where the threads copy)
+        and, with a TMA store, the output's staging slots."""
+        stages = self.stages if copy == "tma" else 2
+        staging = STORE_SLOTS * self.bm * CHUNK_BYTES if store == "tma" else 0
+        return stages * (self.bm * self.bk + self.bk * self.bn) * itemsize + staging
 
     def note_copy(self, ops: "Operands", ctx) -> None:
         if ops.copy != self.copy:
@@ -303,8 +318,8 @@ class AccelerateMatmul(Pass):
                                                                name="parity")], [])
             load(loop.iv, s, row0, col0)
 
-    def _build(self, m: MatmulMatch, A: Value, B: Value, C: Value, M: int, N: int, K: int, copy: str,
-               specialise: bool) -> list[Op]:
+    def _build(self, m: MatmulMatch, ops: Operands, specialise: bool) -> list[Op]:
+        A, B, C, M, N, K, copy = ops.A, ops.B, ops.C, ops.M, ops.N, ops.K, ops.copy
         bm, bn = self.bm, self.bn
         acc_t = TensorType(DType.F32, (bm, bn), layout=layouts.WgmmaAccumulator(self.warpgroups).as_layout())
         b = Builder()
@@ -342,10 +357,10 @@ class AccelerateMatmul(Pass):
 
         with b.at(m.dot.loc), b.region() as top:
             with b.region() as inner:
-                if self.store == "tma":
+                if ops.store == "tma":
                     store = self.tma_store(b, C)
                 if specialise:
-                    self._specialised(b, A, B, K, acc_t, each_tile, finish)
+                    self._specialised(b, A, B, K, acc_t, each_tile, finish, drain=store is not None)
                 else:
                     row0, col0 = origin(*args)
                     if copy == "tma":
@@ -459,7 +474,8 @@ class AccelerateMatmul(Pass):
 
         return sa, sb, full, load
 
-    def _specialised(self, b: Builder, A: Value, B: Value, K: int, acc_t: TensorType, each_tile, finish) -> None:
+    def _specialised(self, b: Builder, A: Value, B: Value, K: int, acc_t: TensorType, each_tile, finish,
+                     drain: bool) -> None:
         """Warp specialisation: a producer warpgroup (one thread of it) loads k-tile kt into
         stage kt % stages as soon as the consumers have freed it (empty[s]), the consumer
         warpgroups wait for it (full[s]), multiply, and free each stage once its wgmma has
@@ -509,7 +525,7 @@ class AccelerateMatmul(Pass):
             b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
         with b.region() as consumers:
             each_tile(consume)
-            if self.store == "tma":  # every store has read its slot before the CTA's shared memory goes
+            if drain:  # every store has read its slot before the CTA's shared memory goes
                 b.create(TmaStoreWaitOp, [], [], pending=0)
         registers = (40, self.registers) if self.registers else ()
         b.create(RolesOp, [], [], regions=[Block((), producer), Block((), consumers)],
