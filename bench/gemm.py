@@ -1,7 +1,7 @@
 """kfc's GEMM (kernels/gemm.kfc: TMA + wgmma) against cuBLAS (torch.matmul), in one run on one GPU.
 
     python -m bench.gemm [--shapes 4096x4096x4096,...] [--pipeline P [--pipeline P2 ...]]
-                         [--epilogue bias-gelu] [--out FILE]
+                         [--epilogue bias-gelu] [--kb KB] [--out FILE]
 
 bf16 a [M, K], b [K, N] from a normal distribution, bf16 c, fp32 accumulation. Each shape
 compiles its own kfc kernel (every dim is fixed per compile). Both contenders' outputs are
@@ -12,7 +12,9 @@ TFLOP/s = 2 M N K / time. Each --pipeline is a kfc contender of its own ("kfc" a
 default pipeline, else "kfc[PIPELINE]"), all timed in the same run as cuBLAS. With --epilogue,
 kfc runs kernels/gemm_<epilogue>.kfc (bias along the columns, the epilogue fused), checked
 against its own reference, and the ratio is to cuBLAS's GEMM alone; torch's GEMM followed by the
-epilogue is timed beside them.
+epilogue is timed beside them. With --kb, kfc[tuned] is kfc with the pipeline `kfc tune` found
+fastest at each shape (the knowledge base's best; the default where it records none), its
+pipeline kept in the JSON.
 """
 
 from __future__ import annotations
@@ -47,8 +49,40 @@ def error(out, ref) -> float:
     return float((o - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+TUNED = "tuned"  # the --kb contender: per shape, the fastest pipeline the knowledge base records
+
+
 def kfc_name(pipeline: str | None) -> str:
     return "kfc" if pipeline is None else f"kfc[{pipeline}]"
+
+
+def tuned_pipelines(kb_path: str, kernel, shapes, target: str = "sm_90a") -> dict:
+    """(M, N, K) -> the fastest timed pipeline the knowledge base at kb_path records for the
+    kernel on target at that shape (what `kfc tune` found), or None where it records none."""
+    from kfc.frontend import load_kfc
+    from kfc.kb.fingerprint import op_fingerprint
+    from kfc.kb.store import KnowledgeBase
+
+    spec = load_kfc(kernel)
+    kb = KnowledgeBase(kb_path)
+    try:
+        best = {(m, n, k): kb.best_by_fingerprint(op_fingerprint(spec.func), target, {"M": m, "N": n, "K": k})
+                for m, n, k in shapes}
+    finally:
+        kb.close()
+    return {shape: t.proposal.pipeline if t is not None else None for shape, t in best.items()}
+
+
+def kernel_path(epilogue: str | None):
+    return ROOT / "kernels" / ("gemm.kfc" if epilogue is None else f"gemm_{epilogue.replace('-', '_')}.kfc")
+
+
+def kfc_fn(pipeline: str | None, epilogue: str | None):
+    """kfc's kernel (with the epilogue fused) as fn(a, b, bias)."""
+    import kfc
+
+    k = kfc.load(kernel_path(epilogue), pipeline=pipeline)
+    return lambda a, b, bias: k(a, b) if epilogue is None else k(a, b, bias)
 
 
 def contenders(pipelines: list[str | None], epilogue: str | None = None) -> dict:
@@ -57,13 +91,9 @@ def contenders(pipelines: list[str | None], epilogue: str | None = None) -> dict
     kernel is held to) and torch the GEMM and the epilogue as two kernels."""
     import torch
 
-    import kfc
-
-    kernel = ROOT / "kernels" / ("gemm.kfc" if epilogue is None else f"gemm_{epilogue.replace('-', '_')}.kfc")
     fns = {}
     for p in pipelines:
-        fns[kfc_name(p)] = ((lambda k: lambda a, b, bias: k(a, b) if epilogue is None else k(a, b, bias))(
-            kfc.load(kernel, pipeline=p)), epilogue or "gemm")
+        fns[kfc_name(p)] = (kfc_fn(p, epilogue), epilogue or "gemm")
     fns["cublas"] = (lambda a, b, bias: torch.matmul(a, b), "gemm")
     if epilogue is not None:
         fns["torch"] = (lambda a, b, bias: EPILOGUES[epilogue](torch.matmul(a, b).float() + bias).to(a.dtype),
@@ -80,15 +110,21 @@ def _gelu_tanh(x):
 EPILOGUES = {"bias-gelu": _gelu_tanh}
 
 
-def run(shapes, pipelines: list[str | None], seed: int = 0, epilogue: str | None = None) -> tuple[list[dict], list[str]]:
+def run(shapes, pipelines: list[str | None], seed: int = 0, epilogue: str | None = None,
+        tuned: dict | None = None) -> tuple[list[dict], list[str]]:
+    """Every contender at every shape; with `tuned` ((M, N, K) -> pipeline or None), also kfc
+    with the pipeline tuned for each shape ("kfc[tuned]"; the default where none is recorded)."""
     import torch
     from triton.testing import do_bench_cudagraph
 
     torch.backends.cuda.matmul.allow_tf32 = False  # an fp32 reference, not a tf32 one
-    fns = contenders(pipelines, epilogue)
+    every = contenders(pipelines, epilogue)
     gen = torch.Generator(device="cuda")
     rows, failures = [], []
     for m, n, k in shapes:
+        fns = dict(every)
+        if tuned is not None:
+            fns = {kfc_name(TUNED): (kfc_fn(tuned[m, n, k], epilogue), epilogue or "gemm"), **every}
         gen.manual_seed(seed + m * 31 + n * 7 + k)
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -99,6 +135,8 @@ def run(shapes, pipelines: list[str | None], seed: int = 0, epilogue: str | None
         row = {"M": m, "N": n, "K": k}
         for name, (fn, computes) in fns.items():
             r: dict = {"computes": computes}
+            if name == kfc_name(TUNED):
+                r["pipeline"] = tuned[m, n, k] or "default (the knowledge base records none at this shape)"
             try:
                 r["max_err_rel"] = err = error(fn(a, b, bias), refs[computes])
                 torch.cuda.synchronize()
@@ -115,7 +153,7 @@ def run(shapes, pipelines: list[str | None], seed: int = 0, epilogue: str | None
                 print(f"FAILED {failures[-1]}", file=sys.stderr, flush=True)
             row[name] = r
             print(f"gemm {m}x{n}x{k} {name}: {r}", file=sys.stderr, flush=True)
-        for p in pipelines:
+        for p in ([TUNED] if tuned is not None else []) + pipelines:
             name = kfc_name(p)
             if row[name].get("ok") and row["cublas"].get("ok"):
                 tag = "kfc" if name == "kfc" else name
@@ -157,11 +195,18 @@ def main(argv=None) -> int:
     ap.add_argument("--epilogue", choices=sorted(EPILOGUES),
                     help="time kernels/gemm_<epilogue>.kfc (the epilogue fused) against cuBLAS's GEMM alone and "
                          "torch's GEMM then epilogue")
+    ap.add_argument("--kb", metavar="PATH",
+                    help="also time kfc with the fastest pipeline this knowledge base records for each shape "
+                         "(kfc tune kernels/gemm.kfc --shape M=..,N=..,K=.. --kb PATH), as kfc[tuned]")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     pipelines = [None if p == "default" else p for p in args.pipeline or ["default"]]
-    rows, failures = run(shapes, pipelines, epilogue=args.epilogue)
+    tuned = tuned_pipelines(args.kb, kernel_path(args.epilogue), shapes) if args.kb else None
+    if tuned is not None:
+        for (m, n, k), p in tuned.items():
+            print(f"tuned {m}x{n}x{k}: {p or 'nothing recorded: the default pipeline'}", flush=True)
+    rows, failures = run(shapes, pipelines, epilogue=args.epilogue, tuned=tuned)
     prov = harness.provenance([])
     first = kfc_name(pipelines[0])
     eager = [r[f"eager_ratio_{first}_over_cublas"] for r in rows if f"eager_ratio_{first}_over_cublas" in r]
@@ -179,7 +224,7 @@ def main(argv=None) -> int:
     path = save("gemm", payload, also=args.out)
     print(f"saved {path}")
     print_table(f"gemm: TFLOP/s on {prov.get('gpu', '?')} (bf16), eager | CUDA graph; ratio = kfc / cuBLAS", rows,
-                pipelines)
+                pipelines + ([TUNED] if tuned is not None else []))
     if eager:
         print(f"geomean {first} / cuBLAS: eager {harness.geomean(eager):.3f}, graph {harness.geomean(graph):.3f}")
     for f in failures:

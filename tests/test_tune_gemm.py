@@ -131,3 +131,18 @@ def test_on_blackwell_the_space_is_the_tcgen05_kernels():
     assert choices["bm"] == (128,) and choices["tiles"] == ("grid",) and len(choices["producer"]) == 1
     assert choices["store"] == ("direct",)
     assert len(choices["bn"]) > 1 and len(choices["stages"]) > 1
+
+
+def test_the_gemm_benchmark_times_the_pipeline_tuned_for_each_shape(tmp_path):
+    """python -m bench.gemm --kb: kfc[tuned] is the knowledge base's best at each shape, and the
+    default where it records none."""
+    from bench.gemm import tuned_pipelines
+
+    spec = load_kfc("kernels/gemm.kfc")
+    kb = KnowledgeBase(tmp_path / "kb.sqlite")
+    try:
+        r = tune(spec, TARGET, SQUARE, 4, SearchPolicy(seed=1), kb, FakeGpu(spec, SQUARE))
+    finally:
+        kb.close()
+    got = tuned_pipelines(str(tmp_path / "kb.sqlite"), "kernels/gemm.kfc", [(4096, 4096, 4096), (16, 8192, 8192)])
+    assert got == {(4096, 4096, 4096): r.best.proposal.pipeline, (16, 8192, 8192): None}
