@@ -160,7 +160,7 @@ class AccelerateMatmul(Pass):
     bm: int = option(128, choices=(64, 128))
     bn: int = option(256, choices=(64, 128, 192, 256))
     bk: int = option(64, choices=(64, 128))
-    stages: int = option(4, lo=2, hi=6)  # one stage could not load k-tile kt before waiting for it
+    stages: int = option(4, lo=2, hi=8)  # one stage could not load k-tile kt before waiting for it
     group: int = option(8, lo=1, hi=64)
     # who brings the operands' tiles into shared memory: TMA, or every thread (any row pitch);
     # auto takes TMA where both operands' row pitches allow it
