@@ -19,6 +19,7 @@ from kfc.ir.core import Block
 from kfc.ir.interpreter import run
 from kfc.ir.mma_ops import CopyStageOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp, MbarrierWaitParityOp, TensorMapOp
 from kfc.ir.mma_ops import WgmmaWaitOp
+from kfc.ir.ptx_ops import TanhApproxOp
 from kfc.ir.specialize import specialize
 from kfc.passes import MATMUL_PIPELINE, PassContext, PassManager, parse_pipeline
 from kfc.model.target import parse_target
@@ -320,3 +321,26 @@ def test_f16_operands_and_an_f32_result_transposed_compile_to_hgmma():
     assert "HGMMA.64x256x16.F32" in sass
     assert "HGMMA.64x256x16.F32.BF16" not in sass, "f16 operands"
     assert r.kernel.report.spills == 0 and "C7514" not in r.kernel.ptxas_log
+
+
+def test_an_epilogue_tanh_is_approximated_only_where_the_outputs_precision_hides_it():
+    """approx=auto: tanh.approx (error about 2^-11) for a bf16 output checked at 1e-2; an f32
+    output keeps tanhf, as does the default (approx=off)."""
+    spec = load_kfc("kernels/gemm_bias_gelu.kfc")
+    auto = "canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1,store=auto,approx=auto}"
+    r = compile_op(spec, parse_target("sm_90a"), pipeline=auto, shape={"M": 64, "N": 128, "K": 64})
+    assert [a["what"] for a in r.report["approximations"]] == ["tanh.approx for tanh"]
+    assert "tanh.approx.f32" in r.kernel.cu and "MUFU.TANH" in disassemble(r.kernel.cubin)
+    off = compile_op(spec, parse_target("sm_90a"), shape={"M": 64, "N": 128, "K": 64})
+    assert not off.report["approximations"] and "tanh.approx" not in off.kernel.cu
+    # the same math into an f32 output: its rounding no longer hides the error
+    text = open("kernels/gemm_bias_gelu.kfc").read().replace("-> (c: bf16[M, N])", "-> (c: f32[M, N])") \
+        .replace("c = bf16(0.5", "c = (0.5")
+    wide = parse_kfc(text.split("check {")[0])
+    func, low = lowered(wide, {"M": 64, "N": 128, "K": 64}, auto)
+    assert not any(isinstance(op, TanhApproxOp) for op in low.walk())
+    func, low = lowered(spec, {"M": 70, "N": 136, "K": 64}, auto)
+    assert any(isinstance(op, TanhApproxOp) for op in low.walk())
+    args = {**operands(70, 136, 64), "bias": np.random.default_rng(0).standard_normal(136).astype(np.float32)}
+    np.testing.assert_allclose(run(low, args)["c"].astype(np.float32), run(func, args)["c"].astype(np.float32),
+                               rtol=2 ** -7, atol=1e-2)

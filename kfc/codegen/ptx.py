@@ -168,6 +168,10 @@ def ex2_approx(x: str) -> str:
     return f"kfc_ex2_approx({x})"
 
 
+def tanh_approx(x: str) -> str:
+    return f"kfc_tanh_approx({x})"
+
+
 def max_nan(a: str, b: str) -> str:
     """max that propagates NaN, as numpy's maximum does."""
     return f"kfc_max_nan({a}, {b})"
@@ -251,6 +255,9 @@ static __device__ __forceinline__ float kfc_rsqrt_approx(float x) {
 }
 static __device__ __forceinline__ float kfc_ex2_approx(float x) {
   float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+static __device__ __forceinline__ float kfc_tanh_approx(float x) {
+  float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
 }
 static __device__ __forceinline__ float kfc_max_nan(float a, float b) {
   float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;

@@ -20,9 +20,9 @@ from ..passes.base import PassError, option_range
 from ..passes.pipeline import parse_pipeline
 from .space import SpaceMoves
 
-# options fixed for the search: the MMA instruction of the target, and who copies (TMA where the
-# row pitches allow it, which the pass decides)
-FIXED = ("mma", "copy")
+# options fixed for the search: the MMA instruction of the target, who copies (TMA where the row
+# pitches allow it, which the pass decides) and approximate math (the output's precision decides)
+FIXED = ("mma", "copy", "approx")
 # a ranged option with more values than this is searched at powers of two
 MAX_LISTED = 8
 SMEM_RESERVE = 1024  # bytes the pass leaves beside the stages (mbarriers, alignment)
@@ -99,7 +99,7 @@ class MatmulSpace(SpaceMoves):
         except PassError:
             return None
         matmuls = [p for p in passes if isinstance(p, AccelerateMatmul)]
-        if len(matmuls) != 1 or any(getattr(matmuls[0], k) != DEFAULTS[k] for k in FIXED if k != "copy"):
+        if len(matmuls) != 1 or any(getattr(matmuls[0], k) != DEFAULTS[k] for k in ("mma", "approx")):
             return None
         written = {k: getattr(matmuls[0], k) for k in self.choices()}
         c = self._resolved(written)

@@ -74,6 +74,14 @@ class Ex2ApproxOp(_F32Unary):
     FN: ClassVar[str] = "exp2"
 
 
+@define_op("ptx.tanh_approx")
+class TanhApproxOp(_F32Unary):
+    """tanh.approx.f32: one MUFU instruction, absolute error at most about 2^-11 (the PTX ISA's
+    bound), where tanhf takes a dozen; for outputs a 16-bit rounding (2^-9 for bf16) dwarfs it."""
+
+    FN: ClassVar[str] = "tanh"
+
+
 @define_op("ptx.cvt_pack")
 class CvtPackOp(CastOp):
     REFINES: ClassVar[type] = CastOp

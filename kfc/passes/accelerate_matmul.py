@@ -48,11 +48,14 @@ from ..ir.mma_ops import STORE_ROWS, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
 from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
-from ..ir.tile_ops import UnaryOp, WhereOp
+from ..ir.ptx_ops import TanhApproxOp
+from ..ir.tile_ops import UNARY_CLASSES, UnaryOp, WhereOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, define_pass, option
+from .lower_ptx import ctx_tolerance
 from .matmul_tcgen05 import run_tcgen05
 
+TANH_APPROX_MIN_TOLERANCE = 1e-3  # the loosest outputs tanh.approx's 2^-11 leaves ten times the room
 SMEM_RESERVE = 1024  # bytes of a CTA's shared memory left beside the dynamic (mbarriers, alignment)
 EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
 # staging slots of a TMA-store epilogue: the threads write one while the other's store reads it
@@ -149,6 +152,7 @@ class Operands:
     copy: str
     why_copy: str
     store: str = "direct"  # how the epilogue's tile is stored: "direct" or "tma"
+    approx_tanh: bool = False  # the epilogue's tanh as tanh.approx
 
 
 @define_pass("accelerate-matmul",
@@ -184,6 +188,10 @@ class AccelerateMatmul(Pass):
     # each chunk ("tma": whole rows per store, and the threads go on while the stores drain);
     # auto takes TMA where the output's rows, the MMA (wgmma) and shared memory allow it
     store: str = option("direct", choices=("direct", "tma", "auto"))
+    # an epilogue's tanh as tanh.approx.f32 (one instruction, absolute error about 2^-11): auto
+    # where every float output is 16-bit and checked at 1e-3 or looser (its own rounding, 2^-9
+    # for bf16, is larger than the approximation's error). Off by default until timed on a GPU
+    approx: str = option("off", choices=("auto", "on", "off"))
 
     @property
     def warpgroups(self) -> int:
@@ -206,7 +214,7 @@ class AccelerateMatmul(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
         m = match_matmul(func)
         mma = self.instruction(ctx.target)
-        ops = self.operands(m, mma, ctx.target)
+        ops = attrs.evolve(self.operands(m, mma, ctx.target), approx_tanh=self.tanh_approximated(m, ctx, func))
         if mma == "tcgen05":
             if ops.store == "tma":
                 raise PassError("accelerate-matmul: store=tma stages wgmma's fragments; the tcgen05 kernel stores "
@@ -280,6 +288,19 @@ class AccelerateMatmul(Pass):
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
         return stages
 
+    def tanh_approximated(self, m: MatmulMatch, ctx, func: FuncOp) -> bool:
+        """Whether the epilogue's tanh become tanh.approx (reported per op where they do)."""
+        tanhs = [op for op in m.epilogue if isinstance(op, UNARY_CLASSES["tanh"])]
+        if not tanhs or self.approx == "off":
+            return False
+        floats = [v for v in func.outputs if v.ttype.dtype.is_float]
+        if self.approx == "auto" and not (all(v.ttype.dtype.itemsize <= 2 for v in floats)
+                                          and ctx_tolerance(ctx, func) >= TANH_APPROX_MIN_TOLERANCE):
+            return False
+        for op in tanhs:
+            ctx.approximated(self, "tanh.approx for tanh", op.loc)
+        return True
+
     def smem_bytes(self, copy: str, store: str, itemsize: int) -> int:
         """The dynamic shared memory the kernel takes: its stages (two where the threads copy)
         and, with a TMA store, the output's staging slots."""
@@ -332,7 +353,7 @@ class AccelerateMatmul(Pass):
 
         def finish(acc: Value, row0: Value, col0: Value, n: Value | None = None) -> None:
             """The epilogue on tile n's accumulator (the CTA's n-th tile; None: its only one), stored."""
-            value = self.epilogue(b, m, acc, acc_t, col0)
+            value = self.epilogue(b, m, acc, acc_t, col0, ops.approx_tanh)
             if store is not None:
                 store(value, row0, col0, n)
             else:
@@ -573,10 +594,11 @@ class AccelerateMatmul(Pass):
         return loop.results[0]
 
     @staticmethod
-    def epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType, col0: Value) -> Value:
+    def epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType, col0: Value,
+                 approx_tanh: bool = False) -> Value:
         """The .kfc's ops after the dot, on the accumulator's tile: same ops, the tile's shape and
         layout in place of the whole product's; a vector spread over the rows (a bias) is read
-        for the tile's columns."""
+        for the tile's columns; with approx_tanh an f32 tanh is tanh.approx."""
         mapping: dict[Value, Value] = {m.dot.result: acc}
         for op in m.epilogue:
             if isinstance(op, BroadcastOp) and op.operands[0] in m.columns:
@@ -590,6 +612,10 @@ class AccelerateMatmul(Pass):
                 t = r.ttype
                 results.append(Value(attrs.evolve(t, shape=acc_t.shape, layout=acc_t.layout) if not t.is_scalar
                                      else t, r.name))
-            b.insert(op.evolve(operands=tuple(mapping.get(v, v) for v in op.operands), results=tuple(results)))
+            operands = tuple(mapping.get(v, v) for v in op.operands)
+            if approx_tanh and isinstance(op, UNARY_CLASSES["tanh"]) and op.result.ttype.dtype is DType.F32:
+                b.insert(TanhApproxOp(operands=operands, results=tuple(results), loc=op.loc))
+            else:
+                b.insert(op.evolve(operands=operands, results=tuple(results)))
             mapping.update(zip(op.results, results))
         return mapping[m.store.operands[0]]

@@ -42,9 +42,9 @@ def run_tcgen05(p, func: FuncOp, ctx, m, ops) -> FuncOp:
             acc = b.create(TmemAllocOp, [], [TensorType(DType.F32, (p.bm, p.bn), MemSpace.TMEM,
                                                         layouts.TensorMemory().as_layout())], name="acc").result
             if by_tma:
-                _tcgen05_tma(p, b, m, A, B, C, K, acc, row0, col0)
+                _tcgen05_tma(p, b, m, A, B, C, K, acc, row0, col0, ops.approx_tanh)
             else:
-                _tcgen05_threads(p, b, m, A, B, C, K, acc, row0, col0)
+                _tcgen05_threads(p, b, m, A, B, C, K, acc, row0, col0, ops.approx_tanh)
             b.create(TmemDeallocOp, [acc], [])
         top.append(GridOp(regions=(Block((pm, pn), inner),), grid=(-(-M // p.bm), -(-N // p.bn)),
                           threads=256 if by_tma else 128, group=p.group, loc=m.dot.loc))
@@ -54,7 +54,7 @@ def run_tcgen05(p, func: FuncOp, ctx, m, ops) -> FuncOp:
              "tensor memory")
     return func.evolve(regions=(Block(func.args, [*m.prelude, *top]),))
 
-def _tmem_epilogue(p, b: Builder, m, C: Value, acc: Value, row0: Value, col0: Value) -> None:
+def _tmem_epilogue(p, b: Builder, m, C: Value, acc: Value, row0: Value, col0: Value, approx: bool) -> None:
     """The accumulator 32 columns at a time into registers, the .kfc's epilogue on them, the store."""
     chunk_t = TensorType(DType.F32, (p.bm, TMEM_LOAD_COLUMNS), layout=layouts.TmemRows().as_layout())
     with b.for_(b.const(0, DType.INDEX), b.const(p.bn // TMEM_LOAD_COLUMNS, DType.INDEX),
@@ -62,12 +62,12 @@ def _tmem_epilogue(p, b: Builder, m, C: Value, acc: Value, row0: Value, col0: Va
         col = b.binary("mul", chunks.iv, b.const(TMEM_LOAD_COLUMNS, DType.INDEX), name="col")
         part = b.create(TmemLoadOp, [acc, col], [chunk_t], name="part").result
         at = b.binary("add", col0, col, name="at")
-        value = p.epilogue(b, m, part, chunk_t, at)
+        value = p.epilogue(b, m, part, chunk_t, at, approx)
         b.create(StoreTileOp, [value, C, row0, at], [],
                  index=(IndexDim("slice", p.bm), IndexDim("slice", TMEM_LOAD_COLUMNS)))
 
 def _tcgen05_tma(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc: Value, row0: Value,
-                 col0: Value) -> None:
+                 col0: Value, approx: bool) -> None:
     """A producer warpgroup's thread loads k-tile kt by TMA once empty[s] says its stage is
     free; thread 0 of the MMA warpgroup issues its MMAs and commits them to empty[s], the last
     to `done`, which the whole warpgroup waits on before the epilogue."""
@@ -94,11 +94,11 @@ def _tcgen05_tma(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc: Va
             b.create(Tcgen05CommitOp, [done, idx(0)], [])
         b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
         b.create(MbarrierWaitParityOp, [done, idx(0), idx(0)], [])
-        _tmem_epilogue(p, b, m, C, acc, row0, col0)
+        _tmem_epilogue(p, b, m, C, acc, row0, col0, approx)
     b.create(RolesOp, [], [], regions=[Block((), producer), Block((), mma)], warpgroups=(1, 1))
 
 def _tcgen05_threads(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc: Value, row0: Value,
-                     col0: Value) -> None:
+                     col0: Value, approx: bool) -> None:
     """Operands TMA cannot move: the warpgroup's threads copy k-tile kt + 1 into the other of
     two stages while k-tile kt's MMAs run, once the MMAs of k-tile kt - 1, which read that
     stage, are done (their commit to mma_done[stage]); then a fence and a barrier."""
@@ -137,4 +137,4 @@ def _tcgen05_threads(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc
     b.create(MbarrierWaitParityOp, [mma_done, idx(last), idx(((kt_count - 1) // 2) % 2)], [])
     if kt_count >= 2:  # the phase of the k-tile before it, which nobody waited for
         b.create(MbarrierWaitParityOp, [mma_done, idx(1 - last), idx(((kt_count - 2) // 2) % 2)], [])
-    _tmem_epilogue(p, b, m, C, acc, row0, col0)
+    _tmem_epilogue(p, b, m, C, acc, row0, col0, approx)
