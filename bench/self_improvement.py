@@ -124,27 +124,34 @@ def main(argv=None) -> int:
 def summarize(cold, warm, runs: dict, shapes: list) -> tuple[list[dict], dict]:
     """Per shape: the best time either softmax run found, the candidates each needed to get
     within 5% of it, and both best-so-far curves (the baseline left out of both)."""
-    from kfc.factory.tune import candidates_to_reach, curve
-
     rows, curves = [], {}
     for m, n in shapes:
-        trials = {k: (cold if k == "cold" else warm).trials(run_id=runs[k][(m, n)].run_id) for k in runs}
-        search = {k: [t for t in ts if t.proposal.proposer != "baseline"] for k, ts in trials.items()}
-        best = min(min(t.outcome.median_us for t in ts if t.outcome.median_us) for ts in search.values())
-        need = {k: candidates_to_reach(ts, best / 0.95) for k, ts in search.items()}
-        c, w = need["cold"], need["warm"]
-        rows.append({"M": m, "N": n, "best_us": best, "cold_candidates_to_95": c, "warm_candidates_to_95": w,
-                     "cold_best_us": min(t.outcome.median_us for t in search["cold"] if t.outcome.median_us),
-                     "warm_best_us": min(t.outcome.median_us for t in search["warm"] if t.outcome.median_us),
-                     "baseline_us": runs["cold"][(m, n)].baseline.outcome.median_us,
-                     "warm_at_most_half": w is not None and (c is None or w <= c / 2),
-                     "cold_run": runs["cold"][(m, n)].run_id, "warm_run": runs["warm"][(m, n)].run_id})
-        curves[f"{m}x{n}"] = {k: curve(ts) for k, ts in search.items()}
+        row, curves[f"{m}x{n}"] = compare_runs(cold, runs["cold"][(m, n)], warm, runs["warm"][(m, n)])
+        rows.append({"M": m, "N": n, **row, "warm_at_most_half": row["warm_candidates_to_95"] is not None and (
+            row["cold_candidates_to_95"] is None or row["warm_candidates_to_95"] <= row["cold_candidates_to_95"] / 2)})
     return rows, curves
 
 
-def plot(curves: dict, path: Path) -> None:
-    """Best-so-far time against candidate number, cold and warm, one panel per shape."""
+def compare_runs(cold_kb, cold_run, warm_kb, warm_run) -> tuple[dict, dict]:
+    """A cold and a warm tune of one shape: the best time either found, the candidates each
+    needed to get within 5% of it (95% of the best speed), and both best-so-far curves (the
+    baseline left out of both)."""
+    from kfc.factory.tune import candidates_to_reach, curve
+
+    trials = {"cold": cold_kb.trials(run_id=cold_run.run_id), "warm": warm_kb.trials(run_id=warm_run.run_id)}
+    search = {k: [t for t in ts if t.proposal.proposer != "baseline"] for k, ts in trials.items()}
+    best = min(min(t.outcome.median_us for t in ts if t.outcome.median_us) for ts in search.values())
+    need = {k: candidates_to_reach(ts, best / 0.95) for k, ts in search.items()}
+    row = {"best_us": best, "cold_candidates_to_95": need["cold"], "warm_candidates_to_95": need["warm"],
+           "cold_best_us": min(t.outcome.median_us for t in search["cold"] if t.outcome.median_us),
+           "warm_best_us": min(t.outcome.median_us for t in search["warm"] if t.outcome.median_us),
+           "baseline_us": cold_run.baseline.outcome.median_us,
+           "cold_run": cold_run.run_id, "warm_run": warm_run.run_id}
+    return row, {k: curve(ts) for k, ts in search.items()}
+
+
+def plot(curves: dict, path: Path, op: str = "softmax") -> None:
+    """Best-so-far time against candidate number, cold and warm, one panel per shape (or seed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -155,7 +162,7 @@ def plot(curves: dict, path: Path) -> None:
         for k, ys in runs.items():
             xs = [j for j, y in enumerate(ys, 1) if y != float("inf")]
             ax.plot(xs, [ys[j - 1] for j in xs], marker=".", label=f"{k} knowledge base")
-        ax.set_title(f"softmax {shape}")
+        ax.set_title(f"{op} {shape}")
         ax.set_xlabel("candidate")
         ax.set_ylabel("best time so far (us)")
         ax.legend()

@@ -146,3 +146,28 @@ def test_the_gemm_benchmark_times_the_pipeline_tuned_for_each_shape(tmp_path):
         kb.close()
     got = tuned_pipelines(str(tmp_path / "kb.sqlite"), "kernels/gemm.kfc", [(4096, 4096, 4096), (16, 8192, 8192)])
     assert got == {(4096, 4096, 4096): r.best.proposal.pipeline, (16, 8192, 8192): None}
+
+
+def test_the_gemm_self_improvement_experiment_compares_cold_and_warm_tunes_per_seed(tmp_path):
+    """bench.self_improvement_gemm: other shapes tuned once, then per seed a cold tune (its own
+    knowledge base) and a warm one (a copy of the other shapes'); a second call reads every
+    finished tune back instead of tuning again."""
+    from bench.self_improvement_gemm import experiment
+
+    spec = load_kfc("kernels/gemm.kfc")
+    gpu = FakeGpu(spec, SQUARE)
+    rows, curves = experiment(spec, TARGET, (4096, 4096, 4096), [(8192, 8192, 8192)], [0, 1], 6, gpu, tmp_path,
+                              log=lambda m: None)
+    assert [r["seed"] for r in rows] == [0, 1] and set(curves) == {"seed 0", "seed 1"}
+    for r in rows:
+        assert r["best_us"] <= min(r["cold_best_us"], r["warm_best_us"]) and r["cold_run"] != r["warm_run"]
+        assert r["warm_within_fraction"] == (r["warm_candidates_to_95"] is not None and (
+            r["cold_candidates_to_95"] is None or r["warm_candidates_to_95"] <= r["cold_candidates_to_95"] / 3))
+    assert all(len(c) == 6 for seed in curves.values() for c in seed.values())
+    assert sorted(p.name for p in tmp_path.glob("*.sqlite")) == [
+        "kb-cold-seed0.sqlite", "kb-cold-seed1.sqlite", "kb-others.sqlite", "kb-warm-seed0.sqlite",
+        "kb-warm-seed1.sqlite"]
+    calls = gpu.calls
+    again, _ = experiment(spec, TARGET, (4096, 4096, 4096), [(8192, 8192, 8192)], [0, 1], 6, gpu, tmp_path,
+                          log=lambda m: None)
+    assert gpu.calls == calls and again == rows
