@@ -10,6 +10,7 @@ from kfc.check.runner import check_op, compare, scale_down
 from kfc.diagnostics import KfcError
 from kfc.frontend import load_kfc, parse_kfc
 from kfc.ir.dtypes import DType
+from kfc.ir.types import TensorType
 
 ROWS = """
 op scale(x: f32[M, N]) -> (y: f32[M, N]) {
@@ -80,6 +81,11 @@ def test_generator_ranges():
     assert ((s > 0) & (s < 1)).all()
     u = GENERATORS["unit"].draw(rng, (10, 16), DType.F32, {}, ())
     assert np.allclose(np.linalg.norm(u, axis=-1), 1, atol=1e-6)
+    r = GENERATORS["logsigmoid_resets"].draw(rng, (10000,), DType.F32, {}, (3, 1, 0.05, -1e5))
+    assert (r <= 0).all() and 0.03 < np.mean(r == -1e5) < 0.07 and (r[r != -1e5] > -20).all()
+    g = GENERATORS["logsigmoid_resets"]
+    assert "fraction p in [0, 1], got 2" in g.check_args((0, 1, 2), TensorType(DType.F32, (4,)), set())
+    assert "<= 0, not 5" in g.check_args((0, 1, 0.1, 5), TensorType(DType.F32, (4,)), set())
 
 
 @pytest.mark.parametrize("n,total", [(1, 100), (3, 300), (5, 5), (4, 2)])
@@ -109,3 +115,13 @@ def test_unimportable_reference_module():
                      "t.kfc")
     with pytest.raises(KfcError, match="cannot import"):
         check_op(spec)
+
+
+def test_the_gates_device_generator_draws_reset_gates_as_the_check_does():
+    import torch
+
+    from kfc.factory.problem import _draw
+
+    gen = torch.Generator().manual_seed(0)
+    x = _draw("logsigmoid_resets", (3, 1, 0.25, -1e5), (4000,), torch.float32, {}, gen, 1.0, "cpu")
+    assert x.dtype == torch.float32 and (x <= 0).all() and 0.2 < float((x == -1e5).float().mean()) < 0.3

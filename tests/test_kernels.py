@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kfc.check.runner import check_op
-from kfc.frontend import load_kfc
+from kfc.frontend import load_kfc, parse_kfc
 from kfc.ir import parse_ir, print_ir, verify
 
 KERNELS = sorted(Path("kernels").glob("*.kfc")) if Path("kernels").is_dir() else sorted(
@@ -47,3 +47,19 @@ def test_kda_matches_the_recurrence_within_5e_3():
     for r in results:
         assert r.ok, r
         assert r.rel_rmse < 5e-3, r
+
+
+def test_kda_keeps_its_accuracy_beside_reset_gates_of_minus_1e5():
+    """The check block's gates hold resets of -1e5 (2% of the entries). The kernel floors each
+    gate at -100 before the chunk's cumulative sum (exp of either is 0 in f32); without that
+    floor a reset swamps the small gates beside it and the check fails."""
+    spec = load_kfc("kernels/kda_fwd.kfc")
+    g = spec.check.inputs["g"]
+    assert (g.name, g.args) == ("logsigmoid_resets", (3, 1, 0.02, -1e5))
+    text = next(p for p in KERNELS if p.stem == "kda_fwd").read_text()
+    floor = "max(g[0, t:t+64 limit eos, h, :], -100.0)"
+    assert floor in text
+    unfloored = parse_kfc(text.replace(floor, "g[0, t:t+64 limit eos, h, :]"))
+    shape = [{"N": 1, "T": 200, "H": 2, "K": 32, "V": 32}]
+    assert not all(r.ok for r in check_op(unfloored, seeds=[0], shapes=shape))
+    assert all(r.ok for r in check_op(spec, seeds=[0], shapes=shape))

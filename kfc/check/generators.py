@@ -33,9 +33,14 @@ class Generator:
         numbers = [a for a in args if not isinstance(a, str)]
         if self.name in ("uniform", "randint") and len(numbers) == 2 and not numbers[0] < numbers[1]:
             return f"needs lo < hi, got lo={numbers[0]}, hi={numbers[1]}"
-        if self.name in ("normal", "logsigmoid", "sigmoid") and len(args) == 2 and not isinstance(args[1], str) \
-                and not args[1] > 0:
+        if self.name in ("normal", "logsigmoid", "sigmoid", "logsigmoid_resets") and len(args) >= 2 \
+                and not isinstance(args[1], str) and not args[1] > 0:
             return f"needs a positive std, got {args[1]}"
+        if self.name == "logsigmoid_resets" and len(args) >= 3 and not isinstance(args[2], str) \
+                and not 0 <= args[2] <= 1:
+            return f"needs a fraction p in [0, 1], got {args[2]}"
+        if self.name == "logsigmoid_resets" and len(args) == 4 and not isinstance(args[3], str) and args[3] > 0:
+            return f"sets a log-space decay, <= 0, not {args[3]}"
         if self.name == "softmax" and args and not isinstance(args[0], str) and not args[0] > 0:
             return f"needs a positive std, got {args[0]}"
         if self.name == "randint" and any(isinstance(a, float) for a in args):
@@ -75,6 +80,14 @@ def _logsigmoid(rng, shape, mean=0.0, std=1.0):
     return -np.logaddexp(0.0, -x)  # log(sigmoid(x)) <= 0: a decay in log space
 
 
+def _logsigmoid_resets(rng, shape, mean=0.0, std=1.0, p=0.02, value=-1e5):
+    """logsigmoid(mean, std) with a fraction p of the entries `value`: a gate that wipes what it
+    decays (-1e5 is exp(-1e5) = 0 in any float type)."""
+    out = _logsigmoid(rng, shape, mean, std)
+    out[rng.random(size=shape) < p] = value
+    return out
+
+
 def _sigmoid(rng, shape, mean=0.0, std=1.0):
     return 1.0 / (1.0 + np.exp(-rng.normal(mean, std, size=shape)))
 
@@ -112,6 +125,8 @@ GENERATORS: dict[str, Generator] = {g.name: g for g in [
     Generator("uniform", "uniform(lo=0, hi=1)", _uniform, 2),
     Generator("logsigmoid", "logsigmoid(mean=0, std=1): log(sigmoid(normal(mean, std))), a log-space decay <= 0",
               _logsigmoid, 2),
+    Generator("logsigmoid_resets", "logsigmoid_resets(mean=0, std=1, p=0.02, value=-1e5): logsigmoid(mean, std) "
+              "with a fraction p of the entries set to value, a reset gate", _logsigmoid_resets, 4),
     Generator("sigmoid", "sigmoid(mean=0, std=1): sigmoid(normal(mean, std)), in (0, 1)", _sigmoid, 2),
     Generator("softmax", "softmax(std=1): rows of softmax(normal(0, std)) along the last dim, each summing to 1",
               _softmax, 1),

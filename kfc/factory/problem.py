@@ -32,9 +32,11 @@ def _draw(name: str, args: tuple, shape: tuple[int, ...], dtype, dims: dict[str,
     elif name == "uniform":
         lo, hi = (list(args) + [0.0, 1.0][len(args):])[:2]
         x = (torch.rand(shape, generator=gen, device=device) * (hi - lo) + lo) * scale
-    elif name == "logsigmoid":
-        mean, std = (list(args) + [0.0, 1.0][len(args):])[:2]
+    elif name in ("logsigmoid", "logsigmoid_resets"):
+        mean, std, p, value = (list(args) + [0.0, 1.0, 0.02, -1e5][len(args):])[:4]
         x = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device=device) * std + mean)
+        if name == "logsigmoid_resets":  # a fraction p of reset gates (kfc.check.generators)
+            x = torch.where(torch.rand(shape, generator=gen, device=device) < p, value, x)
     elif name == "sigmoid":
         mean, std = (list(args) + [0.0, 1.0][len(args):])[:2]
         x = torch.sigmoid(torch.randn(shape, generator=gen, device=device) * std + mean)

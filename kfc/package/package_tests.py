@@ -96,9 +96,12 @@ def draw(name: str, args: list, shape: tuple, dims: dict, gen: torch.Generator) 
     if name == "uniform":
         lo, hi = (a + [0.0, 1.0][len(a):])[:2]
         return torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
-    if name in ("sigmoid", "logsigmoid"):
-        mean, std = (a + [0.0, 1.0][len(a):])[:2]
+    if name in ("sigmoid", "logsigmoid", "logsigmoid_resets"):
+        mean, std, p, value = (a + [0.0, 1.0, 0.02, -1e5][len(a):])[:4]
         x = torch.randn(shape, generator=gen, dtype=torch.float64) * std + mean
+        if name == "logsigmoid_resets":
+            resets = torch.rand(shape, generator=gen, dtype=torch.float64) < p
+            return torch.where(resets, value, torch.nn.functional.logsigmoid(x))
         return torch.sigmoid(x) if name == "sigmoid" else torch.nn.functional.logsigmoid(x)
     if name == "softmax":
         std = a[0] if a else 1.0
