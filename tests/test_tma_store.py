@@ -151,3 +151,5 @@ def test_store_auto_takes_tma_where_the_output_the_mma_and_shared_memory_allow_i
     assert not stores_by_tma({"M": 8, "N": 7, "K": 8}, f"{WS},store=auto")        # a row of 14 bytes
     assert not stores_by_tma(square, f"{WS},bn=192,stages=5,store=auto")         # 200 KB of stages: no room
     assert not stores_by_tma(square, "store=auto", target="sm_100a")              # tcgen05 stores directly
+    # K odd: the threads copy the operands, and the kernel stays free of tensor maps (packageable)
+    assert not stores_by_tma({"M": 33, "N": 64, "K": 17}, f"{WS},store=auto")

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from ..ir.dtypes import DType
 from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE
 from ..passes.accelerate_matmul import STORE_SLOTS, AccelerateMatmul, match_matmul
 from ..passes.base import PassError, option_range
@@ -66,7 +67,7 @@ class MatmulSpace(SpaceMoves):
             out.update(bm=(128,), producer=(d.producer,), inflight=(d.inflight,), registers=(d.registers,),
                        tiles=("grid",))
         # store=auto is the pass's choice between the two, made here as it makes it
-        out.update(store=("direct",) if self.tcgen05 or not self.tma_store else ("direct", "tma"))
+        out.update(store=("direct",) if self.tcgen05 or not (self.tma_store and self.tma) else ("direct", "tma"))
         return out
 
     def default(self) -> dict[str, Any]:
@@ -124,4 +125,5 @@ def matmul_space(func, target, default_pipeline: str) -> MatmulSpace:
     default = next(p for p in parse_pipeline(default_pipeline) if isinstance(p, AccelerateMatmul))
     return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default,
                        tcgen05=default.instruction(target) == "tcgen05",
-                       tma_store=c.shape[1] * c.dtype.itemsize % TMA_GRANULE == 0 and c.dtype.itemsize in (2, 4))
+                       tma_store=c.shape[1] * c.dtype.itemsize % TMA_GRANULE == 0
+                       and c.dtype in (DType.BF16, DType.F16, DType.F32))

@@ -186,7 +186,8 @@ class AccelerateMatmul(Pass):
     # how the epilogue's tile reaches global memory: each thread stores its registers ("direct"),
     # or the warpgroups write it into shared memory 128 bytes of columns at a time and TMA stores
     # each chunk ("tma": whole rows per store, and the threads go on while the stores drain);
-    # auto takes TMA where the output's rows, the MMA (wgmma) and shared memory allow it
+    # auto takes TMA where the output's rows, the MMA (wgmma), TMA-copied operands and shared
+    # memory allow it
     store: str = option("direct", choices=("direct", "tma", "auto"))
     # an epilogue's tanh as tanh.approx.f32 (one instruction, absolute error about 2^-11): auto
     # where every float output is 16-bit and checked at 1e-3 or looser (its own rounding, 2^-9
@@ -214,12 +215,16 @@ class AccelerateMatmul(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
         m = match_matmul(func)
         mma = self.instruction(ctx.target)
-        ops = attrs.evolve(self.operands(m, mma, ctx.target), approx_tanh=self.tanh_approximated(m, ctx, func))
+        approximated = self.tanh_approximated(m, ctx, func)
+        ops = attrs.evolve(self.operands(m, mma, ctx.target), approx_tanh=bool(approximated))
         if mma == "tcgen05":
             if ops.store == "tma":
                 raise PassError("accelerate-matmul: store=tma stages wgmma's fragments; the tcgen05 kernel stores "
                                 "from tensor memory directly", m.dot.loc, "leave store at direct for tcgen05")
-            return run_tcgen05(self, func, ctx, m, ops)
+            out = run_tcgen05(self, func, ctx, m, ops)
+            for op in approximated:
+                ctx.approximated(self, "tanh.approx for tanh", op.loc)
+            return out
         if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"):
             raise PassError("accelerate-matmul: inflight, registers and tiles=persistent apply to a producer "
                             "warpgroup", m.dot.loc, "add producer=warpgroup, or leave them out")
@@ -229,6 +234,8 @@ class AccelerateMatmul(Pass):
         self.check_smem(ops, ctx, func)
         body = self._build(m, ops, specialise)
         self.note_copy(ops, ctx)
+        for op in approximated:
+            ctx.approximated(self, "tanh.approx for tanh", op.loc)
         return func.evolve(regions=(Block(func.args, body),))
 
     def operands(self, m: MatmulMatch, mma: str, target) -> "Operands":
@@ -271,8 +278,10 @@ class AccelerateMatmul(Pass):
                 raise PassError(f"accelerate-matmul: a TMA store {problem}", m.store.loc,
                                 "leave store at direct (or auto): each thread then stores its registers")
             if store == "auto":
+                # where the threads copy the operands the kernel keeps free of tensor maps (it
+                # stays packageable and takes the native launcher) and untuned, as before
                 fits = self.smem_bytes(copy, "tma", A.ttype.dtype.itemsize) <= target.smem_per_block - SMEM_RESERVE
-                store = "tma" if mma == "wgmma" and not problem and fits else "direct"
+                store = "tma" if mma == "wgmma" and copy == "tma" and not problem and fits else "direct"
         return Operands(A, B, C, M, N, K, copy, why, store)
 
     def check_smem(self, ops: "Operands", ctx, func: FuncOp) -> int:
@@ -288,18 +297,17 @@ class AccelerateMatmul(Pass):
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
         return stages
 
-    def tanh_approximated(self, m: MatmulMatch, ctx, func: FuncOp) -> bool:
-        """Whether the epilogue's tanh become tanh.approx (reported per op where they do)."""
-        tanhs = [op for op in m.epilogue if isinstance(op, UNARY_CLASSES["tanh"])]
+    def tanh_approximated(self, m: MatmulMatch, ctx, func: FuncOp) -> list[Op]:
+        """The epilogue's f32 tanh that become tanh.approx (none unless the options and the
+        outputs allow it)."""
+        tanhs = [op for op in m.epilogue if isinstance(op, UNARY_CLASSES["tanh"]) and op.result.ttype.dtype is DType.F32]
         if not tanhs or self.approx == "off":
-            return False
+            return []
         floats = [v for v in func.outputs if v.ttype.dtype.is_float]
         if self.approx == "auto" and not (all(v.ttype.dtype.itemsize <= 2 for v in floats)
                                           and ctx_tolerance(ctx, func) >= TANH_APPROX_MIN_TOLERANCE):
-            return False
-        for op in tanhs:
-            ctx.approximated(self, "tanh.approx for tanh", op.loc)
-        return True
+            return []
+        return tanhs
 
     def smem_bytes(self, copy: str, store: str, itemsize: int) -> int:
         """The dynamic shared memory the kernel takes: its stages (two where the threads copy)
