@@ -63,3 +63,17 @@ def test_kda_keeps_its_accuracy_beside_reset_gates_of_minus_1e5():
     shape = [{"N": 1, "T": 200, "H": 2, "K": 32, "V": 32}]
     assert not all(r.ok for r in check_op(unfloored, seeds=[0], shapes=shape))
     assert all(r.ok for r in check_op(spec, seeds=[0], shapes=shape))
+
+
+def test_kda_in_flashkdas_interface_checks_what_it_computes_in_the_kernel():
+    """kernels/kda_fwd_flashkda.kfc against kfc.reference.kda:kda_flashkda (FlashKDA's gate, q/k
+    L2 norm, beta logits, V-first states): the check fails where the kernel skips the L2 norm or
+    lets the rows past a sequence's end decay the state."""
+    path = next(p for p in KERNELS if p.stem == "kda_fwd_flashkda")
+    text = path.read_text()
+    shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
+    assert all(r.ok for r in check_op(load_kfc(path), seeds=[0], shapes=shape))
+    for right, wrong in [("gl = where(valid[:, None], gate, 0.0)", "gl = gate"),
+                         ("qr * rsqrt(sum(qr * qr, axis=1) + 1e-6)[:, None] * scale", "qr * scale")]:
+        assert right in text
+        assert not all(r.ok for r in check_op(parse_kfc(text.replace(right, wrong)), seeds=[0], shapes=shape)), wrong

@@ -182,3 +182,31 @@ def test_bad_shapes():
         kda_recurrent(q, k, v, g, beta[..., None], cu)
     with pytest.raises(ValueError, match=r"h0 must have shape \(2, 2, 4, 4\)"):
         kda_recurrent(q, k, v, g, beta, cu, h0[:1])
+
+
+def test_flashkdas_interface_is_the_recurrence_on_its_activated_inputs_token_by_token():
+    """kda_flashkda against a direct loop written from FlashKDA's documentation: the gate
+    lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h])), q and k divided by sqrt(|x|^2 + 1e-6),
+    beta = sigmoid(logits), the state held V-first and updated in that layout."""
+    from kfc.reference.kda import kda_flashkda
+
+    gen = torch.Generator().manual_seed(3)
+    T, H, K, V, lb, scale = 7, 2, 4, 3, -5.0, 0.5
+    q, k = torch.randn(1, T, H, K, generator=gen), torch.randn(1, T, H, K, generator=gen)
+    v, g = torch.randn(1, T, H, V, generator=gen), torch.randn(1, T, H, K, generator=gen)
+    beta, a_log = torch.randn(1, T, H, generator=gen), torch.randn(H, generator=gen)
+    dt_bias, h0 = torch.randn(H, K, generator=gen), torch.randn(2, H, V, K, generator=gen)
+    cu = torch.tensor([0, 3, T])
+    o, ht = kda_flashkda(q, k, v, g, beta, a_log, dt_bias, cu, h0, scale, lb)
+    for n in range(2):
+        for h in range(H):
+            S = h0[n, h].double().clone()  # [V, K]
+            for t in range(int(cu[n]), int(cu[n + 1])):
+                gate = lb * torch.sigmoid(math.exp(a_log[h]) * (g[0, t, h].double() + dt_bias[h].double()))
+                qn = q[0, t, h].double() / torch.sqrt((q[0, t, h].double() ** 2).sum() + 1e-6)
+                kn = k[0, t, h].double() / torch.sqrt((k[0, t, h].double() ** 2).sum() + 1e-6)
+                S = S * torch.exp(gate)[None, :]
+                u = v[0, t, h].double() - S @ kn
+                S = S + torch.sigmoid(beta[0, t, h].double()) * u[:, None] * kn[None, :]
+                torch.testing.assert_close(o[0, t, h].double(), S @ (scale * qn), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(ht[n, h].double(), S, rtol=1e-6, atol=1e-6)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["kda_recurrent"]
+__all__ = ["kda_recurrent", "kda_flashkda"]
+
+L2NORM_EPS = 1e-6  # fla's and FlashKDA's in-kernel q/k normalisation: x / sqrt(sum(x^2) + eps)
 
 
 def kda_recurrent(
@@ -84,6 +86,22 @@ def kda_recurrent(
             # S[n : n + 1] is a view, so the recurrence updates S in place.
             _recur(q[:, sl], k[:, sl], v[:, sl], decay[:, sl], beta[:, sl], S[n : n + 1], o[:, sl])
     return o.float(), S.float()
+
+
+def kda_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=None, lower_bound=-5.0):
+    """FlashKDA's forward interface on the recurrence (float64): raw gates `g` [1, T, H, K]
+    activated as lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h])), q and k L2-normalised
+    along K, beta given as logits, states V-first ([N, H, V, K]). Returns (o, ht), ht V-first."""
+    f = torch.float64
+    gate = lower_bound * torch.sigmoid(A_log.to(f).exp()[None, None, :, None] * (g.to(f) + dt_bias.to(f)[None, None]))
+
+    def l2norm(x):
+        x = x.to(f)
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+    state = None if h0 is None else h0.to(f).transpose(-1, -2)
+    o, ht = kda_recurrent(l2norm(q), l2norm(k), v, gate, torch.sigmoid(beta.to(f)), cu_seqlens, state, scale)
+    return o, ht.transpose(-1, -2).contiguous()
 
 
 def _recur(q, k, v, decay, beta, S, o) -> None:
