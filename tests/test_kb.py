@@ -461,7 +461,7 @@ def test_features_and_similarity():
     assert json.loads(json.dumps(rms)) == rms
     assert rms["ops"]["tile.reduce"] == 1 and rms["reductions"] == 1 and ln["reductions"] == 2
     assert rms["loads"] == 2 and rms["stores"] == 1 and not rms["has_dot"] and gemm["has_dot"]
-    assert rms["max_rank"] == 1 and gemm["max_rank"] == 2 and kda["loops"] == 2
+    assert rms["max_rank"] == 1 and gemm["max_rank"] == 2 and kda["loops"] == 1
     assert rms["inputs"] == ["bf16", "f32", "f32"] and rms["outputs"] == ["bf16"]
     assert similarity(rms, rms) == 1.0 and similarity(kda, dict(kda)) == 1.0
     assert similarity(rms, ln) == similarity(ln, rms)

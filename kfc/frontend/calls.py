@@ -172,6 +172,10 @@ def _dot(lw: CallLowering, node, pos, kw):
     return lw.b.dot(a, b, ta, tb)
 
 
+def _tri_inv(lw: CallLowering, node, pos, kw):
+    return lw.b.tri_inv(lw.tile_value(pos[0], "tri_inv's operand"))
+
+
 def _iota(lw: CallLowering, node, pos, kw):
     arg = pos[0]
     if isinstance(arg, lark.Tree) and arg.data == "name" and str(arg.children[0]) in lw.symbols:
@@ -242,6 +246,7 @@ _BUILTINS: dict[str, tuple[Callable, tuple[str, ...], int, int]] = {
     **{f"cum{k}": (_scan(k), ("axis", "exclusive", "reverse"), 1, 1) for k in ("sum", "prod", "max", "min")},
     "where": (_where, (), 3, 3),
     "dot": (_dot, ("trans_a", "trans_b"), 2, 2),
+    "tri_inv": (_tri_inv, (), 1, 1),
     "iota": (_iota, ("dtype",), 1, 1),
     "tril": (_tri(True), ("k",), 1, 2),
     "triu": (_tri(False), ("k",), 1, 2),
@@ -263,6 +268,7 @@ _SIGNATURES = {
     **{f"cum{k}": f"cum{k}(x, axis=0, exclusive=false, reverse=false)" for k in ("sum", "prod", "max", "min")},
     "where": "where(cond, a, b)",
     "dot": "dot(a, b, trans_a=false, trans_b=false)", "iota": "iota(n, dtype=i32)",
+    "tri_inv": "tri_inv(x): (I + tril(x, -1))^-1 of a square f32 tile",
     "tril": "tril(rows, cols=rows, k=0)", "triu": "triu(rows, cols=rows, k=0)",
     "zeros": "zeros([dims], dtype=f32)", "ones": "ones([dims], dtype=f32)",
     "full": "full([dims], value, dtype=f32)", "transpose": "transpose(x, [perm])",

@@ -31,7 +31,7 @@ from .func import FuncOp
 from .tile_ops import (
     BINARY_CLASSES, KIND_WORDS, UNARY_CLASSES, BitcastOp, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
     ExpandDimsOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
-    ScanOp, StoreOp, TransposeOp, TriOp, WhereOp, YieldOp, broadcast_compatible, indexed_shape, kind_accepts,
+    ScanOp, StoreOp, TransposeOp, TriInvOp, TriOp, WhereOp, YieldOp, broadcast_compatible, indexed_shape, kind_accepts,
 )
 from .types import Dim, MemSpace, SymDim, TensorType, Type, bare_type
 
@@ -450,6 +450,15 @@ class Builder:
             raise self.error(f"shape mismatch in dot: {sa} · {sb} contracts {ka} with {kb}",
                              "the lhs's columns must match the rhs's rows; transpose with trans_a/trans_b or .T")
         return self.create(DotOp, [a, b], trans_a=trans_a, trans_b=trans_b, name=name).result
+
+    def tri_inv(self, x: Value, name: str | None = None) -> Value:
+        t = self.tile_of(x, "tri_inv operand")
+        if t.rank != 2 or t.shape[0] != t.shape[1] or not isinstance(t.shape[0], int):
+            raise self.error(f"tri_inv inverts a square tile of a fixed size, not {_shape(t.shape)}",
+                             "pass the chunk's [C, C] matrix, C a number")
+        if t.dtype is not DType.F32:
+            raise self.error(f"tri_inv inverts an f32 tile, not {t.dtype}", "cast it: tri_inv(f32(x))")
+        return self.create(TriInvOp, [x], name=name).result
 
     # --- memory -----------------------------------------------------------------------------
     def _index(self, t: TensorType, index: Sequence) -> tuple[tuple[IndexDim, ...], list[Value]]:

@@ -7,7 +7,7 @@ attributes declared on each class.
 
 By job: elementwise (constants, generators, unary/binary math, cmp, where, cast), shape
 (broadcast, expand_dims, reshape, transpose), reductions (reduce, max_sumexp, scan), matmul
-(dot), memory (IndexDim, load, store), control (parallel, for, if, yield); checks holds what
+(dot, tri_inv), memory (IndexDim, load, store), control (parallel, for, if, yield); checks holds what
 the verify_ methods share. The modules are imported in this order, which is the order their
 ops register.
 """
@@ -18,7 +18,7 @@ from .elementwise import (
 )
 from .shape import BroadcastOp, ExpandDimsOp, ReshapeOp, TransposeOp, broadcast_compatible
 from .reductions import MaxSumExpOp, ReduceKind, ReduceOp, ScanOp, reduced_shape
-from .matmul import DotOp
+from .matmul import DotOp, TriInvOp
 from .memory import IndexDim, LoadOp, StoreOp, indexed_shape
 from .control import LOOP_REDUCE_KINDS, ForOp, IfOp, ParallelOp, YieldOp, verify_loop_reductions
 
@@ -27,7 +27,7 @@ __all__ = [
     "CmpOp", "CmpPred", "ConstOp", "DimOp", "IotaOp", "OperandKind", "TriOp", "UnaryOp", "WhereOp", "kind_accepts",
     "BroadcastOp", "ExpandDimsOp", "ReshapeOp", "TransposeOp", "broadcast_compatible",
     "MaxSumExpOp", "ReduceKind", "ReduceOp", "ScanOp", "reduced_shape",
-    "DotOp",
+    "DotOp", "TriInvOp",
     "IndexDim", "LoadOp", "StoreOp", "indexed_shape",
     "LOOP_REDUCE_KINDS", "ForOp", "IfOp", "ParallelOp", "YieldOp", "verify_loop_reductions",
 ]

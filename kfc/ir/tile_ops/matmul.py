@@ -1,4 +1,5 @@
-"""The tile dialect's contraction: tile.dot, a matrix product of 2-D tiles."""
+"""The tile dialect's contractions: tile.dot, a matrix product of 2-D tiles, and tile.tri_inv, the
+inverse of a unit lower-triangular tile (KDA's chunk solve)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,31 @@ class DotOp(Op):
         if self.trans_b:
             b = b.T
         return [interp.result_array(self, np.matmul(a, b))]
+
+
+@define_op("tile.tri_inv", traits={"pure"}, operands=1, results=1)
+class TriInvOp(Op):
+    """(I + tril(x, -1))^-1 of a square f32 tile: the inverse of the unit lower-triangular
+    matrix whose strictly lower part is x's (x's diagonal and upper part are not read). Row i
+    of the result is e_i minus row i of the strict lower part times the rows above it (forward
+    substitution in f32, as the lower-tri-inv pass writes it with tile.dot)."""
+
+    @classmethod
+    def infer_result_types(cls, operand_types, attributes):
+        return [operand_types[0]]
+
+    def verify_(self) -> None:
+        x = reg_tile_of(self, self.operands[0], "operand")
+        if x.rank != 2 or x.shape[0] != x.shape[1] or not isinstance(x.shape[0], int):
+            raise self.error(f"inverts a square tile of a fixed size, not {shape_str(x.shape)}")
+        if x.dtype is not DType.F32:
+            raise self.error(f"inverts an f32 tile, not {x.dtype}", "cast it: tri_inv(f32(x))")
+        if bare_type(self.result.type) != bare_type(x):
+            raise self.error(f"its result is its operand's type {x}, not {self.result.type}")
+
+    def interpret(self, interp, ins, env):
+        strict = np.tril(np.asarray(ins[0], dtype=np.float32), -1)
+        out = np.eye(strict.shape[0], dtype=np.float32)
+        for i in range(1, strict.shape[0]):
+            out[i] = out[i] - (strict[i:i + 1] @ out)[0]
+        return [interp.result_array(self, out)]

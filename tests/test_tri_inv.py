@@ -1,0 +1,67 @@
+"""tile.tri_inv, (I + tril(x, -1))^-1 of a square f32 tile (KDA's chunk solve): the interpreter
+inverts it by forward substitution and reads only the strictly lower part; the builder refuses
+what it cannot invert by name; lower-tri-inv writes it as a loop of tile ops that computes the
+same bits, and the KDA kernels pass --verify-each through it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from kfc.cli import main
+from kfc.diagnostics import KfcError
+from kfc.frontend import parse_kfc
+from kfc.ir.interpreter import run
+from kfc.ir.tile_ops import TriInvOp
+from kfc.model.target import parse_target
+from kfc.passes import PassContext, PassManager, parse_pipeline
+
+INVERT = """
+op inv(x: f32[C, C]) -> (y: f32[C, C]) {
+  y[:, :] = tri_inv(x[:, :])
+}
+"""
+
+
+def _spec(c: int):
+    return parse_kfc(INVERT.replace("C", str(c)))
+
+
+@pytest.mark.parametrize("c", [1, 7, 64])
+def test_the_inverse_is_numpys_and_reads_only_the_strict_lower_part(c):
+    rng = np.random.default_rng(c)
+    x = (0.3 * rng.standard_normal((c, c))).astype(np.float32)
+    got = run(_spec(c).func, {"x": x})["y"]
+    want = np.linalg.inv(np.eye(c) + np.tril(x.astype(np.float64), -1))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    noise = x + np.triu(rng.standard_normal((c, c)).astype(np.float32))  # the diagonal and above change
+    np.testing.assert_array_equal(run(_spec(c).func, {"x": noise})["y"], got)
+
+
+@pytest.mark.parametrize("sig,message", [
+    ("x: f32[4, 8]) -> (y: f32[4, 8]", "tri_inv inverts a square tile of a fixed size, not [4, 8]"),
+    ("x: f16[4, 4]) -> (y: f32[4, 4]", "tri_inv inverts an f32 tile, not f16"),
+])
+def test_what_tri_inv_cannot_invert_is_refused_where_it_is_written(sig, message):
+    with pytest.raises(KfcError, match=re.escape(message)) as e:
+        parse_kfc(f"op inv({sig}) {{\n  y[:, :] = f32(tri_inv(x[:, :]))\n}}\n", "inv.kfc")
+    assert "inv.kfc:2:17: error" in str(e.value)
+
+
+def test_lowered_to_a_loop_it_computes_the_same_bits():
+    spec = _spec(16)
+    low = PassManager(parse_pipeline("lower-tri-inv"), PassContext(target=parse_target("sm_90a"))).run(spec.func)
+    assert not any(isinstance(op, TriInvOp) for op in low.walk())
+    assert any(op.NAME == "tile.for" for op in low.walk())
+    x = (0.3 * np.random.default_rng(5).standard_normal((16, 16))).astype(np.float32)
+    np.testing.assert_array_equal(run(low, {"x": x})["y"], run(spec.func, {"x": x})["y"])
+
+
+@pytest.mark.parametrize("kernel", ["kda_fwd", "kda_fwd_flashkda"])
+def test_the_kda_kernels_pass_verify_each_through_the_lowering(kernel, tmp_path, capsys):
+    out = tmp_path / f"{kernel}.kir"
+    assert main(["opt", f"kernels/{kernel}.kfc", "-p", "lower-tri-inv", "--verify-each", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "tile.tri_inv" not in text and text.count("tile.for") == 2
