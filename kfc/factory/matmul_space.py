@@ -16,7 +16,8 @@ import attrs
 
 from ..ir.dtypes import DType
 from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE
-from ..passes.accelerate_matmul import STORE_SLOTS, AccelerateMatmul, match_matmul
+from ..passes.accelerate_matmul import AccelerateMatmul, match_matmul
+from ..passes.matmul_epilogue import STORE_SLOTS
 from ..passes.base import PassError, option_range
 from ..passes.pipeline import parse_pipeline
 from .space import SpaceMoves

@@ -42,24 +42,20 @@ from ..ir.func import FuncOp
 from ..ir import layouts
 from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CopyStageOp, CtaBarrierOp, CtasOp, ExpectTxAtOp, FenceProxyAsyncOp
 from ..ir.mma_ops import GridOp, TileCoordsOp
-from ..ir.mma_ops import LoadColumnsOp, MbarrierArrayOp
+from ..ir.mma_ops import MbarrierArrayOp
 from ..ir.mma_ops import MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagesAllocOp, StoreTileOp
-from ..ir.mma_ops import STORE_ROWS, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
+from ..ir.mma_ops import TmaStoreWaitOp
 from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
-from ..ir.ptx_ops import TanhApproxOp
-from ..ir.tile_ops import UNARY_CLASSES, UnaryOp, WhereOp
+from ..ir.tile_ops import UnaryOp, WhereOp
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, define_pass, option
-from .lower_ptx import ctx_tolerance
+from .matmul_epilogue import STORE_SLOTS, epilogue, tanh_approximated, tma_store
 from .matmul_tcgen05 import run_tcgen05
 
-TANH_APPROX_MIN_TOLERANCE = 1e-3  # the loosest outputs tanh.approx's 2^-11 leaves ten times the room
 SMEM_RESERVE = 1024  # bytes of a CTA's shared memory left beside the dynamic (mbarriers, alignment)
 EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
-# staging slots of a TMA-store epilogue: the threads write one while the other's store reads it
-STORE_SLOTS = 2
 
 
 @attrs.frozen
@@ -215,7 +211,7 @@ class AccelerateMatmul(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
         m = match_matmul(func)
         mma = self.instruction(ctx.target)
-        approximated = self.tanh_approximated(m, ctx, func)
+        approximated = tanh_approximated(self.approx, m, ctx, func)
         ops = attrs.evolve(self.operands(m, mma, ctx.target), approx_tanh=bool(approximated))
         if mma == "tcgen05":
             if ops.store == "tma":
@@ -297,18 +293,6 @@ class AccelerateMatmul(Pass):
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
         return stages
 
-    def tanh_approximated(self, m: MatmulMatch, ctx, func: FuncOp) -> list[Op]:
-        """The epilogue's f32 tanh that become tanh.approx (none unless the options and the
-        outputs allow it)."""
-        tanhs = [op for op in m.epilogue if isinstance(op, UNARY_CLASSES["tanh"]) and op.result.ttype.dtype is DType.F32]
-        if not tanhs or self.approx == "off":
-            return []
-        floats = [v for v in func.outputs if v.ttype.dtype.is_float]
-        if self.approx == "auto" and not (all(v.ttype.dtype.itemsize <= 2 for v in floats)
-                                          and ctx_tolerance(ctx, func) >= TANH_APPROX_MIN_TOLERANCE):
-            return []
-        return tanhs
-
     def smem_bytes(self, copy: str, store: str, itemsize: int) -> int:
         """The dynamic shared memory the kernel takes: its stages (two where the threads copy)
         and, with a TMA store, the output's staging slots."""
@@ -361,7 +345,7 @@ class AccelerateMatmul(Pass):
 
         def finish(acc: Value, row0: Value, col0: Value, n: Value | None = None) -> None:
             """The epilogue on tile n's accumulator (the CTA's n-th tile; None: its only one), stored."""
-            value = self.epilogue(b, m, acc, acc_t, col0, ops.approx_tanh)
+            value = epilogue(b, m, acc, acc_t, col0, ops.approx_tanh)
             if store is not None:
                 store(value, row0, col0, n)
             else:
@@ -387,7 +371,7 @@ class AccelerateMatmul(Pass):
         with b.at(m.dot.loc), b.region() as top:
             with b.region() as inner:
                 if ops.store == "tma":
-                    store = self.tma_store(b, C)
+                    store = tma_store(b, C, self.bm, self.bn)
                 if specialise:
                     self._specialised(b, A, B, K, acc_t, each_tile, finish, drain=store is not None)
                 else:
@@ -402,38 +386,6 @@ class AccelerateMatmul(Pass):
             top.append(GridOp(regions=(Block(args, inner),), grid=grid, threads=threads,
                               group=self.group, persistent=persistent, loc=m.dot.loc))
         return [*m.prelude, *top]
-
-    def tma_store(self, b: Builder, C: Value):
-        """C's tensor map and the staging slots; and `store(value, row0, col0, n)`, which writes
-        the tile's value at (row0, col0) 128 bytes of columns at a time into the slots in turn
-        (chunk j of the CTA's tile n into slot (n * chunks + j) % 2, once the store that last
-        read it has), and stores each chunk by TMA."""
-        dt = C.ttype.dtype
-        width = CHUNK_BYTES // dt.itemsize
-        chunks = self.bn // width
-        box = (STORE_ROWS, width)
-        tm = b.create(TensorMapOp, [C], [attrs.evolve(C.ttype, layout=layouts.TensorMapBox(
-            *box, CHUNK_BYTES).as_layout())], box=box, swizzle=CHUNK_BYTES, name=f"tm_{C.name}").result
-        staging = b.create(StagesAllocOp, [], [TensorType(dt, (STORE_SLOTS, 1, self.bm, width), MemSpace.SHARED,
-                                                          layouts.SharedTile(CHUNK_BYTES).as_layout())],
-                           name=f"s{C.name}").result
-
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
-
-        def store(value: Value, row0: Value, col0: Value, n: Value | None) -> None:
-            for j in range(chunks):
-                if n is None or chunks % STORE_SLOTS == 0:
-                    slot = idx(j % STORE_SLOTS)
-                else:
-                    slot = b.binary("rem", b.binary("add", b.binary("mul", n, idx(chunks)), idx(j)), idx(STORE_SLOTS),
-                                    name="slot")
-                b.create(TmaStoreWaitOp, [], [], pending=STORE_SLOTS - 1)
-                b.create(StageFragmentOp, [value, staging, slot], [], column=j * width)
-                b.create(FenceProxyAsyncOp, [], [])
-                b.create(TmaStoreOp, [tm, staging, slot, row0, b.binary("add", col0, idx(j * width))], [])
-
-        return store
 
     def staged_tiles(self, b: Builder, A: Value, B: Value, count: int) -> tuple[Value, Value]:
         """`count` stages of A's [bm, bk] and B's [bk, bn] tiles, as 128-byte chunks."""
@@ -600,30 +552,3 @@ class AccelerateMatmul(Pass):
             loop.yielded = (acc,)
         b.create(WgmmaWaitOp, [], [], pending=0)
         return loop.results[0]
-
-    @staticmethod
-    def epilogue(b: Builder, m: MatmulMatch, acc: Value, acc_t: TensorType, col0: Value,
-                 approx_tanh: bool = False) -> Value:
-        """The .kfc's ops after the dot, on the accumulator's tile: same ops, the tile's shape and
-        layout in place of the whole product's; a vector spread over the rows (a bias) is read
-        for the tile's columns; with approx_tanh an f32 tanh is tanh.approx."""
-        mapping: dict[Value, Value] = {m.dot.result: acc}
-        for op in m.epilogue:
-            if isinstance(op, BroadcastOp) and op.operands[0] in m.columns:
-                vec = m.columns[op.operands[0]].operands[0]
-                t = attrs.evolve(op.result.ttype, shape=acc_t.shape, layout=acc_t.layout)
-                with b.at(op.loc):
-                    mapping[op.result] = b.create(LoadColumnsOp, [vec, col0], [t], name=op.result.name).result
-                continue
-            results = []
-            for r in op.results:
-                t = r.ttype
-                results.append(Value(attrs.evolve(t, shape=acc_t.shape, layout=acc_t.layout) if not t.is_scalar
-                                     else t, r.name))
-            operands = tuple(mapping.get(v, v) for v in op.operands)
-            if approx_tanh and isinstance(op, UNARY_CLASSES["tanh"]) and op.result.ttype.dtype is DType.F32:
-                b.insert(TanhApproxOp(operands=operands, results=tuple(results), loc=op.loc))
-            else:
-                b.insert(op.evolve(operands=operands, results=tuple(results)))
-            mapping.update(zip(op.results, results))
-        return mapping[m.store.operands[0]]

@@ -19,6 +19,7 @@ from ..ir.mma_ops import (TMEM_LOAD_COLUMNS, CtaBarrierOp, GridOp, MbarrierArray
 from ..ir.tile_ops import IndexDim
 from ..ir.types import MemSpace, TensorType
 from .base import PassError
+from .matmul_epilogue import epilogue
 
 
 def run_tcgen05(p, func: FuncOp, ctx, m, ops) -> FuncOp:
@@ -62,7 +63,7 @@ def _tmem_epilogue(p, b: Builder, m, C: Value, acc: Value, row0: Value, col0: Va
         col = b.binary("mul", chunks.iv, b.const(TMEM_LOAD_COLUMNS, DType.INDEX), name="col")
         part = b.create(TmemLoadOp, [acc, col], [chunk_t], name="part").result
         at = b.binary("add", col0, col, name="at")
-        value = p.epilogue(b, m, part, chunk_t, at, approx)
+        value = epilogue(b, m, part, chunk_t, at, approx)
         b.create(StoreTileOp, [value, C, row0, at], [],
                  index=(IndexDim("slice", p.bm), IndexDim("slice", TMEM_LOAD_COLUMNS)))
 
