@@ -93,11 +93,13 @@ def emit_mbarrier_array(em, op: MbarrierArrayOp) -> None:
     em.emit("__syncthreads();")
 
 
-def _barrier(em, bars, stage) -> str:
+def barrier_at(em, bars, stage) -> str:
+    """The shared address of bars[stage] (the tcgen05 and TMA-store rules use it too)."""
     return f"({em.name(bars)} + {MBARRIER_BYTES}u * (unsigned)({em.name(stage)}))"
 
 
-def _stage_bytes(t) -> int:
+def stage_bytes(t) -> int:
+    """The bytes of one stage (or staging slot) of a staged tile dtype[stages, chunks, rows, cols]."""
     return t.shape[1] * t.shape[2] * t.shape[3] * t.dtype.itemsize
 
 
@@ -141,18 +143,18 @@ def emit_mbarrier_arrive(em, op: MbarrierArriveOp) -> None:
     """Lane 0 of every warp arrives, once the warp's lanes are all here (each lane's own wait on
     its wgmma groups has returned)."""
     em.emit("__syncwarp();")
-    em.emit(f"if ((kfc_tid & 31) == 0) {ptx.mbarrier_arrive(_barrier(em, *op.operands))}")
+    em.emit(f"if ((kfc_tid & 31) == 0) {ptx.mbarrier_arrive(barrier_at(em, *op.operands))}")
 
 
-def _issuer(em, op) -> None:
+def check_issuer(em, op) -> None:
     if not em.single_thread:
         raise CodegenError(f"{op.NAME} is issued by one thread: it belongs in a gpu.single_thread region", op.loc)
 
 
 @rule(ExpectTxAtOp)
 def emit_expect_tx_at(em, op: ExpectTxAtOp) -> None:
-    _issuer(em, op)
-    em.emit(ptx.mbarrier_arrive_expect_tx(_barrier(em, *op.operands), op.bytes))
+    check_issuer(em, op)
+    em.emit(ptx.mbarrier_arrive_expect_tx(barrier_at(em, *op.operands), op.bytes))
 
 
 @rule(TmaLoadOp)
@@ -160,10 +162,10 @@ def emit_tma_load(em, op: TmaLoadOp) -> None:
     tmap, tile, bars, stage, row, col = op.operands
     t = tile.ttype
     chunk_bytes = t.shape[2] * t.shape[3] * t.dtype.itemsize
-    dst = (f"{em.name(tile)} + (unsigned)({em.name(stage)}) * {_stage_bytes(t)}u + {op.chunk * chunk_bytes}u")
-    _issuer(em, op)
+    dst = (f"{em.name(tile)} + (unsigned)({em.name(stage)}) * {stage_bytes(t)}u + {op.chunk * chunk_bytes}u")
+    check_issuer(em, op)
     em.emit(f"kfc_tma_load_2d({dst}, &{em.name(tmap)}, (int)({em.name(col)}), "
-            f"(int)({em.name(row)}), {_barrier(em, bars, stage)});")
+            f"(int)({em.name(row)}), {barrier_at(em, bars, stage)});")
 
 
 @rule(CopyStageOp)
@@ -182,7 +184,7 @@ def emit_copy_stage(em, op: CopyStageOp) -> None:
     n_rows, n_cols = reversed(dims) if op.transpose else dims
     at = f"gc * {dims[1]} + gr" if op.transpose else f"gr * {dims[1]} + gc"
     em.emit("{")
-    em.emit(f"  const unsigned kfc_dst = {em.name(tile)} + (unsigned)({em.name(stage)}) * {_stage_bytes(t)}u;")
+    em.emit(f"  const unsigned kfc_dst = {em.name(tile)} + (unsigned)({em.name(stage)}) * {stage_bytes(t)}u;")
     em.emit(f"  const unsigned short* kfc_src = reinterpret_cast<const unsigned short*>({em.name(src)});")
     em.emit(f"  for (int e = kfc_tid; e < {rows * width}; e += {em.launch.threads}) {{")
     em.emit(f"    const int r = e % {rows}, c = e / {rows};" if op.transpose else
@@ -205,7 +207,7 @@ def emit_fence_proxy_async(em, op: FenceProxyAsyncOp) -> None:
 @rule(MbarrierWaitParityOp)
 def emit_wait_parity(em, op: MbarrierWaitParityOp) -> None:
     bars, stage, parity = op.operands
-    em.emit(ptx.mbarrier_wait_parity(_barrier(em, bars, stage), f"(unsigned)({em.name(parity)})"))
+    em.emit(ptx.mbarrier_wait_parity(barrier_at(em, bars, stage), f"(unsigned)({em.name(parity)})"))
 
 
 @rule(WgmmaOp)
@@ -231,9 +233,9 @@ def emit_wgmma(em, op: WgmmaOp) -> None:
         n = em.names[op.result] = em.name(acc)
     s = em.name(stage)
     em.emit("{")
-    em.emit(f"  const unsigned kfc_a = {em.name(a)} + (unsigned)({s}) * {_stage_bytes(ta)}u + "
+    em.emit(f"  const unsigned kfc_a = {em.name(a)} + (unsigned)({s}) * {stage_bytes(ta)}u + "
             f"kfc_wg * {layouts.WGMMA_M * CHUNK_BYTES}u;")
-    em.emit(f"  const unsigned kfc_b = {em.name(b)} + (unsigned)({s}) * {_stage_bytes(tb)}u;")
+    em.emit(f"  const unsigned kfc_b = {em.name(b)} + (unsigned)({s}) * {stage_bytes(tb)}u;")
     em.emit("  kfc_wgmma_fence();")
     em.emit("  #pragma unroll")
     em.emit(f"  for (int kk = 0; kk < {bk // 16}; ++kk) {{")

@@ -10,7 +10,7 @@ from ..ir.mma_ops import CHUNK_BYTES, Tcgen05CommitOp, Tcgen05MmaOp, TmemAllocOp
 from ..ir import layouts
 from . import ptx
 from .errors import CodegenError
-from .mma_rules import SWIZZLE_PERIOD, _barrier, _issuer, _stage_bytes
+from .mma_rules import SWIZZLE_PERIOD, barrier_at, check_issuer, stage_bytes
 from .rules import rule
 
 
@@ -43,7 +43,7 @@ def emit_tcgen05_mma(em, op: Tcgen05MmaOp) -> None:
     """Per 16 columns of K one tcgen05.mma of the whole tile: A's descriptor (K-major) at the
     chunk holding those columns, B's (N-major, chunks `leading` bytes apart) at those rows of K;
     the first adds to the accumulator only where `accumulate` says so."""
-    _issuer(em, op)
+    check_issuer(em, op)
     acc, a, b, stage, accumulate = op.operands
     ta, tb = a.ttype, b.ttype
     m, n = acc.ttype.shape
@@ -55,8 +55,8 @@ def emit_tcgen05_mma(em, op: Tcgen05MmaOp) -> None:
     idesc = ptx.umma_instruction_descriptor(m, n, dtype)
     s = em.name(stage)
     em.emit("{")
-    em.emit(f"  const unsigned kfc_a = {em.name(a)} + (unsigned)({s}) * {_stage_bytes(ta)}u;")
-    em.emit(f"  const unsigned kfc_b = {em.name(b)} + (unsigned)({s}) * {_stage_bytes(tb)}u;")
+    em.emit(f"  const unsigned kfc_a = {em.name(a)} + (unsigned)({s}) * {stage_bytes(ta)}u;")
+    em.emit(f"  const unsigned kfc_b = {em.name(b)} + (unsigned)({s}) * {stage_bytes(tb)}u;")
     em.emit("  #pragma unroll")
     em.emit(f"  for (int kk = 0; kk < {bk // 16}; ++kk) {{")
     a_addr = f"kfc_a + (kk * 16 / {per_chunk}) * {ta.shape[2] * CHUNK_BYTES}u + (kk * 16 % {per_chunk}) * " \
@@ -71,8 +71,8 @@ def emit_tcgen05_mma(em, op: Tcgen05MmaOp) -> None:
 
 @rule(Tcgen05CommitOp)
 def emit_tcgen05_commit(em, op: Tcgen05CommitOp) -> None:
-    _issuer(em, op)
-    em.emit(f"kfc_umma_commit({_barrier(em, *op.operands)});")
+    check_issuer(em, op)
+    em.emit(f"kfc_umma_commit({barrier_at(em, *op.operands)});")
 
 
 @rule(TmemLoadOp)

@@ -10,7 +10,7 @@ from ..ir.dtypes import DType
 from ..ir.mma_ops import CHUNK_BYTES, STORE_ROWS, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
 from . import ptx
 from .errors import CodegenError
-from .mma_rules import _stage_bytes
+from .mma_rules import stage_bytes
 from .rules import rule
 
 WARPGROUP_THREADS = 128
@@ -42,7 +42,7 @@ def emit_stage_fragment(em, op: StageFragmentOp) -> None:
     em.emit(f"for (int i = {first}; i < {last}; i += 2) {{")
     em.emit(f"  const unsigned r = {frag.row_c('i', 'kfc_tid')};")
     em.emit(f"  const unsigned b = (unsigned)({frag.col_c('i', 'kfc_tid')} - {op.column}) * {size}u;")
-    em.emit(f"  const unsigned a = {em.name(tile)} + (unsigned)({em.name(slot)}) * {_stage_bytes(t)}u + "
+    em.emit(f"  const unsigned a = {em.name(tile)} + (unsigned)({em.name(slot)}) * {stage_bytes(t)}u + "
             f"r * {CHUNK_BYTES}u + ((((b >> 4) ^ (r & 7u)) << 4) | (b & 15u));")
     with em.register_locals() as lets:
         v0, v1 = em.elem(value, "i"), em.elem(value, "i + 1")
@@ -67,7 +67,7 @@ def emit_tma_store(em, op: TmaStoreOp) -> None:
     em.emit(_warpgroup_barrier())
     em.emit("if ((kfc_tid & 127) == 0) {")
     em.emit(f"  kfc_tma_store_2d(&{em.name(tmap)}, {em.name(tile)} + (unsigned)({em.name(slot)}) * "
-            f"{_stage_bytes(t)}u + kfc_wg * {STORE_ROWS * CHUNK_BYTES}u, (int)({em.name(col)}), "
+            f"{stage_bytes(t)}u + kfc_wg * {STORE_ROWS * CHUNK_BYTES}u, (int)({em.name(col)}), "
             f"(int)({em.name(row)} + kfc_wg * {STORE_ROWS}));")
     em.emit("}")
 

@@ -15,9 +15,8 @@ from typing import Any
 import attrs
 
 from ..ir.dtypes import DType
-from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE
+from ..ir.mma_ops import TMA_GRANULE
 from ..passes.accelerate_matmul import AccelerateMatmul, match_matmul
-from ..passes.matmul_epilogue import STORE_SLOTS
 from ..passes.base import PassError, option_range
 from ..passes.pipeline import parse_pipeline
 from .space import SpaceMoves
@@ -27,7 +26,6 @@ from .space import SpaceMoves
 FIXED = ("mma", "copy", "approx")
 # a ranged option with more values than this is searched at powers of two
 MAX_LISTED = 8
-SMEM_RESERVE = 1024  # bytes the pass leaves beside the stages (mbarriers, alignment)
 
 
 def _values(field) -> tuple:
@@ -86,9 +84,9 @@ class MatmulSpace(SpaceMoves):
             return False
         if c["producer"] == "mma" and (c["inflight"] or c["registers"] or c["tiles"] != "grid"):
             return False  # the pass refuses these without a producer warpgroup
-        stages = c["stages"] if self.tma else 2
-        staging = STORE_SLOTS * c["bm"] * CHUNK_BYTES if c["store"] == "tma" else 0
-        return stages * (c["bm"] * c["bk"] + c["bk"] * c["bn"]) * self.itemsize + staging <= self.smem - SMEM_RESERVE
+        # the pass's own reckoning of the stages and staging slots
+        return attrs.evolve(self.default_pass, **c).fits_smem("tma" if self.tma else "threads", c["store"],
+                                                               self.itemsize, self.smem)
 
     def pipeline(self, c: dict[str, Any]) -> str:
         opts = ",".join(f"{k}={v}" for k, v in c.items() if v != DEFAULTS[k])

@@ -276,7 +276,7 @@ class AccelerateMatmul(Pass):
             if store == "auto":
                 # where the threads copy the operands the kernel keeps free of tensor maps (it
                 # stays packageable and takes the native launcher) and untuned, as before
-                fits = self.smem_bytes(copy, "tma", A.ttype.dtype.itemsize) <= target.smem_per_block - SMEM_RESERVE
+                fits = self.fits_smem(copy, "tma", A.ttype.dtype.itemsize, target.smem_per_block)
                 store = "tma" if mma == "wgmma" and copy == "tma" and not problem and fits else "direct"
         return Operands(A, B, C, M, N, K, copy, why, store)
 
@@ -286,7 +286,7 @@ class AccelerateMatmul(Pass):
         stages = self.stages if ops.copy == "tma" else 2
         smem = self.smem_bytes(ops.copy, "direct", ops.A.ttype.dtype.itemsize)
         staging = self.smem_bytes(ops.copy, ops.store, ops.A.ttype.dtype.itemsize) - smem
-        if smem + staging > ctx.target.smem_per_block - SMEM_RESERVE:
+        if not self.fits_smem(ops.copy, ops.store, ops.A.ttype.dtype.itemsize, ctx.target.smem_per_block):
             also = f" and {STORE_SLOTS} staging slots of the output {staging}" if staging else ""
             raise PassError(f"accelerate-matmul: {stages} stages of [{self.bm}, {self.bk}] and [{self.bk}, "
                             f"{self.bn}] tiles take {smem} bytes of shared memory{also}; {ctx.target} has "
@@ -299,6 +299,10 @@ class AccelerateMatmul(Pass):
         stages = self.stages if copy == "tma" else 2
         staging = STORE_SLOTS * self.bm * CHUNK_BYTES if store == "tma" else 0
         return stages * (self.bm * self.bk + self.bk * self.bn) * itemsize + staging
+
+    def fits_smem(self, copy: str, store: str, itemsize: int, smem_per_block: int) -> bool:
+        """Whether that shared memory, and SMEM_RESERVE beside it, fits a CTA's."""
+        return self.smem_bytes(copy, store, itemsize) <= smem_per_block - SMEM_RESERVE
 
     def note_copy(self, ops: "Operands", ctx) -> None:
         if ops.copy != self.copy:
@@ -320,14 +324,12 @@ class AccelerateMatmul(Pass):
         free: the wait for the phase before the first returns at once."""
         S = self.stages
 
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
 
-        with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
+        with b.for_(b.as_index(0), b.as_index(kt_count), b.as_index(1), iv_name="kt") as loop:
             it = b.binary("add", base, loop.iv, name="it")
-            s = b.binary("rem", it, idx(S), name="s")
-            uses = b.binary("div", it, idx(S))
-            b.create(MbarrierWaitParityOp, [empty, s, b.binary("rem", b.binary("add", uses, idx(1)), idx(2),
+            s = b.binary("rem", it, b.as_index(S), name="s")
+            uses = b.binary("div", it, b.as_index(S))
+            b.create(MbarrierWaitParityOp, [empty, s, b.binary("rem", b.binary("add", uses, b.as_index(1)), b.as_index(2),
                                                                name="parity")], [])
             load(loop.iv, s, row0, col0)
 
@@ -403,25 +405,23 @@ class AccelerateMatmul(Pass):
         """Two stages the threads fill: k-tile kt + 1 is copied while k-tile kt's wgmma runs."""
         kt_count = -(-K // self.bk)
 
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
 
         sa, sb = self.staged_tiles(b, A, B, 2)
 
         def copy(kt: Value, s: Value) -> None:
             self.copy_tiles(b, m, sa, sb, kt, s, row0, col0)
 
-        copy(idx(0), idx(0))
+        copy(b.as_index(0), b.as_index(0))
         b.create(CtaBarrierOp, [], [])
         acc0 = b.create(ConstOp, [], [acc_t], value=0.0, name="acc0").result
-        with b.for_(idx(0), idx(kt_count), idx(1), carried=[acc0], iv_name="kt") as loop:
+        with b.for_(b.as_index(0), b.as_index(kt_count), b.as_index(1), carried=[acc0], iv_name="kt") as loop:
             kt = loop.iv
-            acc = b.create(WgmmaOp, [loop.carried[0], sa, sb, b.binary("rem", kt, idx(2), name="s")], [acc_t],
+            acc = b.create(WgmmaOp, [loop.carried[0], sa, sb, b.binary("rem", kt, b.as_index(2), name="s")], [acc_t],
                            name="acc").result
-            nxt = b.binary("add", kt, idx(1), name="next")
+            nxt = b.binary("add", kt, b.as_index(1), name="next")
             with b.region() as ahead:
-                copy(nxt, b.binary("rem", nxt, idx(2)))
-            b.if_(b.cmp("lt", nxt, idx(kt_count)), ahead, [], [], [], [])
+                copy(nxt, b.binary("rem", nxt, b.as_index(2)))
+            b.if_(b.cmp("lt", nxt, b.as_index(kt_count)), ahead, [], [], [], [])
             b.create(WgmmaWaitOp, [], [], pending=0)
             b.create(CtaBarrierOp, [], [])  # every thread's copy is in, and every warpgroup's wgmma done
             loop.yielded = (acc,)
@@ -465,38 +465,36 @@ class AccelerateMatmul(Pass):
         producer loads its next tile while the consumers finish this one."""
         S, kt_count = self.stages, -(-K // self.bk)
 
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
 
         sa, sb, full, load = self.tma_stages(b, A, B)
         empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=arrive_count(self.warpgroups),
                          name="empty").result
 
         def produce(row0: Value, col0: Value, n: Value) -> None:
-            self.produce(b, empty, load, kt_count, row0, col0, b.binary("mul", n, idx(kt_count), name="base"))
+            self.produce(b, empty, load, kt_count, row0, col0, b.binary("mul", n, b.as_index(kt_count), name="base"))
 
         def consume(row0: Value, col0: Value, n: Value) -> None:
-            base = b.binary("mul", n, idx(kt_count), name="base")
+            base = b.binary("mul", n, b.as_index(kt_count), name="base")
             acc0 = b.create(ConstOp, [], [acc_t], value=0.0, name="acc0").result
-            with b.for_(idx(0), idx(kt_count), idx(1), carried=[acc0], iv_name="kt") as loop:
+            with b.for_(b.as_index(0), b.as_index(kt_count), b.as_index(1), carried=[acc0], iv_name="kt") as loop:
                 kt = loop.iv
                 it = b.binary("add", base, kt, name="it")
-                s = b.binary("rem", it, idx(S), name="s")
-                parity = b.binary("rem", b.binary("div", it, idx(S)), idx(2), name="parity")
+                s = b.binary("rem", it, b.as_index(S), name="s")
+                parity = b.binary("rem", b.binary("div", it, b.as_index(S)), b.as_index(2), name="parity")
                 b.create(MbarrierWaitParityOp, [full, s, parity], [])
                 acc = b.create(WgmmaOp, [loop.carried[0], sa, sb, s], [acc_t], name="acc").result
                 b.create(WgmmaWaitOp, [], [], pending=self.inflight)
                 if self.inflight:
                     with b.region() as free:  # k-tile kt - 1's wgmma has retired: its stage is free
-                        b.create(MbarrierArriveOp, [empty, b.binary("rem", b.binary("add", it, idx(S - 1)), idx(S))],
+                        b.create(MbarrierArriveOp, [empty, b.binary("rem", b.binary("add", it, b.as_index(S - 1)), b.as_index(S))],
                                  [])
-                    b.if_(b.cmp("gt", kt, idx(0)), free, [], [], [], [])
+                    b.if_(b.cmp("gt", kt, b.as_index(0)), free, [], [], [], [])
                 else:
                     b.create(MbarrierArriveOp, [empty, s], [])
                 loop.yielded = (acc,)
             b.create(WgmmaWaitOp, [], [], pending=0)
             if self.inflight:
-                last = b.binary("rem", b.binary("add", base, idx(kt_count - 1)), idx(S))
+                last = b.binary("rem", b.binary("add", base, b.as_index(kt_count - 1)), b.as_index(S))
                 b.create(MbarrierArriveOp, [empty, last], [])
             finish(loop.results[0], row0, col0, n)
 
@@ -519,8 +517,6 @@ class AccelerateMatmul(Pass):
         S = self.stages
         kt_count = -(-K // self.bk)
 
-        def idx(v: int) -> Value:
-            return b.const(v, DType.INDEX)
 
         sa, sb, full, load = self.tma_stages(b, A, B)
 
@@ -530,13 +526,13 @@ class AccelerateMatmul(Pass):
                 load(kt, s, row0, col0)
             b.create(SingleThreadOp, [], [], regions=[Block((), ops)])
 
-        with b.for_(idx(0), idx(min(S - 1, kt_count)), idx(1), iv_name="p") as pro:
+        with b.for_(b.as_index(0), b.as_index(min(S - 1, kt_count)), b.as_index(1), iv_name="p") as pro:
             issue(pro.iv, pro.iv)
         acc0 = b.create(ConstOp, [], [acc_t], value=0.0, name="acc0").result
-        with b.for_(idx(0), idx(kt_count), idx(1), carried=[acc0], iv_name="kt") as loop:
+        with b.for_(b.as_index(0), b.as_index(kt_count), b.as_index(1), carried=[acc0], iv_name="kt") as loop:
             kt = loop.iv
-            s = b.binary("rem", kt, idx(S), name="s")
-            parity = b.binary("rem", b.binary("div", kt, idx(S)), idx(2), name="parity")
+            s = b.binary("rem", kt, b.as_index(S), name="s")
+            parity = b.binary("rem", b.binary("div", kt, b.as_index(S)), b.as_index(2), name="parity")
             b.create(MbarrierWaitParityOp, [full, s, parity], [])
             acc = b.create(WgmmaOp, [loop.carried[0], sa, sb, s], [acc_t], name="acc").result
             # k-tile kt's wgmma is done in every warpgroup: its stage may be refilled. Leaving
@@ -544,10 +540,10 @@ class AccelerateMatmul(Pass):
             # H200 at some stage counts (a race not yet understood): every group is retired
             b.create(WgmmaWaitOp, [], [], pending=0)
             b.create(CtaBarrierOp, [], [])
-            nxt = b.binary("add", kt, idx(S - 1), name="next")
-            fits = b.cmp("lt", nxt, idx(kt_count))
+            nxt = b.binary("add", kt, b.as_index(S - 1), name="next")
+            fits = b.cmp("lt", nxt, b.as_index(kt_count))
             with b.region() as refill:
-                issue(nxt, b.binary("rem", nxt, idx(S)))
+                issue(nxt, b.binary("rem", nxt, b.as_index(S)))
             b.if_(fits, refill, [], [], [], [])
             loop.yielded = (acc,)
         b.create(WgmmaWaitOp, [], [], pending=0)

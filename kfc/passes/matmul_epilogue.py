@@ -79,19 +79,17 @@ def tma_store(b: Builder, C: Value, bm: int, bn: int):
                                                       layouts.SharedTile(CHUNK_BYTES).as_layout())],
                        name=f"s{C.name}").result
 
-    def idx(v: int) -> Value:
-        return b.const(v, DType.INDEX)
 
     def store(value: Value, row0: Value, col0: Value, n: Value | None) -> None:
         for j in range(chunks):
             if n is None or chunks % STORE_SLOTS == 0:
-                slot = idx(j % STORE_SLOTS)
+                slot = b.as_index(j % STORE_SLOTS)
             else:
-                slot = b.binary("rem", b.binary("add", b.binary("mul", n, idx(chunks)), idx(j)), idx(STORE_SLOTS),
+                slot = b.binary("rem", b.binary("add", b.binary("mul", n, b.as_index(chunks)), b.as_index(j)), b.as_index(STORE_SLOTS),
                                 name="slot")
             b.create(TmaStoreWaitOp, [], [], pending=STORE_SLOTS - 1)
             b.create(StageFragmentOp, [value, staging, slot], [], column=j * width)
             b.create(FenceProxyAsyncOp, [], [])
-            b.create(TmaStoreOp, [tm, staging, slot, row0, b.binary("add", col0, idx(j * width))], [])
+            b.create(TmaStoreOp, [tm, staging, slot, row0, b.binary("add", col0, b.as_index(j * width))], [])
 
     return store

@@ -74,27 +74,25 @@ def _tcgen05_tma(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc: Va
     to `done`, which the whole warpgroup waits on before the epilogue."""
     S, kt_count = p.stages, -(-K // p.bk)
 
-    def idx(v: int) -> Value:
-        return b.const(v, DType.INDEX)
 
     sa, sb, full, load = p.tma_stages(b, A, B)
     empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="empty").result
     done = b.create(MbarrierArrayOp, [], [barrier_array_type(1)], arrivals=1, name="done").result
     with b.region() as producer:
         with b.region() as one_thread:
-            p.produce(b, empty, load, kt_count, row0, col0, idx(0))
+            p.produce(b, empty, load, kt_count, row0, col0, b.as_index(0))
         b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
     with b.region() as mma:
         with b.region() as one_thread:
-            with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
-                s = b.binary("rem", loop.iv, idx(S), name="s")
-                parity = b.binary("rem", b.binary("div", loop.iv, idx(S)), idx(2), name="parity")
+            with b.for_(b.as_index(0), b.as_index(kt_count), b.as_index(1), iv_name="kt") as loop:
+                s = b.binary("rem", loop.iv, b.as_index(S), name="s")
+                parity = b.binary("rem", b.binary("div", loop.iv, b.as_index(S)), b.as_index(2), name="parity")
                 b.create(MbarrierWaitParityOp, [full, s, parity], [])
-                b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", loop.iv, idx(0))], [])
+                b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", loop.iv, b.as_index(0))], [])
                 b.create(Tcgen05CommitOp, [empty, s], [])  # the stage is free once these are done
-            b.create(Tcgen05CommitOp, [done, idx(0)], [])
+            b.create(Tcgen05CommitOp, [done, b.as_index(0)], [])
         b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
-        b.create(MbarrierWaitParityOp, [done, idx(0), idx(0)], [])
+        b.create(MbarrierWaitParityOp, [done, b.as_index(0), b.as_index(0)], [])
         _tmem_epilogue(p, b, m, C, acc, row0, col0, approx)
     b.create(RolesOp, [], [], regions=[Block((), producer), Block((), mma)], warpgroups=(1, 1))
 
@@ -105,8 +103,6 @@ def _tcgen05_threads(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc
     stage, are done (their commit to mma_done[stage]); then a fence and a barrier."""
     kt_count = -(-K // p.bk)
 
-    def idx(v: int) -> Value:
-        return b.const(v, DType.INDEX)
 
     sa, sb = p.staged_tiles(b, A, B, 2)
     mma_done = b.create(MbarrierArrayOp, [], [barrier_array_type(2)], arrivals=1, name="mma_done").result
@@ -114,28 +110,28 @@ def _tcgen05_threads(p, b: Builder, m, A: Value, B: Value, C: Value, K: int, acc
     def copy(kt: Value, s: Value) -> None:
         p.copy_tiles(b, m, sa, sb, kt, s, row0, col0)
 
-    copy(idx(0), idx(0))
+    copy(b.as_index(0), b.as_index(0))
     b.create(CtaBarrierOp, [], [])
-    with b.for_(idx(0), idx(kt_count), idx(1), iv_name="kt") as loop:
+    with b.for_(b.as_index(0), b.as_index(kt_count), b.as_index(1), iv_name="kt") as loop:
         kt = loop.iv
-        s = b.binary("rem", kt, idx(2), name="s")
+        s = b.binary("rem", kt, b.as_index(2), name="s")
         with b.region() as one_thread:
-            b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", kt, idx(0))], [])
+            b.create(Tcgen05MmaOp, [acc, sa, sb, s, b.cmp("gt", kt, b.as_index(0))], [])
             b.create(Tcgen05CommitOp, [mma_done, s], [])
         b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
-        nxt = b.binary("add", kt, idx(1), name="next")
+        nxt = b.binary("add", kt, b.as_index(1), name="next")
         with b.region() as ahead:
-            other = b.binary("rem", nxt, idx(2), name="other")
+            other = b.binary("rem", nxt, b.as_index(2), name="other")
             with b.region() as after_first:  # k-tile kt - 1's MMAs read the other stage
                 b.create(MbarrierWaitParityOp, [mma_done, other, b.binary(
-                    "rem", b.binary("div", b.binary("sub", kt, idx(1)), idx(2)), idx(2), name="parity")], [])
-            b.if_(b.cmp("gt", kt, idx(0)), after_first, [], [], [], [])
+                    "rem", b.binary("div", b.binary("sub", kt, b.as_index(1)), b.as_index(2)), b.as_index(2), name="parity")], [])
+            b.if_(b.cmp("gt", kt, b.as_index(0)), after_first, [], [], [], [])
             copy(nxt, other)
-        b.if_(b.cmp("lt", nxt, idx(kt_count)), ahead, [], [], [], [])
+        b.if_(b.cmp("lt", nxt, b.as_index(kt_count)), ahead, [], [], [], [])
         b.create(CtaBarrierOp, [], [])
     # the last k-tile's commit: every MMA is done once its phase completes
     last = (kt_count - 1) % 2
-    b.create(MbarrierWaitParityOp, [mma_done, idx(last), idx(((kt_count - 1) // 2) % 2)], [])
+    b.create(MbarrierWaitParityOp, [mma_done, b.as_index(last), b.as_index(((kt_count - 1) // 2) % 2)], [])
     if kt_count >= 2:  # the phase of the k-tile before it, which nobody waited for
-        b.create(MbarrierWaitParityOp, [mma_done, idx(1 - last), idx(((kt_count - 2) // 2) % 2)], [])
+        b.create(MbarrierWaitParityOp, [mma_done, b.as_index(1 - last), b.as_index(((kt_count - 2) // 2) % 2)], [])
     _tmem_epilogue(p, b, m, C, acc, row0, col0, approx)

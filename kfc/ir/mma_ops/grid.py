@@ -13,7 +13,7 @@ from ..dtypes import DType
 from ..gpu_ops import check_layouts
 from ..smem_ops import HINT_WAIT_BEFORE_READ, HazardError
 from ..types import MemSpace, TensorType
-from .schedule import scheduler_of
+from .schedule import scheduler_of, yield_point
 
 TMA_BOX_LIMIT = 256     # elements along each dim of a TMA box
 TMA_GRANULE = 16        # bytes: a tensor map's row pitch and base are multiples of it
@@ -120,6 +120,29 @@ def store_groups_of(machine) -> list:
     if not hasattr(machine, "store_groups"):
         machine.store_groups = []
     return machine.store_groups
+
+
+class GroupWait:
+    """What gpu.wgmma_wait and gpu.tma_store_wait share: wait until at most `pending` of the
+    asynchronous groups `groups_of(machine)` lists are in flight (the oldest retire first)."""
+
+    GROUPS = "groups"  # what a message calls them
+
+    def groups_of(self, machine) -> list:
+        raise NotImplementedError
+
+    def verify_(self) -> None:
+        if not 0 <= self.pending <= 7:
+            raise self.error(f"pending is 0..7 {self.GROUPS}, not {self.pending}")
+
+    def advance(self, machine, ins) -> None:
+        yield_point(machine)
+        groups = self.groups_of(machine)
+        del groups[:max(0, len(groups) - self.pending)]
+
+    def interpret(self, interp, ins, env):
+        self.advance(interp, ins)
+        return None
 
 
 TCGEN05 = "tcgen05"  # the mark of a tcgen05.mma group among the (tile, stage) pairs it reads

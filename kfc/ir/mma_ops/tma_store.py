@@ -16,7 +16,7 @@ from .. import layouts
 from ..core import Op, define_op
 from ..smem_ops import HazardError
 from ..tile_ops.checks import check_int_scalar, tensor_of
-from .grid import CHUNK_BYTES, StoreGroup, is_staged_tile, stage_index, store_groups_of, unfenced_of
+from .grid import CHUNK_BYTES, GroupWait, StoreGroup, is_staged_tile, stage_index, store_groups_of, unfenced_of
 from .schedule import yield_point
 
 STORE_ROWS = 64  # a warpgroup's rows of a #wgmma_acc fragment: the box each of them stores
@@ -123,21 +123,12 @@ class TmaStoreOp(Op):
 
 
 @define_op("gpu.tma_store_wait", traits={"writes_memory"}, operands=0, results=0)
-class TmaStoreWaitOp(Op):
+class TmaStoreWaitOp(GroupWait, Op):
     """Each warpgroup's storing thread waits until at most `pending` of its stores still read
     shared memory, then the warpgroup meets: the slots of the retired stores may be written."""
 
     pending: int = 0
+    GROUPS = "stores"
 
-    def verify_(self) -> None:
-        if not 0 <= self.pending <= 7:
-            raise self.error(f"pending is 0..7 stores, not {self.pending}")
-
-    def advance(self, machine, ins) -> None:
-        yield_point(machine)
-        groups = store_groups_of(machine)
-        del groups[:max(0, len(groups) - self.pending)]
-
-    def interpret(self, interp, ins, env):
-        self.advance(interp, ins)
-        return None
+    def groups_of(self, machine) -> list:
+        return store_groups_of(machine)

@@ -15,7 +15,7 @@ from ..tile_ops import StoreOp
 from ..tile_ops.checks import check_int_scalar, tensor_of
 from ..types import MemSpace, TensorType
 from .schedule import yield_point
-from .grid import CHUNK_BYTES, is_staged_tile, stage_index, unfenced_of, wgmma_groups_of
+from .grid import CHUNK_BYTES, GroupWait, is_staged_tile, stage_index, unfenced_of, wgmma_groups_of
 
 # --- warpgroup MMA --------------------------------------------------------------------------------
 
@@ -85,21 +85,11 @@ class WgmmaOp(Op):
 
 
 @define_op("gpu.wgmma_wait", traits={"writes_memory"}, operands=0, results=0)
-class WgmmaWaitOp(Op):
+class WgmmaWaitOp(GroupWait, Op):
     pending: int = 0
 
-    def verify_(self) -> None:
-        if not 0 <= self.pending <= 7:
-            raise self.error(f"pending is 0..7 groups, not {self.pending}")
-
-    def advance(self, machine, ins) -> None:
-        yield_point(machine)
-        groups = wgmma_groups_of(machine)
-        del groups[:max(0, len(groups) - self.pending)]
-
-    def interpret(self, interp, ins, env):
-        self.advance(interp, ins)
-        return None
+    def groups_of(self, machine) -> list:
+        return wgmma_groups_of(machine)
 
 
 @define_op("gpu.load_columns", traits={"reads_memory"}, operands=2, results=1)
