@@ -3,7 +3,8 @@ knowledge base (cold), and again with one that holds tunes of other GEMM shapes 
 same policy, seed and budget, for each of several seeds.
 
     python -m bench.self_improvement_gemm [--shape 16x8192x8192] [--others 64x8192x8192,...]
-                                          [--seeds 0,1,2,3,4] [--budget 16] [--out DIR]
+                                          [--seeds 0,1,2,3,4] [--budget 16] [--others-budget 32]
+                                          [--out DIR] [--result FILE]
 
 Per seed: the best time either run found, and how many candidates each needed to get within 5%
 of it (95% of the best speed). The warm run must need at most a third of the cold run's
@@ -40,24 +41,25 @@ def dims(shape) -> dict[str, int]:
 
 
 def experiment(spec, target, shape, others, seeds, budget: int, evaluator, out: Path, batch: int | None = None,
-               log=print) -> tuple[list[dict], dict]:
-    """Tune the other shapes into a base knowledge base, then per seed a cold and a warm tune of
-    `shape`; per seed a row (the runs' comparison, and whether warm needed at most FRACTION of
-    the cold run's candidates) and the best-so-far curves."""
+               log=print, others_budget: int | None = None) -> tuple[list[dict], dict]:
+    """Tune the other shapes into a base knowledge base (others_budget candidates each, else
+    budget), then per seed a cold and a warm tune of `shape`; per seed a row (the runs'
+    comparison, and whether warm needed at most FRACTION of the cold run's candidates) and the
+    best-so-far curves."""
     from kfc.factory.offline import SearchPolicy
     from kfc.factory.tune import finished_tune, tune
     from kfc.kb.store import KnowledgeBase
 
-    def run(kb, at, seed: int):
+    def run(kb, at, seed: int, n: int = budget):
         """Tune, or read back a tune this knowledge base already finished (a resumed call)."""
-        return finished_tune(spec, target, dims(at), budget, "search", kb) or \
-            tune(spec, target, dims(at), budget, SearchPolicy(seed=seed), kb, evaluator, batch=batch)
+        return finished_tune(spec, target, dims(at), n, "search", kb) or \
+            tune(spec, target, dims(at), n, SearchPolicy(seed=seed), kb, evaluator, batch=batch)
 
     out.mkdir(parents=True, exist_ok=True)
     base_path = out / "kb-others.sqlite"
     with KnowledgeBase(base_path) as base:
         for other in others:
-            run(base, other, 0)
+            run(base, other, 0, others_budget or budget)
             log(f"other shape {'x'.join(map(str, other))} tuned")
     rows, curves = [], {}
     for seed in seeds:
@@ -82,6 +84,9 @@ def main(argv=None) -> int:
                                      + ",".join("x".join(map(str, s)) for s in OTHERS) + ")")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="the search policy's seeds (default: 0,1,2,3,4)")
     ap.add_argument("--budget", type=int, default=16, help="candidates per tune, the baseline not counted")
+    ap.add_argument("--others-budget", type=int, default=32,
+                    help="candidates per tune of the other shapes (default 32: a knowledge base's record of a shape "
+                         "is usually a longer search than one tune)")
     ap.add_argument("--batch", type=int, default=8, help="candidates proposed and compiled together")
     ap.add_argument("--out", default="kfc-out/self-improvement-gemm", help="folder for the knowledge bases")
     ap.add_argument("--result", help="also write the JSON result here (and the plot beside it)")
@@ -100,12 +105,13 @@ def main(argv=None) -> int:
     try:
         rows, curves = experiment(load_kfc(ROOT / "kernels" / "gemm.kfc"), parse_target("sm_90a"), shape, others,
                                   seeds, args.budget, ev, Path(args.out), args.batch,
-                                  log=lambda m: print(m, flush=True))
+                                  log=lambda m: print(m, flush=True), others_budget=args.others_budget)
     finally:
         ev.close()
     ok = all(r["warm_within_fraction"] for r in rows)
     path = save("self_improvement_gemm", {
         "op": "gemm", "shape": list(shape), "others": [list(s) for s in others], "budget": args.budget,
+        "others_budget": args.others_budget,
         "seeds": seeds, "rows": rows, "curves_best_so_far_us": curves, "warm_within_a_third_for_every_seed": ok,
         "gpu": torch.cuda.get_device_name(), "policy": "search", "batch": args.batch,
         "command": " ".join(["python -m bench.self_improvement_gemm"] + list(argv or sys.argv[1:]))},

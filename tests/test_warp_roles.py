@@ -16,7 +16,8 @@ from kfc.frontend import load_kfc
 from kfc.ir import parse_ir, print_ir, verify
 from kfc.ir.core import Block
 from kfc.ir.interpreter import run
-from kfc.ir.mma_ops import CtaBarrierOp, MbarrierArrayOp, MbarrierArriveOp, RolesOp, WgmmaWaitOp
+from kfc.ir.mma_ops import CtaBarrierOp, MbarrierArrayOp, MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, StagesAllocOp
+from kfc.ir.mma_ops import WgmmaWaitOp
 from kfc.ir.mma_ops.schedule import RoleScheduler
 from kfc.ir.smem_ops import HazardError
 from kfc.model.target import parse_target
@@ -24,6 +25,7 @@ from test_matmul import lowered, operands
 
 WS = "accelerate-matmul{producer=warpgroup}"
 WS_INFLIGHT = "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,stages=3}"
+PINGPONG = "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,tiles=persistent,consumers=pingpong"
 
 
 @pytest.mark.parametrize("m,n,k,pipe", [
@@ -31,6 +33,10 @@ WS_INFLIGHT = "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,sta
     (100, 72, 136, "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=64,stages=2}"),
     (300, 600, 200, "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,stages=3}"),  # 3 CTAs, 9 tiles
     (64, 520, 320, "accelerate-matmul{producer=warpgroup,bm=64,bn=64,tiles=persistent,stages=2}"),
+    (300, 600, 200, PINGPONG + ",stages=3}"),  # 3 CTAs, 15 tiles: 5 a CTA, 3 and 2 a consumer
+    (200, 520, 320, "accelerate-matmul{producer=warpgroup,bm=64,bn=64,tiles=persistent,stages=2,"
+                    "consumers=pingpong,store=tma}"),
+    (200, 600, 200, PINGPONG + ",bn=192,stages=3,store=tma}"),  # 3 chunks a tile: the slots alternate across tiles
 ])
 def test_the_specialised_program_computes_the_product(m, n, k, pipe):
     func, low = lowered(load_kfc("kernels/gemm.kfc"), {"M": m, "N": n, "K": k}, f"canonicalize,{pipe},cse,dce")
@@ -159,8 +165,60 @@ def test_the_scheduler_interleaves_by_seed_and_names_a_deadlock():
 
 
 def test_inflight_and_registers_need_a_producer_warpgroup():
-    with pytest.raises(KfcError, match="inflight, registers and tiles=persistent apply to a producer warpgroup"):
+    with pytest.raises(KfcError, match="inflight, registers, tiles=persistent and consumers=pingpong apply to a "
+                                       "producer warpgroup"):
         lowered(load_kfc("kernels/gemm.kfc"), {"M": 64, "N": 64, "K": 64}, "canonicalize,accelerate-matmul{inflight=1}")
+
+
+@pytest.mark.parametrize("opts", ["bm=128,tiles=persistent", "bm=64"])
+def test_pingpong_needs_64_row_tiles_of_a_persistent_cta(opts):
+    with pytest.raises(KfcError, match="consumers=pingpong gives each consumer warpgroup a .64, bn. tile") as e:
+        lowered(load_kfc("kernels/gemm.kfc"), {"M": 64, "N": 64, "K": 64},
+                f"canonicalize,accelerate-matmul{{producer=warpgroup,consumers=pingpong,{opts}}}")
+    assert "add bm=64 and tiles=persistent" in e.value.hint
+
+
+def test_pingpong_consumers_take_the_ctas_tiles_in_turn():
+    """Three roles (the producer, two consumers of one warpgroup each) and an order barrier
+    the consumers hand each other's turn with; staging slots of their own for TMA stores."""
+    low = _specialised(pipe=PINGPONG + ",store=tma}", k=256)
+    roles = next(op for op in low.walk() if isinstance(op, RolesOp))
+    assert roles.warpgroups == (1, 1, 1) and roles.registers == (40, 232, 232)
+    order = next(op for op in low.walk() if isinstance(op, MbarrierArrayOp) and op.result.name == "order")
+    assert order.result.ttype.shape == (2,) and order.arrivals == 4
+    staging = next(op for op in low.walk() if isinstance(op, StagesAllocOp) and op.result.name == "sc")
+    assert staging.result.ttype.shape[0] == 4  # two slots a consumer
+
+
+def _without_turns(func):
+    """A planted fault: the consumers do not wait for their turn (no wait on %order)."""
+    def block(b):
+        ops = []
+        for op in b.ops:
+            if isinstance(op, MbarrierWaitParityOp) and op.operands[0].name == "order":
+                continue
+            ops.append(op.evolve(regions=tuple(block(r) for r in op.regions)) if op.regions else op)
+        return Block(b.args, ops)
+    return func.evolve(regions=(block(func.body),))
+
+
+def test_a_pingpong_consumer_that_does_not_wait_its_turn_is_found():
+    """Without the order barrier a consumer, whose stage uses skip the other's, can wait on a
+    stage for a phase whose parity is that of one long completed: the barrier check finds it."""
+    bad = _without_turns(_specialised(pipe=PINGPONG + "}", k=512))
+    with pytest.raises(VerifyError, match="deadlock|returns before this phase's copies land"):
+        verify(bad)
+
+
+def test_the_pingpong_kernel_builds_with_three_roles_for_sm_90a():
+    r = compile_op(load_kfc("kernels/gemm_bias_gelu.kfc"), parse_target("sm_90a"),
+                   pipeline=f"canonicalize,cse,dce,{PINGPONG},store=tma}},canonicalize,cse,dce",
+                   shape={"M": 256, "N": 512, "K": 256})
+    cu = r.kernel.cu
+    assert cu.count("// role") == 3 and cu.count("setmaxnreg") == 3
+    assert '"r"(1 + threadIdx.x / 128)' in cu  # a named barrier for each warpgroup of the CTA, whatever its role
+    assert r.kernel.report.spills == 0
+    assert "HGMMA.64x256x16.F32.BF16" in disassemble(r.kernel.cubin)
 
 
 def test_operands_tma_cannot_move_keep_the_threads_copy_and_say_so():

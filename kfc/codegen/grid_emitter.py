@@ -86,6 +86,7 @@ class GridKernelEmitter(CodeWriter):
         self.smem_static = 0
         self.device_functions: dict[str, str] = {}
         self.single_thread = 0  # depth of gpu.single_thread regions around the op being written
+        self.role = None  # the gpu.roles region the op being written is in (None: outside roles)
         # fragment values written where they are read, an expression of the register index:
         # no register array of their own beside the accumulator's (a bias read per use)
         self.inline: dict[Value, object] = {}  # defined once each at the top of the .cu

@@ -8,6 +8,7 @@ waits on the stage's barrier. A wgmma is issued by every warpgroup on its own 64
 from __future__ import annotations
 
 from ..ir import layouts
+from ..ir.core import walk_block
 from ..ir.dtypes import DType
 from ..ir.mma_ops import CHUNK_BYTES, CopyStageOp, CtaBarrierOp, CtasOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp
 from ..ir.mma_ops import TileCoordsOp
@@ -132,8 +133,10 @@ def emit_roles(em, op: RolesOp) -> None:
         em.emit("const int kfc_wg = kfc_tid / 128;")
         if op.registers:
             em.emit(ptx.setmaxnreg(op.registers[k], increase=op.registers[k] > built))
+        em.role = region
         for inner in region.ops:
             em.emit_op(inner)
+        em.role = None
         em.indent -= 1
     em.emit("}")
 
@@ -251,8 +254,10 @@ def emit_wgmma(em, op: WgmmaOp) -> None:
 @rule(WgmmaWaitOp)
 def emit_wgmma_wait(em, op: WgmmaWaitOp) -> None:
     em.emit(ptx.wgmma_wait(op.pending))
-    # the accumulators the retired wgmmas wrote: no read of them may move above the wait
-    for acc in sorted({em.name(w.result) for w in em.launch.walk() if isinstance(w, WgmmaOp)}):
+    # the accumulators the retired wgmmas wrote (those of this role: another role's are not in
+    # scope): no read of them may move above the wait
+    ops = walk_block(em.role) if em.role is not None else em.launch.walk()
+    for acc in sorted({em.name(w.result) for w in ops if isinstance(w, WgmmaOp)}):
         em.emit(ptx.fence_registers(acc, em.EV))
 
 

@@ -1,7 +1,7 @@
 """Emission rules for the epilogue through shared memory (kfc.ir.mma_ops.tma_store): registers
 into a swizzled staging slot, the slot to global memory by TMA, and the wait until the store
 has read it. Each warpgroup works alone on its 64 rows, meeting at a named barrier of its own
-(1 + its index: barrier 0 is the CTA's)."""
+(1 + its index in the CTA, whatever role it is in: barrier 0 is the CTA's)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ PAIRS = {DType.BF16: ("__nv_bfloat162", "st.shared.b32", "r", "unsigned"),
 
 
 def _warpgroup_barrier() -> str:
-    return ptx.bar_sync_threads("1 + kfc_wg", WARPGROUP_THREADS)
+    return ptx.bar_sync_threads("1 + threadIdx.x / 128", WARPGROUP_THREADS)
 
 
 @rule(StageFragmentOp)

@@ -60,11 +60,11 @@ class MatmulSpace(SpaceMoves):
     def choices(self) -> dict[str, tuple]:
         out = {f.name: _values(f) for f in attrs.fields(AccelerateMatmul) if f.name not in FIXED}
         if not self.tma:  # the threads copy: no producer warpgroup, and its options stay off
-            out.update(producer=("mma",), inflight=(0,), registers=(0,), tiles=("grid",))
+            out.update(producer=("mma",), inflight=(0,), registers=(0,), tiles=("grid",), consumers=("cooperative",))
         if self.tcgen05:  # the options of the wgmma kernel's roles do not change the tcgen05 one
             d = self.default_pass
             out.update(bm=(128,), producer=(d.producer,), inflight=(d.inflight,), registers=(d.registers,),
-                       tiles=("grid",))
+                       tiles=("grid",), consumers=("cooperative",))
         # store=auto is the pass's choice between the two, made here as it makes it
         out.update(store=("direct",) if self.tcgen05 or not (self.tma_store and self.tma) else ("direct", "tma"))
         return out
@@ -82,11 +82,11 @@ class MatmulSpace(SpaceMoves):
     def valid(self, c: dict[str, Any]) -> bool:
         if any(c.get(k) not in v for k, v in self.choices().items()):
             return False
-        if c["producer"] == "mma" and (c["inflight"] or c["registers"] or c["tiles"] != "grid"):
-            return False  # the pass refuses these without a producer warpgroup
+        p = attrs.evolve(self.default_pass, **c)
+        if p.options_problem():
+            return False  # the pass refuses these options together
         # the pass's own reckoning of the stages and staging slots
-        return attrs.evolve(self.default_pass, **c).fits_smem("tma" if self.tma else "threads", c["store"],
-                                                               self.itemsize, self.smem)
+        return p.fits_smem("tma" if self.tma else "threads", c["store"], self.itemsize, self.smem)
 
     def pipeline(self, c: dict[str, Any]) -> str:
         opts = ",".join(f"{k}={v}" for k, v in c.items() if v != DEFAULTS[k])

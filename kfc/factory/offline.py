@@ -39,13 +39,18 @@ class SearchPolicy:
 
     def __init__(self, seed: int = 0, explore: float = 0.15, width: int = 3, bonus: float = 0.5,
                  transfer: float = 0.5, joint: bool = False, ridge: float = 1.0,
-                 anchor: bool = True, basin_tolerance: float = 0.05, basin_distance: int = 2) -> None:
+                 anchor: bool = True, basin_tolerance: float = 0.05, basin_distance: int = 2,
+                 replay_tolerance: float = 0.10) -> None:
         self.rng = random.Random(seed)
         self.joint = joint          # fit the effects jointly (ridge) rather than as per-value means
         self.ridge = ridge
         self.anchor = anchor        # also step from the default pipeline's configuration
         self.basin_tolerance = basin_tolerance  # a similar op's configuration this near its best...
         self.basin_distance = basin_distance    # ...and this far from the others is a basin to try
+        # a similar op's configuration slower than its op's best by more than this is not tried
+        # as it is (it still informs the model): a warm tune that replayed a whole record of
+        # other shapes spent its budget re-timing their slow corners
+        self.replay_tolerance = replay_tolerance
         self.transfer = transfer    # weight of a similar op's trial against one of this op's own
         self.explore = explore
         self.width = width          # how many of the best configurations to move around
@@ -196,7 +201,7 @@ class SearchPolicy:
         clusters of 2 while another wants clusters of 8 that are not persistent, and a similar
         op's record can show both as near-best. So the best of each basin comes first, ranked by
         how close to its own op's best it ran; then the best of each other layout in that basin;
-        then the rest in the same ranking. A basin's best is a configuration within
+        then the rest within `replay_tolerance` of their op's best, in the same ranking. A basin's best is a configuration within
         `basin_tolerance` of its op's best whose launch geometry (the space's `geometry` choices)
         differs from every one taken before in at least `basin_distance` choices; a layout's, one
         that differs in at least one. Details (streaming hints, rows per CTA, fusion) are left to
@@ -226,7 +231,8 @@ class SearchPolicy:
                     kind = "the best of a basin" if level == self.basin_distance else "the best of a layout"
                     heads.append((c, t, f"{kind}, {rel(t):.3f}x its op's best"))
         head_ids = {t.candidate_id for _, t, _ in heads}
-        rest = [(c, t, f"a similar op's, {rel(t):.3f}x its best") for c, t in other if t.candidate_id not in head_ids]
+        rest = [(c, t, f"a similar op's, {rel(t):.3f}x its best") for c, t in other
+                if t.candidate_id not in head_ids and rel(t) <= 1 + self.replay_tolerance]
         return [(c, t, "this op's own record") for c, t in own] + heads + rest
 
     def reflect(self, ctx: TuneContext, trials: Sequence[Trial]) -> list[str]:

@@ -179,6 +179,12 @@ class AccelerateMatmul(Pass):
     # ("persistent"; with a producer warpgroup, which loads the next tile's stages while the
     # consumers run this one's epilogue)
     tiles: str = option("grid", choices=("grid", "persistent"))
+    # with a producer warpgroup: the consumer warpgroups share each tile, 64 rows each
+    # ("cooperative"), or two consumer warpgroups take a persistent CTA's tiles in turn, each a
+    # [64, bn] tile of its own ("pingpong": one consumer's epilogue runs while the other
+    # multiplies; the producer's order of loads staggers them). pingpong takes bm=64 and
+    # tiles=persistent
+    consumers: str = option("cooperative", choices=("cooperative", "pingpong"))
     # how the epilogue's tile reaches global memory: each thread stores its registers ("direct"),
     # or the warpgroups write it into shared memory 128 bytes of columns at a time and TMA stores
     # each chunk ("tma": whole rows per store, and the threads go on while the stores drain);
@@ -187,12 +193,32 @@ class AccelerateMatmul(Pass):
     store: str = option("direct", choices=("direct", "tma", "auto"))
     # an epilogue's tanh as tanh.approx.f32 (one instruction, absolute error about 2^-11): auto
     # where every float output is 16-bit and checked at 1e-3 or looser (its own rounding, 2^-9
-    # for bf16, is larger than the approximation's error). Off by default until timed on a GPU
-    approx: str = option("off", choices=("auto", "on", "off"))
+    # for bf16, is larger than the approximation's error); a bias-and-GELU GEMM at 4096^3 ran
+    # 1-4% faster with it on an H100
+    approx: str = option("auto", choices=("auto", "on", "off"))
 
     @property
     def warpgroups(self) -> int:
+        """The warpgroups of one consumer (of the whole CTA's MMAs without a producer)."""
         return self.bm // layouts.WGMMA_M
+
+    @property
+    def consumer_roles(self) -> int:
+        """The consumer roles of a specialised kernel, each with its own tiles."""
+        return 2 if self.consumers == "pingpong" else 1
+
+    def options_problem(self) -> tuple[str, str] | None:
+        """(what, what to do) where these options do not go together, else None: the roles'
+        options need a producer warpgroup, and pingpong a persistent CTA of 64-row tiles."""
+        if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"
+                                       or self.consumers != "cooperative"):
+            return ("inflight, registers, tiles=persistent and consumers=pingpong apply to a producer warpgroup",
+                    "add producer=warpgroup, or leave them out")
+        if self.consumers == "pingpong" and (self.bm != layouts.WGMMA_M or self.tiles != "persistent"):
+            return (f"consumers=pingpong gives each consumer warpgroup a [{layouts.WGMMA_M}, bn] tile of its own, "
+                    "taken in turn from a persistent CTA's tiles",
+                    f"add bm={layouts.WGMMA_M} and tiles=persistent, or leave consumers at cooperative")
+        return None
 
     def required_features(self) -> frozenset[str]:
         return self.REQUIRES | ({self.mma} if self.mma != "auto" else set())
@@ -221,9 +247,9 @@ class AccelerateMatmul(Pass):
             for op in approximated:
                 ctx.approximated(self, "tanh.approx for tanh", op.loc)
             return out
-        if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"):
-            raise PassError("accelerate-matmul: inflight, registers and tiles=persistent apply to a producer "
-                            "warpgroup", m.dot.loc, "add producer=warpgroup, or leave them out")
+        problem = self.options_problem()
+        if problem:
+            raise PassError(f"accelerate-matmul: {problem[0]}", m.dot.loc, problem[1])
         specialise = self.producer == "warpgroup" and ops.copy == "tma"
         if self.producer == "warpgroup" and not specialise:
             ctx.note(self, "no producer warpgroup: it issues TMA loads, and the threads copy these operands")
@@ -287,7 +313,8 @@ class AccelerateMatmul(Pass):
         smem = self.smem_bytes(ops.copy, "direct", ops.A.ttype.dtype.itemsize)
         staging = self.smem_bytes(ops.copy, ops.store, ops.A.ttype.dtype.itemsize) - smem
         if not self.fits_smem(ops.copy, ops.store, ops.A.ttype.dtype.itemsize, ctx.target.smem_per_block):
-            also = f" and {STORE_SLOTS} staging slots of the output {staging}" if staging else ""
+            slots = staging // (self.bm * CHUNK_BYTES)
+            also = f" and {slots} staging slots of the output {staging}" if staging else ""
             raise PassError(f"accelerate-matmul: {stages} stages of [{self.bm}, {self.bk}] and [{self.bk}, "
                             f"{self.bn}] tiles take {smem} bytes of shared memory{also}; {ctx.target} has "
                             f"{ctx.target.smem_per_block}", func.loc, "use fewer stages or smaller tiles")
@@ -297,7 +324,8 @@ class AccelerateMatmul(Pass):
         """The dynamic shared memory the kernel takes: its stages (two where the threads copy)
         and, with a TMA store, the output's staging slots."""
         stages = self.stages if copy == "tma" else 2
-        staging = STORE_SLOTS * self.bm * CHUNK_BYTES if store == "tma" else 0
+        roles = self.consumer_roles if copy == "tma" and self.producer == "warpgroup" else 1
+        staging = STORE_SLOTS * roles * self.bm * CHUNK_BYTES if store == "tma" else 0
         return stages * (self.bm * self.bk + self.bk * self.bn) * itemsize + staging
 
     def fits_smem(self, copy: str, store: str, itemsize: int, smem_per_block: int) -> bool:
@@ -345,11 +373,11 @@ class AccelerateMatmul(Pass):
 
         store = None
 
-        def finish(acc: Value, row0: Value, col0: Value, n: Value | None = None) -> None:
-            """The epilogue on tile n's accumulator (the CTA's n-th tile; None: its only one), stored."""
+        def finish(acc: Value, row0: Value, col0: Value, n: Value | None = None, consumer: int = 0) -> None:
+            """The epilogue on the accumulator of the consumer's n-th tile (None: its only one), stored."""
             value = epilogue(b, m, acc, acc_t, col0, ops.approx_tanh)
             if store is not None:
-                store(value, row0, col0, n)
+                store(value, row0, col0, n, consumer)
             else:
                 b.create(StoreTileOp, [value, C, row0, col0], [], index=(IndexDim("slice", bm), IndexDim("slice", bn)))
 
@@ -357,23 +385,29 @@ class AccelerateMatmul(Pass):
             return (b.binary("mul", pm, b.const(bm, DType.INDEX), name="row0"),
                     b.binary("mul", pn, b.const(bn, DType.INDEX), name="col0"))
 
-        def each_tile(body) -> None:
-            """body(row0, col0, n) for each output tile this CTA computes, n counting them: the
-            program's own tile, or a persistent CTA's tiles cta, cta + ctas, ... in turn."""
+        def each_tile(body, first: int = 0, step: int = 1) -> None:
+            """body(row0, col0, n, own, more) for each output tile this CTA computes (n counting
+            them) that is a role's own: the program's own tile, or the persistent CTA's tiles
+            cta, cta + ctas, ... from its first-th, every step-th (own counting those); `more`
+            is whether the CTA has a tile after this one (None: it has not)."""
             if not persistent:
-                body(*origin(*args), b.const(0, DType.INDEX))
+                zero = b.const(0, DType.INDEX)
+                body(*origin(*args), zero, zero, None)
                 return
             ctas = b.create(CtasOp, [], [TensorType(DType.INDEX)], name="ctas").result
-            with b.for_(args[0], b.const(grid[0] * grid[1], DType.INDEX), ctas, iv_name="t") as loop:
+            start = b.binary("add", args[0], b.binary("mul", ctas, b.as_index(first))) if first else args[0]
+            stride = b.binary("mul", ctas, b.as_index(step)) if step > 1 else ctas
+            with b.for_(start, b.const(grid[0] * grid[1], DType.INDEX), stride, iv_name="t") as loop:
                 pm, pn = b.create(TileCoordsOp, [loop.iv], [TensorType(DType.INDEX)] * 2, grid=grid,
                                   group=self.group).results
                 n = b.binary("div", b.binary("sub", loop.iv, args[0]), ctas, name="n")
-                body(*origin(pm, pn), n)
+                own = b.binary("div", n, b.as_index(step), name="own") if step > 1 else n
+                body(*origin(pm, pn), n, own, b.cmp("lt", b.binary("add", loop.iv, ctas), b.as_index(grid[0] * grid[1])))
 
         with b.at(m.dot.loc), b.region() as top:
             with b.region() as inner:
                 if ops.store == "tma":
-                    store = tma_store(b, C, self.bm, self.bn)
+                    store = tma_store(b, C, self.bm, self.bn, self.consumer_roles if specialise else 1)
                 if specialise:
                     self._specialised(b, A, B, K, acc_t, each_tile, finish, drain=store is not None)
                 else:
@@ -384,7 +418,7 @@ class AccelerateMatmul(Pass):
                         finish(self._threads_mainloop(b, m, A, B, K, acc_t, row0, col0), row0, col0)
                     if store is not None:
                         b.create(TmaStoreWaitOp, [], [], pending=0)
-            threads = (self.warpgroups + specialise) * 128
+            threads = (self.warpgroups * (self.consumer_roles if specialise else 1) + specialise) * 128
             top.append(GridOp(regions=(Block(args, inner),), grid=grid, threads=threads,
                               group=self.group, persistent=persistent, loc=m.dot.loc))
         return [*m.prelude, *top]
@@ -462,7 +496,9 @@ class AccelerateMatmul(Pass):
         warpgroups wait for it (full[s]), multiply, and free each stage once its wgmma has
         retired, `inflight` groups behind; then they run the epilogue and store. The k-tiles
         are counted across the CTA's tiles (it = n * k-tiles + kt), so a persistent CTA's
-        producer loads its next tile while the consumers finish this one."""
+        producer loads its next tile while the consumers finish this one. With two consumer
+        roles (pingpong) each takes every other tile of the CTA's: the producer loads tile n's
+        k-tiles before tile n + 1's, so one consumer multiplies while the other's epilogue runs."""
         S, kt_count = self.stages, -(-K // self.bk)
 
 
@@ -470,10 +506,34 @@ class AccelerateMatmul(Pass):
         empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=arrive_count(self.warpgroups),
                          name="empty").result
 
-        def produce(row0: Value, col0: Value, n: Value) -> None:
+        roles = self.consumer_roles
+        # pingpong: order[c] tells consumer c that the other has waited on every stage of the
+        # tile before its next one. Without it a consumer, whose stage uses skip the other's,
+        # could wait on a stage two phases ahead of the barrier, where the parity of the phase
+        # it wants is that of one long completed, and read the stage before it is filled
+        order = b.create(MbarrierArrayOp, [], [barrier_array_type(roles)], arrivals=arrive_count(self.warpgroups),
+                         name="order").result if roles > 1 else None
+
+        def produce(row0: Value, col0: Value, n: Value, own: Value, more) -> None:
             self.produce(b, empty, load, kt_count, row0, col0, b.binary("mul", n, b.as_index(kt_count), name="base"))
 
-        def consume(row0: Value, col0: Value, n: Value) -> None:
+        def in_turn(consumer: int, own: Value) -> None:
+            """Consumer `consumer` waits until the other has taken the tile before its own-th
+            (the other's arrival for it is the (own + consumer - 1)-th on order[consumer])."""
+            def wait() -> None:
+                parity = b.binary("rem", b.binary("add", own, b.as_index(1 - consumer)), b.as_index(2), name="turn")
+                b.create(MbarrierWaitParityOp, [order, b.as_index(consumer), parity], [])
+
+            if consumer:
+                wait()
+                return
+            with b.region() as first_waits:  # consumer 0's first tile is the CTA's first
+                wait()
+            b.if_(b.cmp("gt", own, b.as_index(0)), first_waits, [], [], [], [])
+
+        def consume(row0: Value, col0: Value, n: Value, own: Value, more, consumer: int) -> None:
+            if order is not None:
+                in_turn(consumer, own)
             base = b.binary("mul", n, b.as_index(kt_count), name="base")
             acc0 = b.create(ConstOp, [], [acc_t], value=0.0, name="acc0").result
             with b.for_(b.as_index(0), b.as_index(kt_count), b.as_index(1), carried=[acc0], iv_name="kt") as loop:
@@ -496,19 +556,26 @@ class AccelerateMatmul(Pass):
             if self.inflight:
                 last = b.binary("rem", b.binary("add", base, b.as_index(kt_count - 1)), b.as_index(S))
                 b.create(MbarrierArriveOp, [empty, last], [])
-            finish(loop.results[0], row0, col0, n)
+            if order is not None:  # the other consumer's turn, where the CTA has a tile for it
+                with b.region() as hand_over:
+                    b.create(MbarrierArriveOp, [order, b.as_index(1 - consumer)], [])
+                b.if_(more, hand_over, [], [], [], [])
+            finish(loop.results[0], row0, col0, own, consumer)
 
         with b.region() as producer:
             with b.region() as one_thread:
                 each_tile(produce)
             b.create(SingleThreadOp, [], [], regions=[Block((), one_thread)])
-        with b.region() as consumers:
-            each_tile(consume)
-            if drain:  # every store has read its slot before the CTA's shared memory goes
-                b.create(TmaStoreWaitOp, [], [], pending=0)
-        registers = (40, self.registers) if self.registers else ()
-        b.create(RolesOp, [], [], regions=[Block((), producer), Block((), consumers)],
-                 warpgroups=(1, self.warpgroups), registers=registers)
+        consumers = []
+        for c in range(roles):
+            with b.region() as role:
+                each_tile(lambda *at, c=c: consume(*at, c), first=c, step=roles)
+                if drain:  # every store has read its slot before the CTA's shared memory goes
+                    b.create(TmaStoreWaitOp, [], [], pending=0)
+            consumers.append(Block((), role))
+        registers = (40,) + (self.registers,) * roles if self.registers else ()
+        b.create(RolesOp, [], [], regions=[Block((), producer), *consumers],
+                 warpgroups=(1,) + (self.warpgroups,) * roles, registers=registers)
 
     def _tma_mainloop(self, b: Builder, A: Value, B: Value, K: int, acc_t: TensorType, row0: Value,
                       col0: Value) -> Value:

@@ -64,29 +64,33 @@ def tanh_approximated(approx: str, m, ctx, func: FuncOp) -> list[Op]:
     return tanhs
 
 
-def tma_store(b: Builder, C: Value, bm: int, bn: int):
-    """C's tensor map and the staging slots; and `store(value, row0, col0, n)`, which writes
-    the tile's value at (row0, col0) 128 bytes of columns at a time into the slots in turn
-    (chunk j of the CTA's tile n into slot (n * chunks + j) % 2, once the store that last
-    read it has), and stores each chunk by TMA."""
+def tma_store(b: Builder, C: Value, bm: int, bn: int, consumers: int = 1):
+    """C's tensor map and the staging slots, STORE_SLOTS for each consumer role; and
+    `store(value, row0, col0, n, consumer)`, which writes the tile's value at (row0, col0) 128
+    bytes of columns at a time into the consumer's slots in turn (chunk j of its tile n into
+    its slot (n * chunks + j) % 2, once the store that last read it has), and stores each chunk
+    by TMA."""
     dt = C.ttype.dtype
     width = CHUNK_BYTES // dt.itemsize
     chunks = bn // width
     box = (STORE_ROWS, width)
     tm = b.create(TensorMapOp, [C], [attrs.evolve(C.ttype, layout=layouts.TensorMapBox(
         *box, CHUNK_BYTES).as_layout())], box=box, swizzle=CHUNK_BYTES, name=f"tm_{C.name}").result
-    staging = b.create(StagesAllocOp, [], [TensorType(dt, (STORE_SLOTS, 1, bm, width), MemSpace.SHARED,
+    staging = b.create(StagesAllocOp, [], [TensorType(dt, (STORE_SLOTS * consumers, 1, bm, width), MemSpace.SHARED,
                                                       layouts.SharedTile(CHUNK_BYTES).as_layout())],
                        name=f"s{C.name}").result
 
 
-    def store(value: Value, row0: Value, col0: Value, n: Value | None) -> None:
+    def store(value: Value, row0: Value, col0: Value, n: Value | None, consumer: int = 0) -> None:
+        first = consumer * STORE_SLOTS
         for j in range(chunks):
             if n is None or chunks % STORE_SLOTS == 0:
-                slot = b.as_index(j % STORE_SLOTS)
+                slot = b.as_index(first + j % STORE_SLOTS)
             else:
                 slot = b.binary("rem", b.binary("add", b.binary("mul", n, b.as_index(chunks)), b.as_index(j)), b.as_index(STORE_SLOTS),
                                 name="slot")
+                if first:
+                    slot = b.binary("add", slot, b.as_index(first), name="slot")
             b.create(TmaStoreWaitOp, [], [], pending=STORE_SLOTS - 1)
             b.create(StageFragmentOp, [value, staging, slot], [], column=j * width)
             b.create(FenceProxyAsyncOp, [], [])

@@ -140,7 +140,9 @@ def test_gemm_bias_relu_is_one_kernel_and_matches_torch(m, n, k):
 
 
 @pytest.mark.parametrize("pipeline", [
-    None, "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,registers=232,store=tma}"])
+    None, "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,registers=232,store=tma}",
+    "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,tiles=persistent,consumers=pingpong,"
+    "store=tma,approx=auto}"])
 @pytest.mark.parametrize("m,n,k", [(33, 72, 24), (4095, 4104, 136), (4096, 4096, 4096)])
 def test_gemm_bias_gelu_is_one_kernel_and_matches_torch(m, n, k, pipeline):
     """kernels/gemm_bias_gelu.kfc: GELU (tanh form) of the product plus a bias, in the GEMM's kernel."""
@@ -164,13 +166,16 @@ def test_gemm_bias_gelu_is_one_kernel_and_matches_torch(m, n, k, pipeline):
 # warp specialisation: a producer warpgroup issues the TMA loads, the consumers free each stage
 # through an mbarrier; K = 512 at 4 stages and K = 4096 are where a wgmma group left in flight
 # once lost the last k-tile's product
+# two consumer warpgroups taking a persistent CTA's 64-row tiles in turn
+PINGPONG = "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,tiles=persistent,consumers=pingpong"
 SPECIALISED = ["accelerate-matmul{producer=warpgroup}",
                "accelerate-matmul{producer=warpgroup,inflight=1}",
                "accelerate-matmul{producer=warpgroup,inflight=1,registers=232}",
                "accelerate-matmul{producer=warpgroup,inflight=1,stages=3}",
                "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=128,stages=6}",
                "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent}",
-               "accelerate-matmul{producer=warpgroup,tiles=persistent,stages=3}"]
+               "accelerate-matmul{producer=warpgroup,tiles=persistent,stages=3}",
+               PINGPONG + "}", PINGPONG.replace("inflight=1", "inflight=0") + ",stages=3}"]
 SPECIALISED_SHAPES = [(1, 8, 8), (33, 72, 24), (128, 256, 512), (4095, 4104, 136), (256, 512, 4096),
                       (4096, 4096, 4096)]
 
@@ -179,7 +184,8 @@ SPECIALISED_SHAPES = [(1, 8, 8), (33, 72, 24), (128, 256, 512), (4095, 4104, 136
 def test_warp_specialised_gemm_matches_torch(pipeline):
     g = _matches_torch(pipeline)
     _, report = g.kernel_for({"M": 4096, "N": 4096, "K": 4096}, 0)
-    assert report["kernels"][0]["block"][0] == 128 * (1 + ("bm=64" not in pipeline) + 1), "a producer warpgroup"
+    consumers = (1 + ("bm=64" not in pipeline)) * (1 + ("pingpong" in pipeline))
+    assert report["kernels"][0]["block"][0] == 128 * (1 + consumers), "a producer warpgroup"
 
 
 # the epilogue through shared memory and TMA stores, in each kernel form; N = 8 is one 16-byte
@@ -188,7 +194,8 @@ TMA_STORED = ["accelerate-matmul{store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,bn=192,stages=3,store=tma}",
-              "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=128,stages=6,store=tma}"]
+              "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=128,stages=6,store=tma}",
+              PINGPONG + ",store=tma}", PINGPONG + ",bn=192,stages=3,store=tma}"]
 
 
 @pytest.mark.parametrize("pipeline", TMA_STORED)
