@@ -26,6 +26,7 @@ from test_matmul import lowered, operands
 WS = "accelerate-matmul{producer=warpgroup}"
 WS_INFLIGHT = "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,stages=3}"
 PINGPONG = "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,tiles=persistent,consumers=pingpong"
+PINGPONG_128 = PINGPONG.replace("bm=64", "bm=128,bn=128")  # a consumer's tile as two 64-row pieces
 
 
 @pytest.mark.parametrize("m,n,k,pipe", [
@@ -37,6 +38,8 @@ PINGPONG = "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,
     (200, 520, 320, "accelerate-matmul{producer=warpgroup,bm=64,bn=64,tiles=persistent,stages=2,"
                     "consumers=pingpong,store=tma}"),
     (200, 600, 200, PINGPONG + ",bn=192,stages=3,store=tma}"),  # 3 chunks a tile: the slots alternate across tiles
+    (300, 600, 200, PINGPONG_128 + ",stages=3}"),
+    (200, 328, 320, PINGPONG_128 + ",stages=2,store=tma}"),  # 3 x 3 tiles, the last partial in rows and columns
 ])
 def test_the_specialised_program_computes_the_product(m, n, k, pipe):
     func, low = lowered(load_kfc("kernels/gemm.kfc"), {"M": m, "N": n, "K": k}, f"canonicalize,{pipe},cse,dce")
@@ -170,12 +173,14 @@ def test_inflight_and_registers_need_a_producer_warpgroup():
         lowered(load_kfc("kernels/gemm.kfc"), {"M": 64, "N": 64, "K": 64}, "canonicalize,accelerate-matmul{inflight=1}")
 
 
-@pytest.mark.parametrize("opts", ["bm=128,tiles=persistent", "bm=64"])
-def test_pingpong_needs_64_row_tiles_of_a_persistent_cta(opts):
-    with pytest.raises(KfcError, match="consumers=pingpong gives each consumer warpgroup a .64, bn. tile") as e:
+@pytest.mark.parametrize("opts,why,hint", [
+    ("bm=64", "tiles of its own, taken in turn from a persistent CTA's tiles", "add tiles=persistent"),
+    ("tiles=persistent", "holds its .128, 256. accumulator alone: at most 16384 elements", "bn of 128 or less")])
+def test_pingpong_needs_a_persistent_cta_and_tiles_one_warpgroup_holds(opts, why, hint):
+    with pytest.raises(KfcError, match=why) as e:
         lowered(load_kfc("kernels/gemm.kfc"), {"M": 64, "N": 64, "K": 64},
                 f"canonicalize,accelerate-matmul{{producer=warpgroup,consumers=pingpong,{opts}}}")
-    assert "add bm=64 and tiles=persistent" in e.value.hint
+    assert hint in e.value.hint
 
 
 def test_pingpong_consumers_take_the_ctas_tiles_in_turn():
@@ -210,15 +215,21 @@ def test_a_pingpong_consumer_that_does_not_wait_its_turn_is_found():
         verify(bad)
 
 
-def test_the_pingpong_kernel_builds_with_three_roles_for_sm_90a():
+@pytest.mark.parametrize("pipe,mma,per_k", [(PINGPONG, "HGMMA.64x256x16.F32.BF16", 1),
+                                             (PINGPONG_128, "HGMMA.64x128x16.F32.BF16", 2)])
+def test_the_pingpong_kernel_builds_with_three_roles_for_sm_90a(pipe, mma, per_k):
+    """Three roles; a 128-row tile is two wgmmas a consumer per k16 step and two TMA boxes a
+    store, one bulk group."""
     r = compile_op(load_kfc("kernels/gemm_bias_gelu.kfc"), parse_target("sm_90a"),
-                   pipeline=f"canonicalize,cse,dce,{PINGPONG},store=tma}},canonicalize,cse,dce",
+                   pipeline=f"canonicalize,cse,dce,{pipe},store=tma}},canonicalize,cse,dce",
                    shape={"M": 256, "N": 512, "K": 256})
     cu = r.kernel.cu
     assert cu.count("// role") == 3 and cu.count("setmaxnreg") == 3
     assert '"r"(1 + threadIdx.x / 128)' in cu  # a named barrier for each warpgroup of the CTA, whatever its role
-    assert r.kernel.report.spills == 0
-    assert "HGMMA.64x256x16.F32.BF16" in disassemble(r.kernel.cubin)
+    assert r.kernel.report.spills == 0 and "C7514" not in r.kernel.ptxas_log
+    assert disassemble(r.kernel.cubin).count(mma) == 2 * 4 * per_k  # two consumers, four k16 steps a k-tile
+    # the first box of each store of a two-piece tile: two 64-column chunks a tile, two consumers
+    assert cu.count("kfc_tma_store_2d_part(&") == (per_k - 1) * 2 * 2
 
 
 def test_operands_tma_cannot_move_keep_the_threads_copy_and_say_so():

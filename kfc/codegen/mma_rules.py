@@ -215,20 +215,24 @@ def emit_wait_parity(em, op: MbarrierWaitParityOp) -> None:
 
 @rule(WgmmaOp)
 def emit_wgmma(em, op: WgmmaOp) -> None:
-    """Per 16 columns of K, one wgmma.m64nNk16 per warpgroup: A's descriptor at the warpgroup's 64
-    rows of the chunk holding those columns (K-major), B's at those rows of K of every N chunk
-    (N-major, chunks `leading` bytes apart). The accumulator is updated in place when nothing else
-    reads the value it held."""
+    """Per 16 columns of K, one wgmma.m64nNk16 per 64-row piece of each warpgroup's rows: A's
+    descriptor at the piece's rows of the chunk holding those columns (K-major), B's at those
+    rows of K of every N chunk (N-major, chunks `leading` bytes apart). The accumulator is
+    updated in place when nothing else reads the value it held."""
     acc, a, b, stage = op.operands
     ta, tb = a.ttype, b.ttype
     bm, bn = op.result.ttype.shape
+    pieces = layouts.of(op.result.ttype.layout).pieces
     bk = ta.shape[1] * ta.shape[3]
     per_chunk = ta.shape[3]
     a_chunk = ta.shape[2] * CHUNK_BYTES
     b_chunk = tb.shape[2] * CHUNK_BYTES
     dtype = "bf16" if ta.dtype is DType.BF16 else "f16"
-    fn, text = ptx.wgmma_function(bn, dtype, trans_b=True)
-    em.device_functions[fn] = text
+    fns = []
+    for piece in range(pieces):
+        fn, text = ptx.wgmma_function(bn, dtype, trans_b=True, pieces=pieces, piece=piece)
+        em.device_functions[fn] = text
+        fns.append(fn)
     if em.used_after(acc, op) or acc in em.inline:  # an inlined start (a constant) has no registers to update
         n = em.declare(op.result)
         em.loop(f"{n}[i] = {em.elem(acc, 'i')};")
@@ -237,15 +241,17 @@ def emit_wgmma(em, op: WgmmaOp) -> None:
     s = em.name(stage)
     em.emit("{")
     em.emit(f"  const unsigned kfc_a = {em.name(a)} + (unsigned)({s}) * {stage_bytes(ta)}u + "
-            f"kfc_wg * {layouts.WGMMA_M * CHUNK_BYTES}u;")
+            f"kfc_wg * {pieces * layouts.WGMMA_M * CHUNK_BYTES}u;")
     em.emit(f"  const unsigned kfc_b = {em.name(b)} + (unsigned)({s}) * {stage_bytes(tb)}u;")
     em.emit("  kfc_wgmma_fence();")
     em.emit("  #pragma unroll")
     em.emit(f"  for (int kk = 0; kk < {bk // 16}; ++kk) {{")
     a_addr = (f"kfc_a + (kk * 16 / {per_chunk}) * {a_chunk}u + (kk * 16 % {per_chunk}) * {ta.dtype.itemsize}u")
     b_addr = f"kfc_b + kk * {16 * CHUNK_BYTES}u"
-    em.emit(f"    {fn}({n}, kfc_wgmma_desc({a_addr}, 16u, {SWIZZLE_PERIOD}u), "
-            f"kfc_wgmma_desc({b_addr}, {b_chunk}u, {SWIZZLE_PERIOD}u), 1);")
+    for piece, fn in enumerate(fns):
+        at = f" + {piece * layouts.WGMMA_M * CHUNK_BYTES}u" if piece else ""
+        em.emit(f"    {fn}({n}, kfc_wgmma_desc({a_addr}{at}, 16u, {SWIZZLE_PERIOD}u), "
+                f"kfc_wgmma_desc({b_addr}, {b_chunk}u, {SWIZZLE_PERIOD}u), 1);")
     em.emit("  }")
     em.emit("  kfc_wgmma_commit();")
     em.emit("}")

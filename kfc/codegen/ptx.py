@@ -343,6 +343,8 @@ def device_functions_used(code: str, functions: dict[str, str] = DEVICE_FUNCTION
 # between 64-element chunks of MN and the stride offset the 1024 bytes between groups of 8 rows of K.
 TENSOR_MAP_TYPE = "struct __align__(64) kfc_tensor_map { unsigned long long words[16]; };\n"
 
+# kfc_tma_store_2d_part: a box of a store whose next box's kfc_tma_store_2d commits both as one
+# bulk group (a warpgroup holding two 64-row pieces of a tile)
 MMA_PRELUDE = r"""
 static __device__ __forceinline__ void kfc_tma_load_2d(unsigned dst, const void* map, int inner, int outer, unsigned mbar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
@@ -352,6 +354,10 @@ static __device__ __forceinline__ void kfc_tma_store_2d(const void* map, unsigne
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
                :: "l"(map), "r"(src), "r"(inner), "r"(outer) : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+static __device__ __forceinline__ void kfc_tma_store_2d_part(const void* map, unsigned src, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :: "l"(map), "r"(src), "r"(inner), "r"(outer) : "memory");
 }
 static __device__ __forceinline__ unsigned long long kfc_wgmma_desc(unsigned addr, unsigned leading, unsigned stride) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
@@ -433,15 +439,17 @@ def wgmma_wait(pending: int) -> str:
     return f'asm volatile("wgmma.wait_group.sync.aligned {pending};" ::: "memory");'
 
 
-def wgmma_function(n: int, dtype: str, trans_b: bool) -> tuple[str, str]:
+def wgmma_function(n: int, dtype: str, trans_b: bool, pieces: int = 1, piece: int = 0) -> tuple[str, str]:
     """(name, definition) of the device function issuing one wgmma.m64n{n}k16 with f32
-    accumulators d[n / 2] in place (scale-d a predicate: 0 discards what d held), A and B from
-    shared-memory descriptors."""
-    name = f"kfc_wgmma_m64n{n}k16_{dtype}{'_tb' if trans_b else ''}"
+    accumulators in place (scale-d a predicate: 0 discards what they held), A and B from
+    shared-memory descriptors. The accumulators are d[n / 2], or with `pieces` (a warpgroup
+    holding several 64-row pieces, #wgmma_acc) piece `piece`'s registers of d[pieces * n / 2]:
+    each group of four from 4 * (pieces * k + piece)."""
+    name = f"kfc_wgmma_m64n{n}k16_{dtype}{'_tb' if trans_b else ''}" + (f"_p{pieces}_{piece}" if pieces > 1 else "")
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    text = (f"static __device__ __forceinline__ void {name}(float (&d)[{regs}], unsigned long long a, "
+    outs = ", ".join(f'"+f"(d[{(i // 4 * pieces + piece) * 4 + i % 4}])' for i in range(regs))
+    text = (f"static __device__ __forceinline__ void {name}(float (&d)[{regs * pieces}], unsigned long long a, "
             f"unsigned long long b, int scale_d) {{\n"
             f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
             f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{acc}}}, %{regs}, '

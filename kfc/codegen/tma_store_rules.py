@@ -61,14 +61,19 @@ def emit_stage_fragment(em, op: StageFragmentOp) -> None:
 
 @rule(TmaStoreOp)
 def emit_tma_store(em, op: TmaStoreOp) -> None:
-    """The warpgroup meets (its fenced writes are all in), and its first thread stores its rows."""
+    """The warpgroup meets (its fenced writes are all in), and its first thread stores its rows:
+    a box of 64 rows per piece, committed as one bulk group."""
     tmap, tile, slot, row, col = op.operands
     t = tile.ttype
+    P = op.pieces
     em.emit(_warpgroup_barrier())
     em.emit("if ((kfc_tid & 127) == 0) {")
-    em.emit(f"  kfc_tma_store_2d(&{em.name(tmap)}, {em.name(tile)} + (unsigned)({em.name(slot)}) * "
-            f"{stage_bytes(t)}u + kfc_wg * {STORE_ROWS * CHUNK_BYTES}u, (int)({em.name(col)}), "
-            f"(int)({em.name(row)} + kfc_wg * {STORE_ROWS}));")
+    for piece in range(P):
+        fn = "kfc_tma_store_2d" if piece == P - 1 else "kfc_tma_store_2d_part"
+        first = f"(kfc_wg * {P} + {piece})" if P > 1 else "kfc_wg"
+        em.emit(f"  {fn}(&{em.name(tmap)}, {em.name(tile)} + (unsigned)({em.name(slot)}) * "
+                f"{stage_bytes(t)}u + {first} * {STORE_ROWS * CHUNK_BYTES}u, (int)({em.name(col)}), "
+                f"(int)({em.name(row)} + {first} * {STORE_ROWS}));")
     em.emit("}")
 
 

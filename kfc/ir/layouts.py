@@ -13,8 +13,9 @@ object that does its arithmetic. The kinds:
     #shared<swizzle = S>                      a 2-D tile in shared memory, rows one after
         another; with S = 32, 64 or 128 the 16-byte chunks of each S-byte row are permuted by
         XOR with the address bits above 128 bytes (the swizzle modes of TMA and wgmma)
-    #wgmma_acc<warpgroups = G>                the f32 accumulator [64·G, N] of a warpgroup MMA,
-        in registers: each warp holds 16 rows, each thread 2 columns of 2 rows per 8 columns
+    #wgmma_acc<warpgroups = G[, pieces = P]>  the f32 accumulator [64·G·P, N] of a warpgroup MMA,
+        in registers: each warp holds 16 rows of each of its warpgroup's P pieces of 64 rows,
+        each thread 2 columns of 2 rows per 8 columns
     #wgmma_a<warpgroups = G>                  the A operand [64·G, K] of a warpgroup MMA taken
         from registers, 8 elements a thread per 16 columns
     #tmem_rows                                a [128, C] tile loaded from tensor memory into a
@@ -271,14 +272,19 @@ class _WarpgroupFragment:
     def threads(self) -> int:
         return WARPGROUP * self.warpgroups
 
+    @property
+    def rows(self) -> int:
+        """The rows a warpgroup holds."""
+        return WGMMA_M
+
     def against_type(self, t: TensorType) -> str | None:
         problem = _matrix(t, MemSpace.REG, f"a #{self.KIND} tile")
         if problem:
             return problem
         if self.DTYPES and t.dtype not in self.DTYPES:
             return f"{self.ROLE} in {' or '.join(map(str, self.DTYPES))}, not {t.dtype}"
-        if t.shape[0] != WGMMA_M * self.warpgroups:
-            return f"{self.warpgroups} warpgroup(s) hold {WGMMA_M * self.warpgroups} rows, not {t.shape[0]}"
+        if t.shape[0] != self.rows * self.warpgroups:
+            return f"{self.warpgroups} warpgroup(s) hold {self.rows * self.warpgroups} rows, not {t.shape[0]}"
         return self.columns_problem(t.shape[1])
 
     def against_launch(self, threads: int, vec: int, cluster: int) -> str | None:
@@ -311,32 +317,65 @@ class _WarpgroupFragment:
 
 @attrs.frozen
 class WgmmaAccumulator(_WarpgroupFragment):
-    """#wgmma_acc: the accumulator [64·G, N] of G warpgroups' wgmma, f32 in registers. Thread t
-    of warpgroup q (warp w = t // 32 of it, lane l) holds rows 64q + 16w + l // 4 and 8 below it,
-    columns 8k + 2·(l % 4) and the next, for every k < N / 8: register 4k + 2h + b holds
-    (64q + 16w + 8h + l // 4, 8k + 2·(l % 4) + b)."""
+    """#wgmma_acc: the accumulator [64·G·P, N] of G warpgroups' wgmma, f32 in registers, each
+    warpgroup holding P pieces of 64 rows (one wgmma.m64 a piece). Thread t of warpgroup q (warp
+    w = t // 32 of it, lane l) holds in piece p rows 64(Pq + p) + 16w + l // 4 and 8 below it,
+    columns 8k + 2·(l % 4) and the next, for every k < N / 8: register 4(Pk + p) + 2h + b holds
+    (64(Pq + p) + 16w + 8h + l // 4, 8k + 2·(l % 4) + b). With P = 1 (the default, not
+    printed) register 4k + 2h + b."""
 
     KIND = "wgmma_acc"
     # any dtype: an epilogue's values (a bf16 cast of the accumulator) keep its layout; gpu.wgmma
     # itself checks that it accumulates in f32
     DTYPES = ()
     ROLE = "a wgmma accumulates"
+    pieces: int = 1
+
+    def as_layout(self) -> Layout:
+        extra = (("pieces", self.pieces),) if self.pieces != 1 else ()
+        return Layout(self.KIND, (("warpgroups", self.warpgroups),) + extra)
+
+    @property
+    def rows(self) -> int:
+        """The rows a warpgroup holds."""
+        return WGMMA_M * self.pieces
+
+    def against_type(self, t: TensorType) -> str | None:
+        if self.pieces < 1:
+            return f"a warpgroup holds one or more pieces of {WGMMA_M} rows, not {self.pieces}"
+        return super().against_type(t)
 
     def columns_problem(self, n: int) -> str | None:
         if n % 8 or not 8 <= n <= 256:
             return f"a wgmma's N is a multiple of 8 from 8 to 256, not {n}"
         return None
 
+    def registers(self, cols: int) -> int:
+        return cols // 2 * self.pieces
+
     def element(self, thread, reg):
         """(row, column) of register `reg` of thread `thread` (ints or numpy arrays)."""
-        return self._row(thread, reg), (reg // 4) * 8 + (thread % 4) * 2 + reg % 2
+        P = self.pieces
+        q, t = thread // WARPGROUP, thread % WARPGROUP
+        row = (q * P + (reg // 4) % P) * WGMMA_M + (t // 32) * 16 + ((reg // 2) % 2) * 8 + (t % 32) // 4
+        return row, (reg // (4 * P)) * 8 + (thread % 4) * 2 + reg % 2
 
     def owner(self, row, col):
         """(thread, register) holding element (row, col)."""
-        return self._thread(row, col), (col // 8) * 4 + ((row % 16) // 8) * 2 + col % 2
+        P = self.pieces
+        piece, r = row // WGMMA_M, row % WGMMA_M
+        thread = (piece // P) * WARPGROUP + (r // 16) * 32 + (r % 8) * 4 + (col % 8) // 2
+        return thread, ((col // 8) * P + piece % P) * 4 + ((r % 16) // 8) * 2 + col % 2
+
+    def row_c(self, reg: str, thread: str) -> str:
+        if self.pieces == 1:
+            return super().row_c(reg, thread)
+        P = self.pieces
+        return f"(((({thread}) / {WARPGROUP}) * {P} + (({reg}) / 4) % {P}) * {WGMMA_M} + " \
+               f"((({thread}) % {WARPGROUP}) / 32) * 16 + ((({reg}) / 2) % 2) * 8 + (({thread}) % 32) / 4)"
 
     def col_c(self, reg: str, thread: str) -> str:
-        return f"((({reg}) / 4) * 8 + ((({thread}) % 32) % 4) * 2 + ({reg}) % 2)"
+        return f"((({reg}) / {4 * self.pieces}) * 8 + ((({thread}) % 32) % 4) * 2 + ({reg}) % 2)"
 
 
 @attrs.frozen
@@ -475,8 +514,9 @@ def of(layout: Layout | None):
     if cls is None:
         raise ValueError(f"no layout kind #{layout.kind}; the kinds are {', '.join('#' + k for k in KINDS)}")
     fields = [f.name for f in attrs.fields(cls)]
+    required = {f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING}
     params = dict(layout.params)
-    if set(params) != set(fields):
+    if not required <= set(params) <= set(fields):
         raise ValueError(f"#{layout.kind} takes {', '.join(fields)}, not {', '.join(params) or 'nothing'}")
     return cls(**params)
 

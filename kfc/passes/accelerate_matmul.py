@@ -55,6 +55,7 @@ from .matmul_epilogue import STORE_SLOTS, epilogue, tanh_approximated, tma_store
 from .matmul_tcgen05 import run_tcgen05
 
 SMEM_RESERVE = 1024  # bytes of a CTA's shared memory left beside the dynamic (mbarriers, alignment)
+PINGPONG_TILE = 128 * 128  # a pingpong consumer's accumulator: 128 f32 registers of each of its threads
 EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
 
 
@@ -180,10 +181,10 @@ class AccelerateMatmul(Pass):
     # consumers run this one's epilogue)
     tiles: str = option("grid", choices=("grid", "persistent"))
     # with a producer warpgroup: the consumer warpgroups share each tile, 64 rows each
-    # ("cooperative"), or two consumer warpgroups take a persistent CTA's tiles in turn, each a
-    # [64, bn] tile of its own ("pingpong": one consumer's epilogue runs while the other
-    # multiplies; the producer's order of loads staggers them). pingpong takes bm=64 and
-    # tiles=persistent
+    # ("cooperative"), or two consumer warpgroups take a persistent CTA's tiles in turn, each
+    # holding a whole tile ("pingpong": one consumer's epilogue runs while the other multiplies;
+    # the producer's order of loads staggers them). pingpong takes tiles=persistent and tiles of
+    # at most 128 x 128 (a 128-row tile is two 64-row pieces of one warpgroup)
     consumers: str = option("cooperative", choices=("cooperative", "pingpong"))
     # how the epilogue's tile reaches global memory: each thread stores its registers ("direct"),
     # or the warpgroups write it into shared memory 128 bytes of columns at a time and TMA stores
@@ -199,8 +200,14 @@ class AccelerateMatmul(Pass):
 
     @property
     def warpgroups(self) -> int:
-        """The warpgroups of one consumer (of the whole CTA's MMAs without a producer)."""
-        return self.bm // layouts.WGMMA_M
+        """The warpgroups of one consumer (of the whole CTA's MMAs without a producer): a
+        pingpong consumer is one warpgroup holding the whole tile."""
+        return 1 if self.consumers == "pingpong" else self.bm // layouts.WGMMA_M
+
+    @property
+    def pieces(self) -> int:
+        """The 64-row pieces of the tile each consumer warpgroup holds (#wgmma_acc)."""
+        return self.bm // layouts.WGMMA_M // self.warpgroups
 
     @property
     def consumer_roles(self) -> int:
@@ -214,10 +221,13 @@ class AccelerateMatmul(Pass):
                                        or self.consumers != "cooperative"):
             return ("inflight, registers, tiles=persistent and consumers=pingpong apply to a producer warpgroup",
                     "add producer=warpgroup, or leave them out")
-        if self.consumers == "pingpong" and (self.bm != layouts.WGMMA_M or self.tiles != "persistent"):
-            return (f"consumers=pingpong gives each consumer warpgroup a [{layouts.WGMMA_M}, bn] tile of its own, "
-                    "taken in turn from a persistent CTA's tiles",
-                    f"add bm={layouts.WGMMA_M} and tiles=persistent, or leave consumers at cooperative")
+        if self.consumers == "pingpong" and self.tiles != "persistent":
+            return ("consumers=pingpong gives each consumer warpgroup tiles of its own, taken in turn from a "
+                    "persistent CTA's tiles", "add tiles=persistent, or leave consumers at cooperative")
+        if self.consumers == "pingpong" and self.bm * self.bn > PINGPONG_TILE:
+            return (f"a pingpong consumer warpgroup holds its [{self.bm}, {self.bn}] accumulator alone: at most "
+                    f"{PINGPONG_TILE} elements (128 registers a thread)",
+                    "take bm=128 with bn of 128 or less, or bm=64")
         return None
 
     def required_features(self) -> frozenset[str]:
@@ -254,7 +264,9 @@ class AccelerateMatmul(Pass):
         if self.producer == "warpgroup" and not specialise:
             ctx.note(self, "no producer warpgroup: it issues TMA loads, and the threads copy these operands")
         self.check_smem(ops, ctx, func)
-        body = self._build(m, ops, specialise)
+        # without roles there are no consumers to take turns: the MMA warpgroups share each tile
+        build = self if specialise else attrs.evolve(self, consumers="cooperative")
+        body = build._build(m, ops, specialise)
         self.note_copy(ops, ctx)
         for op in approximated:
             ctx.approximated(self, "tanh.approx for tanh", op.loc)
@@ -364,7 +376,8 @@ class AccelerateMatmul(Pass):
     def _build(self, m: MatmulMatch, ops: Operands, specialise: bool) -> list[Op]:
         A, B, C, M, N, K, copy = ops.A, ops.B, ops.C, ops.M, ops.N, ops.K, ops.copy
         bm, bn = self.bm, self.bn
-        acc_t = TensorType(DType.F32, (bm, bn), layout=layouts.WgmmaAccumulator(self.warpgroups).as_layout())
+        acc_t = TensorType(DType.F32, (bm, bn), layout=layouts.WgmmaAccumulator(warpgroups=self.warpgroups,
+                                                                               pieces=self.pieces).as_layout())
         b = Builder()
         grid = (-(-M // bm), -(-N // bn))
         persistent = self.tiles == "persistent" and specialise
@@ -407,7 +420,7 @@ class AccelerateMatmul(Pass):
         with b.at(m.dot.loc), b.region() as top:
             with b.region() as inner:
                 if ops.store == "tma":
-                    store = tma_store(b, C, self.bm, self.bn, self.consumer_roles if specialise else 1)
+                    store = tma_store(b, C, self.bm, self.bn, self.consumer_roles if specialise else 1, self.pieces)
                 if specialise:
                     self._specialised(b, A, B, K, acc_t, each_tile, finish, drain=store is not None)
                 else:

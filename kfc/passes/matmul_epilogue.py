@@ -64,12 +64,12 @@ def tanh_approximated(approx: str, m, ctx, func: FuncOp) -> list[Op]:
     return tanhs
 
 
-def tma_store(b: Builder, C: Value, bm: int, bn: int, consumers: int = 1):
+def tma_store(b: Builder, C: Value, bm: int, bn: int, consumers: int = 1, pieces: int = 1):
     """C's tensor map and the staging slots, STORE_SLOTS for each consumer role; and
     `store(value, row0, col0, n, consumer)`, which writes the tile's value at (row0, col0) 128
     bytes of columns at a time into the consumer's slots in turn (chunk j of its tile n into
     its slot (n * chunks + j) % 2, once the store that last read it has), and stores each chunk
-    by TMA."""
+    by TMA, `pieces` boxes of 64 rows a warpgroup."""
     dt = C.ttype.dtype
     width = CHUNK_BYTES // dt.itemsize
     chunks = bn // width
@@ -94,6 +94,7 @@ def tma_store(b: Builder, C: Value, bm: int, bn: int, consumers: int = 1):
             b.create(TmaStoreWaitOp, [], [], pending=STORE_SLOTS - 1)
             b.create(StageFragmentOp, [value, staging, slot], [], column=j * width)
             b.create(FenceProxyAsyncOp, [], [])
-            b.create(TmaStoreOp, [tm, staging, slot, row0, b.binary("add", col0, b.as_index(j * width))], [])
+            b.create(TmaStoreOp, [tm, staging, slot, row0, b.binary("add", col0, b.as_index(j * width))], [],
+                     pieces=pieces)
 
     return store

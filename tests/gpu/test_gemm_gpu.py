@@ -142,7 +142,9 @@ def test_gemm_bias_relu_is_one_kernel_and_matches_torch(m, n, k):
 @pytest.mark.parametrize("pipeline", [
     None, "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,registers=232,store=tma}",
     "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,tiles=persistent,consumers=pingpong,"
-    "store=tma,approx=auto}"])
+    "store=tma,approx=auto}",
+    "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=128,bn=128,tiles=persistent,"
+    "consumers=pingpong,store=tma}"])
 @pytest.mark.parametrize("m,n,k", [(33, 72, 24), (4095, 4104, 136), (4096, 4096, 4096)])
 def test_gemm_bias_gelu_is_one_kernel_and_matches_torch(m, n, k, pipeline):
     """kernels/gemm_bias_gelu.kfc: GELU (tanh form) of the product plus a bias, in the GEMM's kernel."""
@@ -175,7 +177,8 @@ SPECIALISED = ["accelerate-matmul{producer=warpgroup}",
                "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=128,stages=6}",
                "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent}",
                "accelerate-matmul{producer=warpgroup,tiles=persistent,stages=3}",
-               PINGPONG + "}", PINGPONG.replace("inflight=1", "inflight=0") + ",stages=3}"]
+               PINGPONG + "}", PINGPONG.replace("inflight=1", "inflight=0") + ",stages=3}",
+               PINGPONG.replace("bm=64", "bm=128,bn=128") + "}"]
 SPECIALISED_SHAPES = [(1, 8, 8), (33, 72, 24), (128, 256, 512), (4095, 4104, 136), (256, 512, 4096),
                       (4096, 4096, 4096)]
 
@@ -184,7 +187,7 @@ SPECIALISED_SHAPES = [(1, 8, 8), (33, 72, 24), (128, 256, 512), (4095, 4104, 136
 def test_warp_specialised_gemm_matches_torch(pipeline):
     g = _matches_torch(pipeline)
     _, report = g.kernel_for({"M": 4096, "N": 4096, "K": 4096}, 0)
-    consumers = (1 + ("bm=64" not in pipeline)) * (1 + ("pingpong" in pipeline))
+    consumers = 2 if "pingpong" in pipeline else 1 + ("bm=64" not in pipeline)
     assert report["kernels"][0]["block"][0] == 128 * (1 + consumers), "a producer warpgroup"
 
 
@@ -195,7 +198,8 @@ TMA_STORED = ["accelerate-matmul{store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,bn=192,stages=3,store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=128,stages=6,store=tma}",
-              PINGPONG + ",store=tma}", PINGPONG + ",bn=192,stages=3,store=tma}"]
+              PINGPONG + ",store=tma}", PINGPONG + ",bn=192,stages=3,store=tma}",
+              PINGPONG.replace("bm=64", "bm=128,bn=128") + ",stages=5,store=tma}"]
 
 
 @pytest.mark.parametrize("pipeline", TMA_STORED)

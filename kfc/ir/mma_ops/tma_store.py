@@ -80,9 +80,16 @@ class StageFragmentOp(Op):
 class TmaStoreOp(Op):
     """Operands: the output's tensor map (boxes of [64, cols]), the staging tile, the slot, the
     row and column in the output where the slot lands. Each warpgroup meets, and one thread of it
-    stores its 64 rows of the slot, one bulk group per store."""
+    stores its rows of the slot (`pieces` boxes of 64 rows: a #wgmma_acc warpgroup's), one bulk
+    group per store."""
+
+    pieces: int = 1
 
     def verify_(self) -> None:
+        if self.pieces < 1 or self.operands[1].ttype.rank == 4 and \
+                self.operands[1].ttype.shape[2] % (STORE_ROWS * self.pieces):
+            raise self.error(f"a warpgroup stores {self.pieces} box(es) of {STORE_ROWS} rows; the slot has "
+                             f"{self.operands[1].ttype.shape[2]} rows")
         tm = tensor_of(self, self.operands[0], "tensor map")
         tile = tensor_of(self, self.operands[1], "staging tile")
         for v, what in zip(self.operands[2:], ("slot", "row", "column")):
