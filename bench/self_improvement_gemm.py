@@ -114,7 +114,9 @@ def main(argv=None) -> int:
         "others_budget": args.others_budget,
         "seeds": seeds, "rows": rows, "curves_best_so_far_us": curves, "warm_within_a_third_for_every_seed": ok,
         "gpu": torch.cuda.get_device_name(), "policy": "search", "batch": args.batch,
-        "command": " ".join(["python -m bench.self_improvement_gemm"] + list(argv or sys.argv[1:]))},
+        # paths by their last part: a result carries no machine's folders
+        "command": " ".join(["python -m bench.self_improvement_gemm"]
+                            + [Path(a).name if "/" in a else a for a in (argv or sys.argv[1:])])},
         also=args.result)
     plot(curves, path.with_suffix(".png"), op=f"gemm {'x'.join(map(str, shape))}")
     if args.result:

@@ -45,7 +45,9 @@ FOLLOWED = (ForOp, IfOp, SingleThreadOp, RolesOp)  # control flow the walk enter
 # interleaving the GPU could take; the walk of one without roles takes no schedule
 SCHEDULES = 4
 # a persistent grid's CTAs differ only in how many tiles each computes: the walk follows CTA 0
-# taking one, two and three in turn (the protocol's counters carried from tile to tile)
+# taking one, two and three in turn (the protocol's counters carried from tile to tile), and
+# where several roles take the CTA's tiles in turn (pingpong consumers) as many more as there
+# are such roles beyond the first, so that each takes two or more of its own
 PERSISTENT_TILES = (1, 2, 3)
 # what a protocol op's operands must be known for: the rest (tensors, maps, coordinates) it ignores
 CONTROL_OPERANDS = {ExpectTxAtOp: (1,), TmaLoadOp: (3,), CopyStageOp: (2,), MbarrierWaitParityOp: (1, 2),
@@ -122,9 +124,12 @@ def check_grid_protocol(grid: GridOp) -> None:
 
 
 def _walk_grid(grid: GridOp) -> None:
-    specialised = any(isinstance(op, RolesOp) for op in grid.body.ops)
+    roles = [op for op in grid.body.ops if isinstance(op, RolesOp)]
+    specialised = bool(roles)
+    in_turn = max((len(r.regions) - 2 for r in roles), default=0)  # consumers beyond the first
+    walked = PERSISTENT_TILES + tuple(range(PERSISTENT_TILES[-1] + 1, PERSISTENT_TILES[-1] + 1 + in_turn))
     for seed in range(SCHEDULES if specialised else 1):
-        for tiles in PERSISTENT_TILES if grid.persistent else (None,):
+        for tiles in walked if grid.persistent else (None,):
             walk = ProtocolWalk(None, {})
             walk.schedule_seed = seed
             walk.cta_warpgroups = grid.threads // 128
