@@ -74,11 +74,13 @@ def shape(text: str) -> dict[str, int]:
 
 
 def dtypes(text: str) -> dict[str, str]:
-    """`--dtype T=f16`: each type parameter once (the op says which dtypes it takes)."""
+    """`--dtype T=f16`: each type parameter once (the op says which dtypes or sizes it takes)."""
     from .ir.dtypes import DTYPE_NAMES  # lazy: pulls ml_dtypes (~2 s), kept off the parser's start-up
 
     def problem(name: str, value: str) -> str | None:
-        return None if value in DTYPE_NAMES else f"{name}={value}: dtypes are {', '.join(DTYPE_NAMES)}"
+        if value in DTYPE_NAMES or value.isdigit():
+            return None
+        return f"{name}={value}: dtypes are {', '.join(DTYPE_NAMES)} (or a size, e.g. C=32)"
 
     return assignments(text, "--dtype", "T=f16", problem)
 

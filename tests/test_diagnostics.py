@@ -148,3 +148,31 @@ def test_cli_ir_text_with_undefined_value(tmp_path: Path) -> None:
     line, col = map(int, lines[0][len(str(bad)) + 1:].split(":")[:2])
     assert bad.read_text().splitlines()[line - 1][col - 1:].startswith("%nope")
     assert lines[-1].startswith("hint: ")
+
+
+SIZED = """op chunks<C: 4 | 2>(x: f32[N, C]) -> (y: f32[N]) {
+  parallel n in 0..N {
+    y[n] = sum(x[n, 0:C], axis=0)
+  }
+}
+"""
+
+
+def test_a_size_type_parameter_is_a_constant_where_it_is_used():
+    """`<C: 4 | 2>`: a dim of C is that size, a slice of C elements has a constant size."""
+    from kfc.frontend import parse_kfc
+    spec = parse_kfc(SIZED, "sized.kfc")
+    x = next(a for a in spec.func.args if a.name == "x")
+    assert x.ttype.shape[1] == 4 and spec.dtypes == {"C": "4"}
+    assert parse_kfc(SIZED, "sized.kfc", {"C": "2"}).func.args[0].ttype.shape[1] == 2
+
+
+@pytest.mark.parametrize("header,bound,message", [
+    ("<C: 4 | bf16>", None, "type parameter C takes sizes; 'bf16' is not one"),
+    ("<C: 4 | 4>", None, "sizes are positive and each listed once, not 4"),
+    ("<C: 4 | 2>", {"C": "8"}, "type parameter C takes 4 | 2, not 8"),
+])
+def test_a_size_type_parameter_is_refused_clearly(header, bound, message):
+    from kfc.frontend import parse_kfc
+    with pytest.raises(KfcError, match=re.escape(message)):
+        parse_kfc(SIZED.replace("<C: 4 | 2>", header), "sized.kfc", bound)

@@ -57,9 +57,9 @@ def test_kda_keeps_its_accuracy_beside_reset_gates_of_minus_1e5():
     g = spec.check.inputs["g"]
     assert (g.name, g.args) == ("logsigmoid_resets", (3, 1, 0.02, -1e5))
     text = next(p for p in KERNELS if p.stem == "kda_fwd").read_text()
-    floor = "max(g[0, t:t+64 limit eos, h, :], -100.0)"
+    floor = "max(g[0, t:t+C limit eos, h, :], -100.0)"
     assert floor in text
-    unfloored = parse_kfc(text.replace(floor, "g[0, t:t+64 limit eos, h, :]"))
+    unfloored = parse_kfc(text.replace(floor, "g[0, t:t+C limit eos, h, :]"))
     shape = [{"N": 1, "T": 200, "H": 2, "K": 32, "V": 32}]
     # the kernel as written passes on these gates: test_kernel_passes_check[kda_fwd]
     assert not all(r.ok for r in check_op(unfloored, seeds=[0], shapes=shape))
@@ -77,3 +77,17 @@ def test_kda_in_flashkdas_interface_checks_what_it_computes_in_the_kernel():
                          ("qr * rsqrt(sum(qr * qr, axis=1) + 1e-6)[:, None] * scale", "qr * scale")]:
         assert right in text
         assert not all(r.ok for r in check_op(parse_kfc(text.replace(right, wrong)), seeds=[0], shapes=shape)), wrong
+
+
+@pytest.mark.parametrize("path", ["kernels/kda_fwd.kfc", "kernels/kda_fwd_flashkda.kfc"])
+def test_kda_takes_its_chunk_as_a_parameter(path):
+    """`op kda_fwd<C: 64 | 32 | 16>`: the chunk a size the op is instantiated with (64 unless
+    bound); each chunk computes what the recurrence does, its metric counts its own chunk."""
+    spec = load_kfc(path)
+    assert dict(spec.type_params)["C"] == ("64", "32", "16") and spec.dtypes["C"] == "64"
+    shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
+    for c in ("16", "32"):
+        inst = load_kfc(path, {"C": c})
+        assert inst.dtypes["C"] == c and f"2 * {c} * (K + V)" in inst.metric.formula
+        assert f"[{c}, {c}]" in print_ir(inst.func) and "[64, 64]" not in print_ir(inst.func)  # its masks
+        assert all(r.ok for r in check_op(inst, seeds=[0], shapes=shape)), c

@@ -82,8 +82,8 @@ class IndexLowering:
         return items
 
     def slice_size(self, lo, hi, node) -> int:
-        a = _affine(lo) if lo is not None else ({}, 0)
-        b = _affine(hi)
+        a = _affine(lo, self.size_vars) if lo is not None else ({}, 0)
+        b = _affine(hi, self.size_vars)
         if a is None or b is None:
             raise self.err(node, "the slice's size must be a compile-time constant",
                            "write it as lo:lo+SIZE, e.g. t:t+64 (add 'limit eos' for a partial tile)")
@@ -105,10 +105,12 @@ class IndexLowering:
 MAX_SLICE = 1 << 24
 
 
-def _affine(node):
+def _affine(node, constants: dict[str, int] | None = None):
     """An expression as ({atom: coefficient}, constant), or None when it is not linear.
-    Atoms are names; anything else non-constant makes it non-affine. A chain of + and - is
-    walked in a loop (its length is unbounded)."""
+    Atoms are names (but those `constants` binds, size type parameters); anything else
+    non-constant makes it non-affine. A chain of + and - is walked in a loop (its length is
+    unbounded)."""
+    constants = constants or {}
     if not isinstance(node, lark.Tree):
         return None
     if node.data in ("add", "sub"):
@@ -116,9 +118,9 @@ def _affine(node):
         while isinstance(node, lark.Tree) and node.data in ("add", "sub"):
             spine.append(node)
             node = node.children[0]
-        acc = _affine(node)
+        acc = _affine(node, constants)
         for step in reversed(spine):
-            b = _affine(step.children[1])
+            b = _affine(step.children[1], constants)
             if acc is None or b is None:
                 return None
             sign = 1 if step.data == "add" else -1
@@ -130,9 +132,10 @@ def _affine(node):
     if node.data == "int_lit":
         return {}, int(node.children[0])
     if node.data == "name":
-        return {str(node.children[0]): 1}, 0
+        name = str(node.children[0])
+        return ({}, constants[name]) if name in constants else ({name: 1}, 0)
     if node.data == "mul":
-        a, b = _affine(node.children[0]), _affine(node.children[1])
+        a, b = _affine(node.children[0], constants), _affine(node.children[1], constants)
         if a is None or b is None:
             return None
         if not a[0]:
@@ -141,7 +144,7 @@ def _affine(node):
             return {k: b[1] * v for k, v in a[0].items()}, a[1] * b[1]
         return None
     if node.data == "neg":
-        a = _affine(node.children[0])
+        a = _affine(node.children[0], constants)
         return None if a is None else ({k: -v for k, v in a[0].items()}, -a[1])
     # an opaque subexpression (a load, a call) counts as one atom, keyed by its structure
     return {_tree_key(node): 1}, 0

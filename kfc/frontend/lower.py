@@ -47,6 +47,7 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
         self.text = text
         self.requested_dtypes = dict(dtypes or {})
         self.type_vars: dict[str, DType] = {}      # T -> the dtype it is instantiated with
+        self.size_vars: dict[str, int] = {}        # C -> the size it is instantiated with (a constant)
         self.type_params: list[tuple[str, tuple[str, ...]]] = []
         self.typed_params: dict[str, str] = {}     # parameter -> the type parameter its dtype is
         self.b = Builder()
@@ -74,7 +75,9 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
         return self.type_vars.get(name) or parse_dtype(name)
 
     def bind_type_params(self, node) -> None:
-        """`op f<T: bf16 | f16>(...)`: T takes the requested dtype, else the first listed."""
+        """`op f<T: bf16 | f16>(...)`: T takes the requested dtype, else the first listed; `op
+        f<C: 64 | 32>(...)`: C is the requested size, else the first, a constant in the body
+        (slice sizes, loop steps, masks) and in the metric."""
         if node is None:
             unknown = sorted(self.requested_dtypes)
             if unknown:
@@ -84,10 +87,13 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
         for tp in node.children:
             name, *options = tp.children
             n = str(name)
-            if n in self.type_vars:
+            if n in self.type_vars or n in self.size_vars:
                 raise self.err(name, f"type parameter {n} is declared twice")
             if parse_dtype(n) is not None:
                 raise self.err(name, f"'{n}' is a dtype; a type parameter needs another name, e.g. T")
+            if any(o.type == "INT" for o in options):
+                self.bind_size_param(tp, n, options)
+                continue
             opts = []
             for o in options:
                 if parse_dtype(str(o)) is None:
@@ -100,10 +106,27 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
                                f"choose one of {', '.join(opts)}")
             self.type_vars[n] = parse_dtype(want)
             self.type_params.append((n, tuple(opts)))
-        unknown = sorted(set(self.requested_dtypes) - set(self.type_vars))
+        unknown = sorted(set(self.requested_dtypes) - set(self.type_vars) - set(self.size_vars))
         if unknown:
             raise KfcError(f"the op has no type parameter {unknown[0]}", self.span(node),
-                           f"its type parameters are {', '.join(self.type_vars)}")
+                           f"its type parameters are {', '.join([*self.type_vars, *self.size_vars])}")
+
+    def bind_size_param(self, tp, n: str, options) -> None:
+        """A type parameter of sizes: every option a positive integer, each once."""
+        opts = []
+        for o in options:
+            if o.type != "INT":
+                raise self.err(o, f"type parameter {n} takes sizes; '{o}' is not one",
+                               "list whole numbers, e.g. C: 64 | 32 | 16 (or dtypes alone, e.g. T: bf16 | f16)")
+            if int(o) <= 0 or str(int(o)) in opts:
+                raise self.err(o, f"type parameter {n}'s sizes are positive and each listed once, not {o}")
+            opts.append(str(int(o)))
+        want = self.requested_dtypes.get(n, opts[0])
+        if want not in opts:
+            raise KfcError(f"type parameter {n} takes {' | '.join(opts)}, not {want}", self.span(tp),
+                           f"choose one of {', '.join(opts)}")
+        self.size_vars[n] = int(want)
+        self.type_params.append((n, tuple(opts)))
 
     def lower_op(self, node) -> FuncOp:
         name_tok, tparams, ins_node, outs_node, body = node.children
@@ -145,6 +168,8 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
             if n in self.symbols:
                 raise self.err(seen[n], f"{n} names both a parameter and a shape dimension",
                                "rename one of them")
+            if n in self.size_vars:
+                raise self.err(seen[n], f"{n} names both a parameter and a type parameter", "rename one of them")
         input_syms = {d.name for _, t in inputs for d in t.shape if isinstance(d, SymDim)}
         required_syms = {d.name for _, t in inputs if not t.optional for d in t.shape if isinstance(d, SymDim)}
         for n, t in outputs:
@@ -209,6 +234,11 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
             sym = str(d.children[0])
             if sym in KEYWORDS or self.dtype_named(sym) is not None:
                 raise self.err(d, f"'{sym}' cannot name a dimension")
+            if sym in self.size_vars and d.data == "sym_dim":  # a size parameter: the size it is bound to
+                shape.append(self.size_vars[sym])
+                continue
+            if sym in self.size_vars:
+                raise self.err(d, f"{sym} is a size parameter; write its multiple of a dim as a dim of its own")
             self.symbols.setdefault(sym, self.span(d))
             off = 0 if d.data == "sym_dim" else int(d.children[1]) * (1 if d.data == "add_dim" else -1)
             if abs(off) > MAX_DIM:

@@ -43,8 +43,10 @@ class ScopeLowering:
         if name in self.symbols:
             with self.b.at(self.span(node)):
                 return self.b.dim(name)
+        if name in self.size_vars:  # a size type parameter: the constant it is bound to
+            return self.size_vars[name]
         hint = None
-        known = [n for f in self.frames for n in f.names] + list(self.params) + list(self.symbols)
+        known = [n for f in self.frames for n in f.names] + list(self.params) + list(self.symbols) + list(self.size_vars)
         close = [k for k in known if k.lower() == name.lower() or (len(name) > 2 and k.startswith(name[:3]))] \
             or difflib.get_close_matches(name, known, 1, 0.6)
         if close:

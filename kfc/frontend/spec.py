@@ -64,9 +64,10 @@ def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = No
     op_node, *sections = tree.children
     lowerer = Lowerer(file, text, dtypes)
     func = lowerer.lower_op(op_node)
-    spec = _Sections(file, func).build(sections)
+    spec = _Sections(file, func, dict(lowerer.size_vars)).build(sections)
     return attrs.evolve(spec, type_params=tuple(lowerer.type_params),
-                        dtypes={n: str(d) for n, d in lowerer.type_vars.items()},
+                        dtypes={**{n: str(d) for n, d in lowerer.type_vars.items()},
+                                **{n: str(v) for n, v in lowerer.size_vars.items()}},
                         typed_params=dict(lowerer.typed_params), text=text)
 
 
@@ -86,10 +87,11 @@ def looks_like_ir(text: str) -> bool:
 
 
 class _Sections:
-    def __init__(self, file: str, func: FuncOp) -> None:
+    def __init__(self, file: str, func: FuncOp, sizes: dict[str, int] | None = None) -> None:
         self.file = file
         self.func = func
         self.symbols = set(func.symbols)
+        self.sizes = sizes or {}  # size type parameters: their bound values stand in the metric
 
     def err(self, node, message: str, hint: str | None = None) -> KfcError:
         return KfcError(message, span_of(self.file, node), hint)
@@ -121,6 +123,8 @@ class _Sections:
         text = None
         if formula is not None:
             text = self.string(formula)
+            for n, v in self.sizes.items():
+                text = re.sub(rf"\b{n}\b", str(v), text)
             try:
                 unknown = constexpr.symbols_of(text) - self.symbols
             except constexpr.ConstExprError as e:

@@ -57,7 +57,7 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
     b.add_argument("op", metavar="OP.kfc|FINGERPRINT|NAME", help="the op")
     b.add_argument("--target", type=cli_args.target, metavar="SM", help="only this target, e.g. sm_90a")
     b.add_argument("--shape", type=cli_args.shape, metavar="N=..", help="only this shape (every dim the run recorded)")
-    b.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the .kfc file's type parameters")
+    b.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the .kfc file's type parameters: a dtype (T=f16) or a size (C=32)")
     b.add_argument("--pipeline-only", action="store_true",
                    help="print only the pipeline (exactly one target and shape must match)")
     b.set_defaults(run=reading(cmd_best))
