@@ -79,7 +79,7 @@ def test_kda_in_flashkdas_interface_checks_what_it_computes_in_the_kernel():
         assert not all(r.ok for r in check_op(parse_kfc(text.replace(right, wrong)), seeds=[0], shapes=shape)), wrong
 
 
-@pytest.mark.parametrize("path", ["kernels/kda_fwd.kfc", "kernels/kda_fwd_flashkda.kfc"])
+@pytest.mark.parametrize("path", ["kernels/kda_fwd.kfc", "kernels/kda_fwd_flashkda.kfc", "kernels/kda_fwd_fla.kfc"])
 def test_kda_takes_its_chunk_as_a_parameter(path):
     """`op kda_fwd<C: 64 | 32 | 16>`: the chunk a size the op is instantiated with (64 unless
     bound); each chunk computes what the recurrence does, its metric counts its own chunk."""
@@ -91,3 +91,18 @@ def test_kda_takes_its_chunk_as_a_parameter(path):
         assert inst.dtypes["C"] == c and f"2 * {c} * (K + V)" in inst.metric.formula
         assert f"[{c}, {c}]" in print_ir(inst.func) and "[64, 64]" not in print_ir(inst.func)  # its masks
         assert all(r.ok for r in check_op(inst, seeds=[0], shapes=shape)), c
+
+
+def test_kda_in_flas_gated_interface_checks_what_it_computes_in_the_kernel():
+    """kernels/kda_fwd_fla.kfc against kfc.reference.kda:kda_fla_gated (fla's softplus gate and
+    q/k L2 norm in the kernel): the check fails where the kernel skips the norm, takes the
+    gate's sign the other way or lets the rows past a sequence's end decay the state."""
+    path = next(p for p in KERNELS if p.stem == "kda_fwd_fla")
+    text = path.read_text()
+    shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
+    # the kernel as written passes: test_kernel_passes_check[kda_fwd_fla]
+    for right, wrong in [("gl = where(valid[:, None], gate, 0.0)", "gl = gate"),
+                         ("rate = -exp(A_log[h])", "rate = exp(A_log[h])"),
+                         ("qr * rsqrt(sum(qr * qr, axis=1) + 1e-6)[:, None] * scale", "qr * scale")]:
+        assert right in text
+        assert not all(r.ok for r in check_op(parse_kfc(text.replace(right, wrong)), seeds=[0], shapes=shape)), wrong

@@ -210,3 +210,32 @@ def test_flashkdas_interface_is_the_recurrence_on_its_activated_inputs_token_by_
                 S = S + torch.sigmoid(beta[0, t, h].double()) * u[:, None] * kn[None, :]
                 torch.testing.assert_close(o[0, t, h].double(), S @ (scale * qn), rtol=1e-6, atol=1e-6)
             torch.testing.assert_close(ht[n, h].double(), S, rtol=1e-6, atol=1e-6)
+
+
+def test_flas_gated_interface_is_the_recurrence_on_its_activated_inputs_token_by_token():
+    """kda_fla_gated against a direct loop written from fla's documentation of chunk_kda with
+    the gate and the q/k norm in the kernel: the gate -exp(A_log[h]) * log(1 + exp(g + dt_bias[h])),
+    q and k divided by sqrt(|x|^2 + 1e-6), beta as given, the state [K, V]."""
+    from kfc.reference.kda import kda_fla_gated
+
+    gen = torch.Generator().manual_seed(4)
+    T, H, K, V, scale = 7, 2, 4, 3, 0.5
+    q, k = torch.randn(1, T, H, K, generator=gen), torch.randn(1, T, H, K, generator=gen)
+    v, g = torch.randn(1, T, H, V, generator=gen), torch.randn(1, T, H, K, generator=gen)
+    beta, a_log = torch.rand(1, T, H, generator=gen), torch.rand(H, generator=gen) * 2.77
+    dt_bias, h0 = torch.randn(H * K, generator=gen), torch.randn(2, H, K, V, generator=gen)
+    cu = torch.tensor([0, 3, T])
+    o, ht = kda_fla_gated(q, k, v, g, beta, a_log, dt_bias, cu, h0, scale)
+    for n in range(2):
+        for h in range(H):
+            S = h0[n, h].double().clone()  # [K, V]
+            for t in range(int(cu[n]), int(cu[n + 1])):
+                x = g[0, t, h].double() + dt_bias.view(H, K)[h].double()
+                gate = -math.exp(a_log[h]) * torch.log1p(torch.exp(x))
+                qn = q[0, t, h].double() / torch.sqrt((q[0, t, h].double() ** 2).sum() + 1e-6)
+                kn = k[0, t, h].double() / torch.sqrt((k[0, t, h].double() ** 2).sum() + 1e-6)
+                S = S * torch.exp(gate)[:, None]
+                u = v[0, t, h].double() - S.T @ kn
+                S = S + beta[0, t, h].double() * kn[:, None] * u[None, :]
+                torch.testing.assert_close(o[0, t, h].double(), S.T @ (scale * qn), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(ht[n, h].double(), S, rtol=1e-6, atol=1e-6)

@@ -216,7 +216,8 @@ class AccelerateMatmul(Pass):
 
     def options_problem(self) -> tuple[str, str] | None:
         """(what, what to do) where these options do not go together, else None: the roles'
-        options need a producer warpgroup, and pingpong a persistent CTA of 64-row tiles."""
+        options need a producer warpgroup, and pingpong a persistent CTA and tiles one
+        warpgroup's registers hold."""
         if self.producer == "mma" and (self.inflight or self.registers or self.tiles != "grid"
                                        or self.consumers != "cooperative"):
             return ("inflight, registers, tiles=persistent and consumers=pingpong apply to a producer warpgroup",

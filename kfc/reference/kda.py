@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["kda_recurrent", "kda_flashkda"]
+__all__ = ["kda_recurrent", "kda_flashkda", "kda_fla_gated"]
 
 L2NORM_EPS = 1e-6  # fla's and FlashKDA's in-kernel q/k normalisation: x / sqrt(sum(x^2) + eps)
 
@@ -95,13 +95,26 @@ def kda_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=No
     f = torch.float64
     gate = lower_bound * torch.sigmoid(A_log.to(f).exp()[None, None, :, None] * (g.to(f) + dt_bias.to(f)[None, None]))
 
-    def l2norm(x):
-        x = x.to(f)
-        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
-
     state = None if h0 is None else h0.to(f).transpose(-1, -2)
-    o, ht = kda_recurrent(l2norm(q), l2norm(k), v, gate, torch.sigmoid(beta.to(f)), cu_seqlens, state, scale)
+    o, ht = kda_recurrent(_l2norm(q), _l2norm(k), v, gate, torch.sigmoid(beta.to(f)), cu_seqlens, state, scale)
     return o, ht.transpose(-1, -2).contiguous()
+
+
+def kda_fla_gated(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=None):
+    """fla's chunk_kda with use_gate_in_kernel and use_qk_l2norm_in_kernel, on the recurrence
+    (float64): raw gates `g` [1, T, H, K] activated as -exp(A_log[h]) * softplus(g + dt_bias[h])
+    (unbounded below), q and k L2-normalised along K, beta as probabilities, states [N, H, K, V].
+    Returns (o, ht)."""
+    f = torch.float64
+    gate = -A_log.to(f).exp()[None, None, :, None] * torch.nn.functional.softplus(
+        g.to(f) + dt_bias.to(f).reshape(g.shape[-2:])[None, None])
+    return kda_recurrent(_l2norm(q), _l2norm(k), v, gate, beta, cu_seqlens, h0, scale)
+
+
+def _l2norm(x):
+    """x / sqrt(sum(x^2) + eps) along the last dim, in float64."""
+    x = x.to(torch.float64)
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
 def _recur(q, k, v, decay, beta, S, o) -> None:
