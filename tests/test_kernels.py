@@ -106,3 +106,16 @@ def test_kda_in_flas_gated_interface_checks_what_it_computes_in_the_kernel():
                          ("qr * rsqrt(sum(qr * qr, axis=1) + 1e-6)[:, None] * scale", "qr * scale")]:
         assert right in text
         assert not all(r.ok for r in check_op(parse_kfc(text.replace(right, wrong)), seeds=[0], shapes=shape)), wrong
+
+
+def test_kda_in_flas_interface_takes_f16_inputs_bf16_states_and_int64_offsets():
+    """The dtypes fla's chunk_kda takes, as type parameters: inputs bf16 or f16, states f32 or
+    bf16 (held in f32 inside), cu_seqlens int32 or int64; each instance checked against the
+    recurrence."""
+    path = "kernels/kda_fwd_fla.kfc"
+    shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
+    for bound in ({"X": "f16", "SD": "bf16", "IX": "i64", "C": "16"}, {"X": "bf16", "SD": "bf16", "IX": "i32"}):
+        inst = load_kfc(path, bound)
+        types = {a.name: str(a.ttype.dtype) for a in inst.func.args}
+        assert (types["q"], types["h0"], types["cu_seqlens"]) == (bound["X"], bound["SD"], bound["IX"])
+        assert all(r.ok for r in check_op(inst, seeds=[0], shapes=shape)), bound
