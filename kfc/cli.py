@@ -65,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check this shape instead of the block's (repeatable)")
     c.add_argument("--full", action="store_true", help="do not scale huge shapes down (slow)")
     c.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16",
-                   help="check only this instance of the op's type parameters (default: every combination)")
+                   help="check only this instance of the op's type parameters (default: every combination of "
+                        "their dtypes, sizes such as C=16 at their first)")
+    c.add_argument("--first", action="store_true",
+                   help="check only the op's first instance (every type parameter at its first option)")
     c.add_argument("--budget", type=int_in(1), default=None, metavar="ELEMS",
                    help="scale a case down until its tensors hold at most this many elements (default 1048576)")
     c.add_argument("--target", type=cli_args.target, default=None, metavar="SM",
@@ -271,7 +274,7 @@ def cmd_check(args) -> int:
 
     if status is not None:
         status.start()
-    instances = [spec] if args.dtype else spec_instances(spec)
+    instances = [spec] if args.dtype or args.first else spec_instances(spec)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
     if args.pipeline is not None:
         from .passes import parse_user_pipeline  # lazy: kfc.passes pulls kfc.ir ~2 s; -p only

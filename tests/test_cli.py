@@ -23,6 +23,16 @@ def test_check_with_explicit_shape(capsys):
     assert "M=2, N=33" in capsys.readouterr().out
 
 
+def test_check_first_takes_the_first_instance_alone(capsys):
+    """rmsnorm<T: bf16 | f16 | f32>: every dtype by default, bf16 alone with --first."""
+    assert main(["check", "kernels/rmsnorm.kfc", "--shape", "M=2,N=33", "--seed", "1"]) == 0
+    every = capsys.readouterr().out
+    assert main(["check", "kernels/rmsnorm.kfc", "--shape", "M=2,N=33", "--seed", "1", "--first"]) == 0
+    first = capsys.readouterr().out
+    assert all(f"y: {t} " in every for t in ("bf16", "f16", "f32")) and "passed: 6 output" in every
+    assert "y: bf16 " in first and "y: f16 " not in first and "passed: 2 output" in first
+
+
 def test_failing_check_exits_1(tmp_path, capsys):
     bad = tmp_path / "bad.kfc"
     bad.write_text(open("kernels/rmsnorm.kfc").read().replace("rsqrt(mean(xr * xr) + eps)", "rsqrt(mean(xr * xr) + 1.0)"))

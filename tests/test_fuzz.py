@@ -85,7 +85,8 @@ def assert_well_behaved(argv: list[str], source: bytes, path: Path) -> int:
 
 def commands(path: Path, out: Path) -> list[list[str]]:
     return [["opt", str(path)],
-            ["check", str(path), "--budget", "2048", "--seed", "5", "--reference-timeout", "30"],
+            # the first instance: a kernel generic over several dtypes is one input here, not eight
+            ["check", str(path), "--budget", "2048", "--seed", "5", "--reference-timeout", "30", "--first"],
             ["compile", str(path), "-o", str(out), "--target", "sm_90a"]]
 
 

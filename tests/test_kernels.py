@@ -6,6 +6,7 @@ import pytest
 
 from kfc.check.runner import check_op
 from kfc.frontend import load_kfc, parse_kfc
+from kfc.frontend.spec import instances
 from kfc.ir import parse_ir, print_ir, verify
 
 KERNELS = sorted(Path("kernels").glob("*.kfc")) if Path("kernels").is_dir() else sorted(
@@ -85,6 +86,8 @@ def test_kda_takes_its_chunk_as_a_parameter(path):
     bound); each chunk computes what the recurrence does, its metric counts its own chunk."""
     spec = load_kfc(path)
     assert dict(spec.type_params)["C"] == ("64", "32", "16") and spec.dtypes["C"] == "64"
+    # a size is a configuration: the instances kfc check runs vary the dtypes alone
+    assert {inst.dtypes["C"] for inst in instances(spec)} == {"64"}
     shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
     for c in ("16", "32"):
         inst = load_kfc(path, {"C": c})

@@ -42,12 +42,14 @@ def instantiate(spec: OpSpec, dtypes: dict[str, str]) -> OpSpec:
 
 
 def instances(spec: OpSpec) -> list[OpSpec]:
-    """Every combination of the type parameters' dtypes."""
-    if not spec.type_params:
+    """Every combination of the type parameters' dtypes; a size parameter (a chunk, say: a
+    configuration, not a type) keeps the size the spec is bound to."""
+    dtyped = [(n, opts) for n, opts in spec.type_params if not opts[0].isdigit()]
+    if not dtyped:
         return [spec]
-    names = [n for n, _ in spec.type_params]
+    names = [n for n, _ in dtyped]
     return [instantiate(spec, dict(zip(names, combo)))
-            for combo in itertools.product(*(opts for _, opts in spec.type_params))]
+            for combo in itertools.product(*(opts for _, opts in dtyped))]
 
 
 def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = None) -> OpSpec:
