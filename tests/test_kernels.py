@@ -88,7 +88,7 @@ def test_kda_takes_its_chunk_as_a_parameter(path):
     assert dict(spec.type_params)["C"] == ("64", "32", "16") and spec.dtypes["C"] == "64"
     # a size is a configuration: the instances kfc check runs vary the dtypes alone
     assert {inst.dtypes["C"] for inst in instances(spec)} == {"64"}
-    shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
+    shape = [{"N": 2, "T": 37, "H": 1, "HV": 2, "K": 8, "V": 8}]
     for c in ("16", "32"):
         inst = load_kfc(path, {"C": c})
         assert inst.dtypes["C"] == c and f"2 * {c} * (K + V)" in inst.metric.formula
@@ -96,16 +96,19 @@ def test_kda_takes_its_chunk_as_a_parameter(path):
         assert all(r.ok for r in check_op(inst, seeds=[0], shapes=shape)), c
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the wrong sign overflows
 def test_kda_in_flas_gated_interface_checks_what_it_computes_in_the_kernel():
     """kernels/kda_fwd_fla.kfc against kfc.reference.kda:kda_fla_gated (fla's softplus gate and
-    q/k L2 norm in the kernel): the check fails where the kernel skips the norm, takes the
-    gate's sign the other way or lets the rows past a sequence's end decay the state."""
+    q/k L2 norm in the kernel, grouped value heads): the check fails where the kernel skips the
+    norm, takes the gate's sign the other way, pairs value heads with the wrong q/k heads or lets
+    the rows past a sequence's end decay the state."""
     path = next(p for p in KERNELS if p.stem == "kda_fwd_fla")
     text = path.read_text()
-    shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
+    shape = [{"N": 2, "T": 37, "H": 2, "HV": 4, "K": 8, "V": 8}]
     # the kernel as written passes: test_kernel_passes_check[kda_fwd_fla]
     for right, wrong in [("gl = where(valid[:, None], gate, 0.0)", "gl = gate"),
                          ("rate = -exp(A_log[h])", "rate = exp(A_log[h])"),
+                         ("hq = h // (HV // H)", "hq = h % H"),  # value heads paired with q/k heads in turn, not in groups
                          ("qr * rsqrt(sum(qr * qr, axis=1) + 1e-6)[:, None] * scale", "qr * scale")]:
         assert right in text
         assert not all(r.ok for r in check_op(parse_kfc(text.replace(right, wrong)), seeds=[0], shapes=shape)), wrong
@@ -116,7 +119,7 @@ def test_kda_in_flas_interface_takes_f16_inputs_bf16_states_and_int64_offsets():
     bf16 (held in f32 inside), cu_seqlens int32 or int64; each instance checked against the
     recurrence."""
     path = "kernels/kda_fwd_fla.kfc"
-    shape = [{"N": 2, "T": 37, "H": 1, "K": 8, "V": 8}]
+    shape = [{"N": 2, "T": 37, "H": 1, "HV": 2, "K": 8, "V": 8}]
     for bound in ({"X": "f16", "SD": "bf16", "IX": "i64", "C": "16"}, {"X": "bf16", "SD": "bf16", "IX": "i32"}):
         inst = load_kfc(path, bound)
         types = {a.name: str(a.ttype.dtype) for a in inst.func.args}

@@ -103,11 +103,14 @@ def kda_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=No
 def kda_fla_gated(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=None):
     """fla's chunk_kda with use_gate_in_kernel and use_qk_l2norm_in_kernel, on the recurrence
     (float64): raw gates `g` [1, T, H, K] activated as -exp(A_log[h]) * softplus(g + dt_bias[h])
-    (unbounded below), q and k L2-normalised along K, beta as probabilities, states [N, H, K, V].
+    (unbounded below), q and k L2-normalised along K, beta as probabilities, states [N, HV, K, V];
+    with HV value heads a multiple of q's and k's H, value head h reads q/k head h // (HV / H).
     Returns (o, ht)."""
     f = torch.float64
     gate = -A_log.to(f).exp()[None, None, :, None] * torch.nn.functional.softplus(
         g.to(f) + dt_bias.to(f).reshape(g.shape[-2:])[None, None])
+    group = v.shape[2] // q.shape[2]  # grouped value heads: value head h reads q/k head h // group
+    q, k = (x.repeat_interleave(group, dim=2) for x in (q, k))
     return kda_recurrent(_l2norm(q), _l2norm(k), v, gate, beta, cu_seqlens, h0, scale)
 
 
