@@ -18,7 +18,7 @@ from ..ir.gpu_ops import LaunchOp
 from ..ir.mma_ops import MbarrierArrayOp, RolesOp, TmaLoadOp, Tcgen05MmaOp, WgmmaOp
 from ..ir.smem_ops import CopyAsyncOp, MbarrierAllocOp
 from ..ir.tile_ops import DotOp
-from ..passes.accelerate_matmul import match_matmul
+from ..passes.matmul_match import match_matmul
 from ..passes.base import PassError
 from ..passes.rows import find_row_loop, row_length
 from ..model.target import Target, needs_arch_specific

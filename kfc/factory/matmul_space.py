@@ -16,7 +16,8 @@ import attrs
 
 from ..ir.dtypes import DType
 from ..ir.mma_ops import TMA_GRANULE
-from ..passes.accelerate_matmul import AccelerateMatmul, match_matmul
+from ..passes.accelerate_matmul import AccelerateMatmul
+from ..passes.matmul_match import match_matmul
 from ..passes.base import PassError, option_range
 from ..passes.pipeline import parse_pipeline
 from .space import SpaceMoves

@@ -92,26 +92,19 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
             if parse_dtype(n) is not None:
                 raise self.err(name, f"'{n}' is a dtype; a type parameter needs another name, e.g. T")
             if any(o.type == "INT" for o in options):
-                self.bind_size_param(tp, n, options)
+                self.size_vars[n] = int(self.bound_option(tp, n, self.size_options(n, options)))
                 continue
-            opts = []
             for o in options:
                 if parse_dtype(str(o)) is None:
                     raise self.err(o, f"unknown dtype '{o}' for type parameter {n}",
                                    f"dtypes are {', '.join(DTYPE_NAMES)}")
-                opts.append(str(o))
-            want = self.requested_dtypes.get(n, opts[0])
-            if want not in opts:
-                raise KfcError(f"type parameter {n} takes {' | '.join(opts)}, not {want}", self.span(tp),
-                               f"choose one of {', '.join(opts)}")
-            self.type_vars[n] = parse_dtype(want)
-            self.type_params.append((n, tuple(opts)))
+            self.type_vars[n] = parse_dtype(self.bound_option(tp, n, [str(o) for o in options]))
         unknown = sorted(set(self.requested_dtypes) - set(self.type_vars) - set(self.size_vars))
         if unknown:
             raise KfcError(f"the op has no type parameter {unknown[0]}", self.span(node),
                            f"its type parameters are {', '.join([*self.type_vars, *self.size_vars])}")
 
-    def bind_size_param(self, tp, n: str, options) -> None:
+    def size_options(self, n: str, options) -> list[str]:
         """A type parameter of sizes: every option a positive integer, each once."""
         opts = []
         for o in options:
@@ -121,12 +114,17 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
             if int(o) <= 0 or str(int(o)) in opts:
                 raise self.err(o, f"type parameter {n}'s sizes are positive and each listed once, not {o}")
             opts.append(str(int(o)))
+        return opts
+
+    def bound_option(self, tp, n: str, opts: list[str]) -> str:
+        """The option type parameter n is instantiated with (the requested one, else the first),
+        the parameter recorded with its options."""
         want = self.requested_dtypes.get(n, opts[0])
         if want not in opts:
             raise KfcError(f"type parameter {n} takes {' | '.join(opts)}, not {want}", self.span(tp),
                            f"choose one of {', '.join(opts)}")
-        self.size_vars[n] = int(want)
         self.type_params.append((n, tuple(opts)))
+        return want
 
     def lower_op(self, node) -> FuncOp:
         name_tok, tparams, ins_node, outs_node, body = node.children

@@ -47,92 +47,15 @@ from ..ir.mma_ops import MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, Single
 from ..ir.mma_ops import TmaStoreWaitOp
 from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp, barrier_array_type
-from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, IndexDim, LoadOp, StoreOp
-from ..ir.tile_ops import UnaryOp, WhereOp
+from ..ir.tile_ops import ConstOp, IndexDim
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, define_pass, option
 from .matmul_epilogue import STORE_SLOTS, epilogue, tanh_approximated, tma_store
+from .matmul_match import MatmulMatch, match_matmul
 from .matmul_tcgen05 import run_tcgen05
 
 SMEM_RESERVE = 1024  # bytes of a CTA's shared memory left beside the dynamic (mbarriers, alignment)
 PINGPONG_TILE = 128 * 128  # a pingpong consumer's accumulator: 128 f32 registers of each of its threads
-EPILOGUE_OPS = (UnaryOp, BinaryOp, CastOp, CmpOp, WhereOp, ConstOp, DimOp, BroadcastOp)
-
-
-@attrs.frozen
-class MatmulMatch:
-    load_a: LoadOp
-    load_b: LoadOp
-    dot: DotOp
-    store: StoreOp
-    epilogue: tuple[Op, ...]   # in program order, between the dot and the store
-    prelude: tuple[Op, ...]    # scalar ops the epilogue uses (constants, dims)
-    columns: dict              # a loaded vector of the product's columns (a bias) -> its load
-
-
-def _whole(op: LoadOp | StoreOp) -> bool:
-    return all(ix.kind == "all" for ix in op.index)
-
-
-def match_matmul(func: FuncOp) -> MatmulMatch:
-    """The one whole-tensor dot of `func`, its operand loads, the elementwise ops after it and
-    the store of their result; a PassError that says what does not fit."""
-    ops = func.body.ops
-    dots = [op for op in ops if isinstance(op, DotOp)]
-    if len(dots) != 1:
-        raise PassError(f"accelerate-matmul: takes a program with one dot, not {len(dots)}",
-                        dots[1].loc if len(dots) > 1 else func.loc)
-    dot = dots[0]
-    defs = {r: op for op in ops for r in op.results}
-    load_a, load_b = (defs.get(v) for v in dot.operands)
-    for ld, what in ((load_a, "A"), (load_b, "B")):
-        if not (isinstance(ld, LoadOp) and _whole(ld) and ld.operands[0].ttype.rank == 2):
-            raise PassError(f"accelerate-matmul: the dot's {what} must be a whole rank-2 tensor, loaded as x[:, :]",
-                            dot.loc, "write the product on whole tensors: c = dot(a, b)")
-    stores = [op for op in ops if isinstance(op, StoreOp)]
-    if len(stores) != 1 or not _whole(stores[0]) or stores[0].operands[1].ttype.rank != 2:
-        raise PassError("accelerate-matmul: the product must be stored whole into one rank-2 output, c[:, :] = ...",
-                        dot.loc)
-    store = stores[0]
-    # the ops between the dot and the store that compute on the product: elementwise only
-    on_product = {dot.result}
-    epilogue, prelude = [], []
-    n_cols = dot.result.ttype.shape[1]
-    columns = {op.result: op for op in ops if isinstance(op, LoadOp) and _whole(op)
-               and op.operands[0].ttype.rank == 1 and op.operands[0].ttype.shape[0] == n_cols}
-    for op in ops:
-        if op in (load_a, load_b, dot, store) or op in columns.values():
-            continue
-        reads_product = any(v in on_product for v in op.operands)
-        # a constant or a scalar spread over the product's shape (max(d * scale, 0.0)) becomes a tile too
-        spreads_scalar = isinstance(op, (BroadcastOp, ConstOp)) and \
-            all(v.ttype.is_scalar or v in columns for v in op.operands) \
-            and tuple(op.result.ttype.shape) == tuple(dot.result.ttype.shape)
-        if reads_product or spreads_scalar:
-            if not isinstance(op, EPILOGUE_OPS):
-                raise PassError(f"accelerate-matmul: {op.NAME} on the product is not elementwise; the epilogue "
-                                "takes elementwise ops on it and on scalars", op.loc)
-            for v in op.operands:
-                t = v.ttype
-                if v not in on_product and not t.is_scalar and v not in columns:
-                    raise PassError(f"accelerate-matmul: the epilogue's {op.NAME} reads a {t} beside the product; "
-                                    "it takes scalars and vectors along the product's columns", op.loc)
-            on_product.update(op.results)
-            epilogue.append(op)
-        elif isinstance(op, (ConstOp, DimOp)) or all(r.ttype.is_scalar for r in op.results) and \
-                isinstance(op, EPILOGUE_OPS):
-            prelude.append(op)
-        else:
-            raise PassError(f"accelerate-matmul: {op.NAME} is neither the product's operands nor its epilogue "
-                            "(elementwise ops on the product, scalars and vectors along its columns)",
-                            op.loc, "kfc compiles a matrix product with an elementwise epilogue in one kernel")
-    if store.operands[0] not in on_product:
-        raise PassError("accelerate-matmul: the stored value does not come from the dot", store.loc)
-    for v, ld in columns.items():
-        if any(v in op.operands and not isinstance(op, BroadcastOp) for op in ops):
-            raise PassError(f"accelerate-matmul: {ld.operands[0].name} is used other than spread over the product's "
-                            "rows", ld.loc)
-    return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude), columns)
 
 
 @attrs.frozen

@@ -1,7 +1,7 @@
 """What accelerate-matmul builds after the main loop: the .kfc's epilogue on the accumulator's
 tile (with tanh.approx where the outputs allow it) and, with store=tma, the tile's way to global
 memory through staging slots in shared memory and TMA stores (kfc.ir.mma_ops.tma_store).
-`m` is the product accelerate-matmul matched (kfc.passes.accelerate_matmul.MatmulMatch)."""
+`m` is the product accelerate-matmul matched (kfc.passes.matmul_match.MatmulMatch)."""
 
 from __future__ import annotations
 
