@@ -3,10 +3,11 @@
 from .model.version import __version__  # noqa: F401 - kfc.__version__
 
 
-def load(path, target=None, pipeline=None, kb=None):
+def load(path, target=None, pipeline=None, kb=None, bind=None):
     """Load a .kfc file as a callable kernel (see kfc.runtime.kernel). With `kb` (a knowledge
     base's path or URL) and no pipeline, each shape compiles from its nearest record where one
-    qualifies (kfc.kb.advice), said on stderr and kept in the kernel's `advised`."""
+    qualifies (kfc.kb.advice), said on stderr and kept in the kernel's `advised`. `bind` gives
+    type parameters a value, e.g. a size: kfc.load("kernels/kda_fwd.kfc", bind={"C": 32})."""
     from .runtime import load as _load  # lazy: kfc.runtime pulls kfc.ir, ml_dtypes ~2.5 s; import kfc stays light
 
     advisor = None
@@ -15,4 +16,4 @@ def load(path, target=None, pipeline=None, kb=None):
 
         def advisor(func, target_name, dims):
             return advise(kb, func, target_name, dims)
-    return _load(path, target, pipeline, advisor)
+    return _load(path, target, pipeline, advisor, bind)

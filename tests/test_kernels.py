@@ -1,5 +1,6 @@
 """Every kernel in kernels/ parses, verifies, round-trips through IR text and passes `kfc check`."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,15 @@ def test_kda_in_flas_interface_takes_f16_inputs_bf16_states_and_int64_offsets():
         types = {a.name: str(a.ttype.dtype) for a in inst.func.args}
         assert (types["q"], types["h0"], types["cu_seqlens"]) == (bound["X"], bound["SD"], bound["IX"])
         assert all(r.ok for r in check_op(inst, seeds=[0], shapes=shape)), bound
+
+
+def test_kfc_load_binds_a_size_parameter():
+    """kfc.load(path, bind={"C": 32}): the kernel a framework calls takes that chunk; a size the
+    op does not list is refused at the op's header."""
+    import kfc
+    from kfc.diagnostics import KfcError
+
+    assert kfc.load("kernels/kda_fwd.kfc", bind={"C": 32}).spec.dtypes["C"] == "32"
+    assert kfc.load("kernels/kda_fwd.kfc").spec.dtypes["C"] == "64"
+    with pytest.raises(KfcError, match=re.escape("type parameter C takes 64 | 32 | 16, not 48")):
+        kfc.load("kernels/kda_fwd.kfc", bind={"C": 48})

@@ -291,6 +291,8 @@ def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dic
     return result.kernel.cubin, result.report
 
 
-def load(path: str | Path, target: str | None = None, pipeline: str | None = None, advisor=None) -> KfcKernel:
-    """Load a .kfc file as a callable kernel (`advisor`: see KfcKernel)."""
-    return KfcKernel(load_kfc(path), target, pipeline, advisor)
+def load(path: str | Path, target: str | None = None, pipeline: str | None = None, advisor=None,
+         bind: dict[str, str | int] | None = None) -> KfcKernel:
+    """Load a .kfc file as a callable kernel (`advisor`: see KfcKernel; `bind`: type parameters
+    given their value, e.g. a size {"C": 32}; a dtype parameter follows the tensors passed)."""
+    return KfcKernel(load_kfc(path, {k: str(v) for k, v in (bind or {}).items()}), target, pipeline, advisor)
