@@ -328,9 +328,18 @@ DEVICE_FUNCTIONS = definitions(PRELUDE.lstrip("\n"))
 
 
 def device_functions_used(code: str, functions: dict[str, str] = DEVICE_FUNCTIONS) -> str:
-    """The definitions of the `functions` that `code` calls, in their order: no unused helper
-    text in a kernel's source."""
-    return "".join(text for name, text in functions.items() if re.search(rf"\b{name}\(", code))
+    """The definitions of the `functions` that `code` calls, and those they call in turn, in
+    their order (a helper is defined before the helpers that call it): no unused helper text in
+    a kernel's source."""
+    used: set[str] = set()
+    texts = [code]
+    while texts:
+        text = texts.pop()
+        for name, body in functions.items():
+            if name not in used and re.search(rf"\b{name}\(", text):
+                used.add(name)
+                texts.append(body[body.index("{"):])  # its body: the calls it makes
+    return "".join(text for name, text in functions.items() if name in used)
 
 
 # --- TMA and warpgroup MMA (Hopper, sm_90a) ---------------------------------------------------
@@ -350,14 +359,13 @@ static __device__ __forceinline__ void kfc_tma_load_2d(unsigned dst, const void*
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(mbar) : "memory");
 }
-static __device__ __forceinline__ void kfc_tma_store_2d(const void* map, unsigned src, int inner, int outer) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
-               :: "l"(map), "r"(src), "r"(inner), "r"(outer) : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
 static __device__ __forceinline__ void kfc_tma_store_2d_part(const void* map, unsigned src, int inner, int outer) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
                :: "l"(map), "r"(src), "r"(inner), "r"(outer) : "memory");
+}
+static __device__ __forceinline__ void kfc_tma_store_2d(const void* map, unsigned src, int inner, int outer) {
+  kfc_tma_store_2d_part(map, src, inner, outer);
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 static __device__ __forceinline__ unsigned long long kfc_wgmma_desc(unsigned addr, unsigned leading, unsigned stride) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
