@@ -153,3 +153,22 @@ def test_store_auto_takes_tma_where_the_output_the_mma_and_shared_memory_allow_i
     assert not stores_by_tma(square, "store=auto", target="sm_100a")              # tcgen05 stores directly
     # K odd: the threads copy the operands, and the kernel stays free of tensor maps (packageable)
     assert not stores_by_tma({"M": 33, "N": 64, "K": 17}, f"{WS},store=auto")
+
+
+@pytest.mark.parametrize("pieces,n,width", [(1, 128, 64), (2, 128, 64), (2, 192, 64), (1, 72, 8)])
+def test_staging_a_chunk_of_columns_takes_every_piece_of_every_row_once(pieces, n, width):
+    """gpu.stage_fragment's register range: each thread's registers of [column, column + width)
+    cover the warpgroup's 64·P rows by those columns exactly once. (The interpreter stages by
+    element, so only this sees the emitted loop; a range blind to pieces once stored half a
+    128-row pingpong tile and left the rest garbage on the GPU.)"""
+    from kfc.codegen.tma_store_rules import staged_registers
+    from kfc.ir.layouts import WgmmaAccumulator
+
+    frag = WgmmaAccumulator(warpgroups=1, pieces=pieces)
+    threads = np.arange(128)[:, None]
+    for column in range(0, n, width):
+        first, last = staged_registers(frag, column, width)
+        rows, cols = frag.element(threads, np.arange(first, last)[None, :])
+        got = sorted(zip(rows.ravel().tolist(), cols.ravel().tolist()))
+        want = [(r, c) for r in range(64 * pieces) for c in range(column, min(column + width, n))]
+        assert got == sorted(want)

@@ -24,6 +24,12 @@ def _warpgroup_barrier() -> str:
     return ptx.bar_sync_threads("1 + threadIdx.x / 128", WARPGROUP_THREADS)
 
 
+def staged_registers(frag, column: int, width: int) -> tuple[int, int]:
+    """The registers [first, last) of each thread holding columns [column, column + width) of a
+    warpgroup fragment, for every piece of rows it holds (columns are the slow index)."""
+    return frag.registers(column), frag.registers(column + width)
+
+
 @rule(StageFragmentOp)
 def emit_stage_fragment(em, op: StageFragmentOp) -> None:
     """Each thread's registers of the chunk's columns, two adjacent columns per store, where the
@@ -36,7 +42,7 @@ def emit_stage_fragment(em, op: StageFragmentOp) -> None:
     frag = layouts.of(value.ttype.layout)
     width = t.shape[3]
     size = t.dtype.itemsize
-    first, last = op.column // 8 * 4, (op.column + width) // 8 * 4  # the registers holding those columns
+    first, last = staged_registers(frag, op.column, width)
     pair_t, store, constraint, bits = PAIRS[t.dtype]
     em.emit("#pragma unroll")
     em.emit(f"for (int i = {first}; i < {last}; i += 2) {{")
