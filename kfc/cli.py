@@ -463,7 +463,8 @@ def cmd_warm(args) -> int:
 
 
 def cmd_passes(args) -> int:
-    from .passes import PASSES, ROW_PIPELINE  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .passes import MATMUL_PIPELINE, PASSES, ROW_PIPELINE, SKINNY_MATMUL_PIPELINE, SKINNY_ROWS  # lazy: kfc.ir,
+    # ml_dtypes ~2 s; off kfc --help
 
     for name, cls in sorted(PASSES.items()):
         needs = f"  [needs {', '.join(sorted(cls.REQUIRES))}]" if cls.REQUIRES else ""
@@ -472,6 +473,8 @@ def cmd_passes(args) -> int:
         if opts:
             print(f"{'':18} options: {opts}")
     print(f"\ndefault pipeline for row ops: {ROW_PIPELINE}")
+    print(f"default pipeline for matrix products: {MATMUL_PIPELINE}")
+    print(f"  ... of at most {SKINNY_ROWS} rows on wgmma (sm_90a): {SKINNY_MATMUL_PIPELINE}")
     return 0
 
 

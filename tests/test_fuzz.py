@@ -46,7 +46,9 @@ def workdir(tmp_path_factory):
 
 
 OUTCOMES: Counter = Counter()  # (command, exit status) over every example this process ran
-GENERATED: Counter = Counter()  # the same, for the random row programs alone
+# the same for the random row programs alone, per test: (test, command, exit status)
+GENERATED: Counter = Counter()
+PROGRAM_TESTS = 2  # the random row programs' examples split over two tests, which two workers run at once
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,8 +58,11 @@ def reached_deep_stages():
     way). Counted per test, so it holds however pytest-xdist spreads this module's tests."""
     yield
     print("\nfuzz outcomes (command, exit status): " + ", ".join(f"{c} {k}: {n}" for (c, k), n in sorted(OUTCOMES.items())))
-    if SCALE >= 1 and sum(GENERATED.values()) >= 3 * EXAMPLES["programs"]:
-        assert GENERATED[("check", 0)] >= 200 and GENERATED[("compile", 0)] >= 100, GENERATED
+    per_test = EXAMPLES["programs"] // PROGRAM_TESTS
+    for test in {t for t, _, _ in GENERATED}:
+        ran = Counter({(c, k): n for (t, c, k), n in GENERATED.items() if t == test})
+        if SCALE >= 1 and sum(ran.values()) >= 3 * per_test:
+            assert ran[("check", 0)] >= 2 * per_test // 3 and ran[("compile", 0)] >= per_test // 3, (test, ran)
 
 
 def run(argv: list[str]) -> tuple[int, str, float]:
@@ -112,16 +117,28 @@ def test_mutated_kernels_through_compile(workdir, seed, data):
     fuzz_one(source, workdir, "mutant.kfc", which=(2,))
 
 
-@settings(FUZZ, max_examples=int(EXAMPLES["programs"] * SCALE))
-@given(row_programs())
-def test_random_row_programs_check_and_compile(workdir, source):
-    path = workdir / "gen.kfc"
+def check_and_compile(test: str, source: str, workdir: Path) -> None:
+    path = workdir / f"{test}.kfc"
     path.write_text(source)
-    for argv in commands(path, workdir / "out"):
+    for argv in commands(path, workdir / f"out-{test}"):
         code = assert_well_behaved(argv, source.encode(), path)
-        GENERATED[(argv[0], code)] += 1
+        GENERATED[(test, argv[0], code)] += 1
         if argv[0] == "opt":
             assert code == 0, f"a generated program is valid\n{source}"
+
+
+# two tests with different names: hypothesis derandomizes each from its own name, so their
+# programs differ
+@settings(FUZZ, max_examples=int(EXAMPLES["programs"] // PROGRAM_TESTS * SCALE))
+@given(row_programs())
+def test_random_row_programs_check_and_compile(workdir, source):
+    check_and_compile("gen", source, workdir)
+
+
+@settings(FUZZ, max_examples=int(EXAMPLES["programs"] // PROGRAM_TESTS * SCALE))
+@given(row_programs())
+def test_more_random_row_programs_check_and_compile(workdir, source):
+    check_and_compile("gen2", source, workdir)
 
 
 @settings(FUZZ, max_examples=int(EXAMPLES["programs-mutated"] * SCALE))

@@ -318,9 +318,11 @@ def test_a_default_whose_epilogue_spills_is_rebuilt_as_one_role():
 @pytest.mark.parametrize("kernel", ["gemm", "gemm_bias_relu", "gemm_bias_gelu"])
 def test_the_gemm_kernels_build_warp_specialised_by_default_without_spills(kernel):
     spec = load_kfc(f"kernels/{kernel}.kfc")
-    for shape in ({"M": 4096, "N": 4096, "K": 4096}, {"M": 1, "N": 8, "K": 8}):
+    # two MMA warpgroups for 128-row tiles, one for the 64-row tiles of at most 64 rows
+    for shape, block in (({"M": 4096, "N": 4096, "K": 4096}, 384), ({"M": 1, "N": 8, "K": 8}, 256),
+                         ({"M": 64, "N": 8192, "K": 8192}, 256), ({"M": 65, "N": 8192, "K": 8192}, 384)):
         r = compile_op(spec, parse_target("sm_90a"), shape=shape)
-        assert r.report["kernels"][0]["block"] == [384, 1, 1], r.report["pass_notes"]
+        assert r.report["kernels"][0]["block"] == [block, 1, 1], r.report["pass_notes"]
         assert r.kernel.report.spills == 0
 
 

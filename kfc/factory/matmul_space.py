@@ -73,6 +73,10 @@ class MatmulSpace(SpaceMoves):
     def default(self) -> dict[str, Any]:
         return self._resolved({k: getattr(self.default_pass, k) for k in self.choices()})
 
+    def default_pipeline(self) -> str:
+        """The default pipeline this space starts from, as kfc compile spells it (store=auto kept)."""
+        return str(parse_pipeline(f"canonicalize,cse,dce,{self.default_pass},canonicalize,cse,dce"))
+
     def _resolved(self, c: dict[str, Any]) -> dict[str, Any]:
         """c with store=auto as the pass resolves it: TMA where the output and shared memory allow."""
         if c.get("store") != "auto":

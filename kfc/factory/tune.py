@@ -26,6 +26,7 @@ from ..kb.fingerprint import op_features, op_fingerprint
 from ..kb.store import KnowledgeBase, canonical_shape
 from ..passes import default_pipeline
 from ..passes.base import PassError
+from ..passes.matmul_match import product_rows
 from ..passes.context import PassContext
 from ..passes.pipeline import parse_pipeline
 from ..passes.row_cost import bound_by_issue
@@ -72,7 +73,7 @@ def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace
     fixed = fixed_dims(spec.func, dims)
     func = specialize(spec.func, fixed, partial=True)
     if program_kind(func)[0] == "matmul":
-        return matmul_space(func, target, default_pipeline("matmul"))
+        return matmul_space(func, target, default_pipeline("matmul", product_rows(func), target))
     try:
         loop = find_row_loop(func)
         n = row_length(loop, func)
@@ -127,9 +128,8 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
         baseline = _baseline(history, spec)
         if baseline is None:
             ids = [cid for cid, p in pending if p.proposer == "baseline"][-1:]
-            kind = "matmul" if isinstance(space, MatmulSpace) else "row"
-            (baseline,) = evaluate([Proposal(_canonical(default_pipeline(kind)), "kfc's default pipeline",
-                                             "baseline")], None, ids)
+            default = space.default_pipeline() if isinstance(space, MatmulSpace) else default_pipeline("row")
+            (baseline,) = evaluate([Proposal(_canonical(default), "kfc's default pipeline", "baseline")], None, ids)
             history.append(baseline)
         base_us = baseline.outcome.median_us
         pending = [(cid, p) for cid, p in pending if p.proposer != "baseline"][: max(0, budget - done)]

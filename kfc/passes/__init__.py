@@ -12,16 +12,26 @@ from .pipeline import Pipeline, parse_pipeline, parse_user_pipeline
 ROW_PIPELINE = "canonicalize,cse,dce,flatten-branches,chunk-rows,stage-rows,tile,lower-reductions,fuse-reductions,lower-ptx,canonicalize,cse,dce"
 # a whole-tensor matrix product and its elementwise epilogue, on tensor cores
 MATMUL_PIPELINE = "canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1,store=auto},canonicalize,cse,dce"
+# a product of at most SKINNY_ROWS rows: a 64-row tile is all of M, and 128-column tiles make
+# twice the CTAs of 256-column ones for the few SMs 128 x 256 tiles would keep (16 x 8192 x 8192
+# on an H100: 0.69 of cuBLAS with 128 x 256 tiles, 0.98 with these; docs/gemm.md)
+SKINNY_ROWS = 64
+SKINNY_MATMUL_PIPELINE = ("canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1,store=auto,bm=64,"
+                          "bn=128,stages=6},canonicalize,cse,dce")
 
 
-def default_pipeline(kind: str) -> str:
-    """The pipeline `kfc compile` uses when -p is not given, by kind of op."""
+def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:
+    """The pipeline `kfc compile` uses when -p is not given, by kind of op (and, for a matrix
+    product on wgmma, by its rows M where they are fixed: matmul_match.product_rows; tcgen05's
+    tiles are 128 rows)."""
     if kind == "row":
         return ROW_PIPELINE
     if kind == "matmul":
-        return MATMUL_PIPELINE
+        skinny = rows is not None and rows <= SKINNY_ROWS and target is not None and not target.has("tcgen05")
+        return SKINNY_MATMUL_PIPELINE if skinny else MATMUL_PIPELINE
     return "canonicalize,cse,dce"
 
 
 __all__ = ["PASSES", "Pass", "PassError", "register_pass", "PassContext", "PassManager", "VerifyEach", "Pipeline",
-           "parse_pipeline", "parse_user_pipeline", "default_pipeline", "ROW_PIPELINE", "MATMUL_PIPELINE"]
+           "parse_pipeline", "parse_user_pipeline", "default_pipeline", "ROW_PIPELINE", "MATMUL_PIPELINE",
+           "SKINNY_MATMUL_PIPELINE", "SKINNY_ROWS"]

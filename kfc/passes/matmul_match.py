@@ -90,3 +90,15 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
             raise PassError(f"accelerate-matmul: {ld.operands[0].name} is used other than spread over the product's "
                             "rows", ld.loc)
     return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude), columns)
+
+
+def product_rows(func: FuncOp) -> int | None:
+    """M, the rows of `func`'s one matrix product where its A operand's size is fixed, else None."""
+    try:
+        m = match_matmul(func)
+    except PassError:
+        return None
+    t = m.load_a.operands[0].ttype
+    if not t.is_static:
+        return None
+    return t.shape[1] if m.dot.trans_a else t.shape[0]
