@@ -42,7 +42,7 @@ from .model.target import Target
 from .passes import ROW_PIPELINE
 from .passes.accelerate_matmul import AccelerateMatmul
 from .passes.linearize import Linearize
-from .passes.matmul_match import product_rows
+from .passes.matmul_match import tma_product_rows
 from .passes.split_tiles import SplitReport, SplitTiles
 from .passes.tile import MAX_CLUSTER, Tile
 
@@ -175,7 +175,7 @@ def lower_op(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str,
     special = linearize_loops(special, ctx)
     kind, why_not = program_kind(special)
     pipe = parse_user_pipeline(pipeline) if pipeline is not None else \
-        parse_pipeline(default_pipeline(kind, product_rows(special) if kind == "matmul" else None, target))
+        parse_pipeline(default_pipeline(kind, tma_product_rows(special) if kind == "matmul" else None, target))
     lowered = PassManager(pipe, ctx).run(special)
     if kind not in ("row", "matmul"):
         # why the rank-2 tiles the row passes refuse stayed

@@ -319,11 +319,23 @@ def test_a_default_whose_epilogue_spills_is_rebuilt_as_one_role():
 def test_the_gemm_kernels_build_warp_specialised_by_default_without_spills(kernel):
     spec = load_kfc(f"kernels/{kernel}.kfc")
     # two MMA warpgroups for 128-row tiles, one for the 64-row tiles of at most 64 rows
-    for shape, block in (({"M": 4096, "N": 4096, "K": 4096}, 384), ({"M": 1, "N": 8, "K": 8}, 256),
-                         ({"M": 64, "N": 8192, "K": 8192}, 256), ({"M": 65, "N": 8192, "K": 8192}, 384)):
+    for shape, block in (({"M": 4096, "N": 4096, "K": 4096}, 384), ({"M": 1, "N": 8, "K": 8}, 256)):
         r = compile_op(spec, parse_target("sm_90a"), shape=shape)
         assert r.report["kernels"][0]["block"] == [block, 1, 1], r.report["pass_notes"]
         assert r.kernel.report.spills == 0
+
+
+def test_the_default_takes_64_row_tiles_up_to_64_rows_on_wgmma_only():
+    from kfc.compile import lower_op
+    from kfc.passes import PassContext
+
+    spec = load_kfc("kernels/gemm.kfc")
+    # K = 8191: rows of a whose pitch TMA cannot take, copied by the threads: the 128-row default
+    for target, m, k, skinny in (("sm_90a", 64, 8192, True), ("sm_90a", 65, 8192, False),
+                                 ("sm_90a", 16, 8191, False), ("sm_100a", 16, 8192, False)):
+        t = parse_target(target)
+        low = lower_op(spec, t, None, {"M": m, "N": 8192, "K": k}, PassContext(target=t))
+        assert ("bm=64,bn=128,stages=6" in str(low.pipeline)) == skinny, (target, m, str(low.pipeline))
 
 
 def test_a_producer_waiting_on_the_wrong_parity_of_a_free_stage_deadlocks():

@@ -17,7 +17,7 @@ import attrs
 from ..ir.dtypes import DType
 from ..ir.mma_ops import TMA_GRANULE
 from ..passes.accelerate_matmul import AccelerateMatmul
-from ..passes.matmul_match import match_matmul
+from ..passes.matmul_match import match_matmul, tma_movable
 from ..passes.base import PassError, option_range
 from ..passes.pipeline import parse_pipeline
 from .space import SpaceMoves
@@ -123,8 +123,8 @@ class MatmulSpace(SpaceMoves):
 def matmul_space(func, target, default_pipeline: str) -> MatmulSpace:
     """The space of the matrix product in `func` (every dim fixed) on `target`."""
     m = match_matmul(func)
-    a, b = (ld.operands[0].ttype for ld in (m.load_a, m.load_b))
-    tma = not (m.dot.trans_a or m.dot.trans_b) and all(t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (a, b))
+    a = m.load_a.operands[0].ttype
+    tma = tma_movable(m)
     c = m.store.operands[1].ttype
     default = next(p for p in parse_pipeline(default_pipeline) if isinstance(p, AccelerateMatmul))
     return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default,

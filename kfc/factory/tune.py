@@ -26,7 +26,7 @@ from ..kb.fingerprint import op_features, op_fingerprint
 from ..kb.store import KnowledgeBase, canonical_shape
 from ..passes import default_pipeline
 from ..passes.base import PassError
-from ..passes.matmul_match import product_rows
+from ..passes.matmul_match import tma_product_rows
 from ..passes.context import PassContext
 from ..passes.pipeline import parse_pipeline
 from ..passes.row_cost import bound_by_issue
@@ -73,7 +73,7 @@ def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace
     fixed = fixed_dims(spec.func, dims)
     func = specialize(spec.func, fixed, partial=True)
     if program_kind(func)[0] == "matmul":
-        return matmul_space(func, target, default_pipeline("matmul", product_rows(func), target))
+        return matmul_space(func, target, default_pipeline("matmul", tma_product_rows(func), target))
     try:
         loop = find_row_loop(func)
         n = row_length(loop, func)

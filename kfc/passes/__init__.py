@@ -22,8 +22,8 @@ SKINNY_MATMUL_PIPELINE = ("canonicalize,cse,dce,accelerate-matmul{producer=warpg
 
 def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:
     """The pipeline `kfc compile` uses when -p is not given, by kind of op (and, for a matrix
-    product on wgmma, by its rows M where they are fixed: matmul_match.product_rows; tcgen05's
-    tiles are 128 rows)."""
+    product on wgmma whose operands TMA moves, by its rows M: matmul_match.tma_product_rows; the
+    skinny tiles are measured only there, and tcgen05's tiles are 128 rows)."""
     if kind == "row":
         return ROW_PIPELINE
     if kind == "matmul":

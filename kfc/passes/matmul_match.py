@@ -9,6 +9,7 @@ import attrs
 
 from ..ir.core import Op
 from ..ir.func import FuncOp
+from ..ir.mma_ops import TMA_GRANULE
 from ..ir.tile_ops import BinaryOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, DotOp, LoadOp, StoreOp
 from ..ir.tile_ops import UnaryOp, WhereOp
 from .base import PassError
@@ -92,13 +93,19 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
     return MatmulMatch(load_a, load_b, dot, store, tuple(epilogue), tuple(prelude), columns)
 
 
-def product_rows(func: FuncOp) -> int | None:
-    """M, the rows of `func`'s one matrix product where its A operand's size is fixed, else None."""
+def tma_movable(m: MatmulMatch) -> bool:
+    """Whether TMA can copy both operands' tiles: a[M, K] and b[K, N] as written (not
+    transposed), each row pitch a multiple of 16 bytes (accelerate-matmul's copy=auto)."""
+    ta, tb = (ld.operands[0].ttype for ld in (m.load_a, m.load_b))
+    return not (m.dot.trans_a or m.dot.trans_b) and \
+        all(t.is_static and t.shape[1] * t.dtype.itemsize % TMA_GRANULE == 0 for t in (ta, tb))
+
+
+def tma_product_rows(func: FuncOp) -> int | None:
+    """M, the rows of `func`'s one matrix product where TMA moves its operands (tma_movable),
+    else None."""
     try:
         m = match_matmul(func)
     except PassError:
         return None
-    t = m.load_a.operands[0].ttype
-    if not t.is_static:
-        return None
-    return t.shape[1] if m.dot.trans_a else t.shape[0]
+    return m.load_a.operands[0].ttype.shape[0] if tma_movable(m) else None
