@@ -463,8 +463,8 @@ def cmd_warm(args) -> int:
 
 
 def cmd_passes(args) -> int:
-    # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
-    from .passes import MATMUL_PIPELINE, PASSES, ROW_PIPELINE, SKINNY_MATMUL_PIPELINE, SKINNY_ROWS
+    from .passes import (  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+        MATMUL_PIPELINE, PASSES, ROW_PIPELINE, SKINNY_MATMUL_PIPELINE, SKINNY_ROWS)
 
     for name, cls in sorted(PASSES.items()):
         needs = f"  [needs {', '.join(sorted(cls.REQUIRES))}]" if cls.REQUIRES else ""
