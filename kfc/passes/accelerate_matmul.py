@@ -51,7 +51,7 @@ from ..ir.tile_ops import ConstOp, IndexDim
 from ..ir.types import MemSpace, TensorType
 from .base import Pass, PassError, define_pass, option
 from .matmul_epilogue import STORE_SLOTS, epilogue, tanh_approximated, tma_store
-from .matmul_match import MatmulMatch, match_matmul
+from .matmul_match import MatmulMatch, match_matmul, tma_movable
 from .matmul_tcgen05 import run_tcgen05
 
 SMEM_RESERVE = 1024  # bytes of a CTA's shared memory left beside the dynamic (mbarriers, alignment)
@@ -213,7 +213,7 @@ class AccelerateMatmul(Pass):
         N = tb.shape[0] if trans_b else tb.shape[1]
         unaligned = [(t, name) for t, name in ((ta, A.name), (tb, B.name))
                      if t.shape[1] * t.dtype.itemsize % TMA_GRANULE]
-        copy = self.copy if self.copy != "auto" else "threads" if unaligned or trans_a or trans_b else "tma"
+        copy = self.copy if self.copy != "auto" else "tma" if tma_movable(m) else "threads"
         if copy == "tma" and (trans_a or trans_b):
             raise PassError("accelerate-matmul: the TMA copies take the operands as a[M, K] and b[K, N], not "
                             "transposed", m.dot.loc, "leave copy at auto: the threads then copy transposed operands")
