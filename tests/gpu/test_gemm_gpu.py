@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 # (M, N, K): the first seven with every row pitch (K * 2 bytes for a, N * 2 for b and c) a
 # multiple of 16 bytes (TMA); M=33 and 4095 leave a partial tile of rows, N=72 and 4104 a partial
 # tile of columns; the last three with pitches TMA cannot take (the threads copy the tiles)
-# M <= 64 with pitches TMA takes (1x8x8, 33x72x24, 64x520x136) takes the default's 64-row tiles
+# with M <= 64 and row pitches TMA can take (1x8x8, 33x72x24, 64x520x136) the default has 64-row tiles
 SHAPES = [(1, 8, 8), (33, 72, 24), (4095, 4104, 136), (128, 256, 64), (256, 512, 192), (4096, 4096, 4096),
           (64, 520, 136), (1, 7, 5), (33, 65, 17), (4095, 4097, 127)]
 TOL = 1e-2  # bf16 outputs: max |err| / max |ref|
