@@ -17,17 +17,19 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.mma_ops import MbarrierArrayOp, RolesOp, TmaLoadOp, Tcgen05MmaOp, WgmmaOp
 from ..ir.smem_ops import CopyAsyncOp, MbarrierAllocOp
-from ..ir.tile_ops import DotOp
+from ..ir.tile_ops import DotOp, ParallelOp
 from ..passes.matmul_match import match_matmul
 from ..passes.base import PassError
 from ..passes.rows import find_row_loop, row_length
+from .tile_emitter import tile_program_problem
 from ..model.target import Target, needs_arch_specific
 
 
 def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
     """("row", None) for a row program, ("matmul", None) for a whole-tensor matrix product with
-    an elementwise epilogue, ("other", why not) for anything else: said of the matrix product's
-    lowering for a program with a dot, of the row lowering for any other."""
+    an elementwise epilogue, ("tile", None) for another parallel loop whose tiles the shared-memory
+    tile emitter takes (kfc.codegen.tile_emitter), ("other", why not) for anything else: said of
+    the matrix product's lowering for a program with a dot, of the row lowering for any other."""
     try:
         loop = find_row_loop(func)
         row_length(loop, func)
@@ -41,6 +43,11 @@ def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
             return "matmul", None
         except PassError as e:
             why = e
+    problem = tile_program_problem(func)
+    if problem is None:
+        return "tile", None
+    if any(isinstance(op, ParallelOp) for op in func.body.ops):
+        why = PassError(f"{why.message}; nor does the tile emitter take it: {problem}", why.span, why.hint)
     return "other", why
 
 

@@ -19,6 +19,7 @@ from .c_names import c_dim, c_kernel, c_param  # noqa: F401  (kfc.codegen.cuda's
 from .emitter import KernelEmitter, LaunchPlan
 from .grid_emitter import GridKernelEmitter, GridPlan
 from .errors import CodegenError  # noqa: F401
+from .tile_emitter import TileKernelEmitter
 from .rules import rule_for
 
 
@@ -50,8 +51,9 @@ static __device__ __forceinline__ long long kfc_floormod(long long a, long long 
 
 
 def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, LaunchPlan | GridPlan]:
-    """The kernel's CUDA C++ and launch plan: a row program's (its gpu.launch) or a tile
-    program's (its gpu.grid, whose tensor maps and wgmma functions join the definitions)."""
+    """The kernel's CUDA C++ and launch plan: a row program's (its gpu.launch), a matrix
+    product's (its gpu.grid, whose tensor maps and wgmma functions join the definitions) or
+    another tile program's (its tile.parallel, one CTA a point, tiles in shared memory)."""
     name = kernel_name or c_kernel(func.sym_name)
     functions = {**ptx.DEVICE_FUNCTIONS, **INTEGER_HELPERS}
     types = ""
@@ -60,6 +62,8 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, La
         code, plan = emitter.generate()
         functions.update({**ptx.MMA_FUNCTIONS, **emitter.device_functions})
         types = ptx.TENSOR_MAP_TYPE
-    else:
+    elif any(isinstance(op, LaunchOp) for op in func.body.ops):
         code, plan = KernelEmitter(func, name).generate()
+    else:
+        code, plan = TileKernelEmitter(func, name).generate()
     return HEADER + "\n" + types + ptx.device_functions_used(code, functions) + "\n" + code, plan

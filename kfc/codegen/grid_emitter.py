@@ -39,13 +39,14 @@ class GridPlan:
 
     kernel: str
     params: tuple[KernelParam, ...]
-    programs: int
+    programs: int | str  # a tile kernel's: an expression of the run-time dims
     block: int
     smem_static: int
     smem_dynamic: int
     cluster: int = 1
     persistent: bool = False
     min_ctas_per_sm: int = 1
+    shared_tiles: bool = False  # a tile kernel's (kfc.codegen.tile_emitter): its tiles live in shared memory
 
     @property
     def grid(self) -> tuple[str, str, str]:

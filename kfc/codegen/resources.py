@@ -23,6 +23,11 @@ def check_resources(plan: LaunchPlan, report: PtxasReport, target: Target, what:
                             f"an SM of {target} has {target.regs_per_sm}",
                             hint="use fewer threads per CTA, or fewer elements per thread")
     smem = report.smem_bytes + plan.smem_dynamic
+    if smem > target.smem_per_block and getattr(plan, "shared_tiles", False):
+        raise ResourceError(f"{what}: its tiles need {plan.smem_dynamic} bytes of shared memory at once; "
+                            f"{target} allows {target.smem_per_block} per CTA",
+                            hint="bind smaller tiles (a smaller chunk, e.g. --dtype C=32) or compile for "
+                                 "smaller dims (--shape)")
     if smem > target.smem_per_block:
         raise ResourceError(f"{what}: {smem} bytes of shared memory per CTA ({report.smem_bytes} static, "
                             f"{plan.smem_dynamic} for staged rows); {target} allows {target.smem_per_block}",

@@ -51,3 +51,35 @@ def test_rows_centred_where_their_switch_is_on(tmp_path, n):
         op(x, on, out=y)
         want = torch.where(on[:, None] != 0, x - x.mean(-1, keepdim=True), x)
         assert torch.isfinite(y).all() and float((y - want).abs().max()) < 1e-5, f"{m}x{n}"
+
+
+TILE_BRANCH = """
+op flip_negative(x: f32[B, 16, D]) -> (y: f32[B, 16, D]) {
+  parallel b in 0..B {
+    t = x[b, :, :]
+    if sum(t) < 0.0 {
+      t = 0.0 - t
+    }
+    y[b, :, :] = t
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("d", [1, 7, 40])
+def test_a_branch_on_a_whole_tile_takes_one_side_per_cta(tmp_path, d):
+    """The tile emitter's `if`: the whole CTA takes one side (a barrier on each)."""
+    if not torch.cuda.is_available():
+        pytest.fail("no CUDA GPU: GPU tests run on the device machine (pytest -m gpu)")
+    import kfc
+
+    path = tmp_path / "flip_negative.kfc"
+    path.write_text(TILE_BRANCH)
+    op = kfc.load(path)
+    x = torch.randn(9, 16, d, device="cuda")
+    x[::2] += 0.5   # both sides taken in one launch, and no sum near 0
+    x[1::2] -= 0.5
+    y = torch.full_like(x, float("nan"))
+    op(x, out=y)
+    want = torch.where(x.sum((1, 2), keepdim=True) < 0, -x, x)
+    assert torch.equal(y, want)

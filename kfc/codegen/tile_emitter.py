@@ -1,0 +1,573 @@
+"""The kernel emitter of tile programs that are neither row programs nor a matched matrix
+product: one CTA per point of the top-level tile.parallel, its tiles in shared memory, any
+rank, any op of the tile dialect's core (loads and stores with slices and limits, elementwise
+ops, broadcasts and views, reductions, scans, tile.dot, tile.tri_inv, tile.for carrying tiles).
+
+A tile is an expression of its element's indices, written where it is read, unless
+kfc.codegen.tile_plan stores it: then a CTA-wide loop over its elements writes it into a
+shared buffer, and a barrier ends that phase. Reductions and products are loops in a lambda
+(fp32 accumulation), scans and triangular inverses a loop per line or column. Scalars are
+variables every thread computes alike, and every loop bound is such a scalar, so every thread
+reaches every barrier. This kernel is correct and general, not tuned: no tensor cores yet.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Op, Value
+from ..ir.dtypes import DType
+from ..ir.func import FuncOp
+from ..ir.tile_ops import (BinaryOp, BroadcastOp, CastOp, ConstOp, DimOp, DotOp, ExpandDimsOp, ForOp, IfOp,
+                           IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ScanOp, StoreOp, TransposeOp, TriInvOp,
+                           TriOp, YieldOp)
+from ..ir.tile_ops.reductions import identity
+from ..ir.types import MemSpace, SymDim
+from . import elementwise_rules  # noqa: F401  (registers the rules RULE_OPS are written by)
+from . import ptx
+from .c_names import C_TYPES, argument_params, as_float, c_dim, c_param, dim_params, from_float, literal
+from .errors import CodegenError
+from .grid_emitter import GridPlan
+from .tile_plan import POINTWISE_OPS, VIEW_OPS, Buffer, SharedArena, TilePlan
+from .writer import CodeWriter
+
+THREADS = 256
+RULE_OPS = (ConstOp, DimOp) + POINTWISE_OPS  # written by their registered rules (elementwise_rules)
+BODY_OPS = RULE_OPS + VIEW_OPS + (IotaOp, TriOp, LoadOp, StoreOp, ReduceOp, ScanOp, DotOp, TriInvOp, ForOp, IfOp, YieldOp)
+GRID_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "//", "rem": "%"}
+
+
+def tile_program_problem(func: FuncOp) -> str | None:
+    """Why the tile emitter cannot take this program, or None: it takes one top-level
+    tile.parallel (scalars around it) whose body holds only ops it writes, on tiles of fixed
+    shape."""
+    parallels = [op for op in func.body.ops if isinstance(op, ParallelOp)]
+    if len(parallels) != 1:
+        return "it has no top-level parallel loop" if not parallels else "it has several top-level parallel loops"
+    loop = parallels[0]
+    if loop.results:
+        return "its parallel loop sums across iterations (`+=` into a tensor)"
+    for op in func.body.ops:
+        if op is not loop and (not isinstance(op, RULE_OPS) or any(r.ttype.rank for r in op.results)):
+            return f"{op.NAME} outside its parallel loop"
+    for op in list(loop.walk())[1:]:
+        if not isinstance(op, BODY_OPS):
+            return f"{op.NAME} has no rule in the tile emitter"
+        for r in op.results:
+            if r.ttype.space is MemSpace.REG and not all(isinstance(d, int) for d in r.ttype.shape):
+                return f"{op.NAME} makes a tile of symbolic shape {r.type}"
+    return None
+
+
+def _flat(idx, shape) -> str:
+    """Row-major offset of element idx of a tile of static shape."""
+    text = ""
+    for i, d in zip(idx, shape):
+        text = f"({i})" if not text else f"({text} * {d} + ({i}))"
+    return text or "0"
+
+
+class TileKernelEmitter(CodeWriter):
+    as_float = staticmethod(as_float)
+    from_float = staticmethod(from_float)
+    chunk_local = None
+
+    def __init__(self, func: FuncOp, kernel_name: str) -> None:
+        problem = tile_program_problem(func)
+        if problem:
+            raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
+        self.func = func
+        self.kernel_name = kernel_name
+        self.loop = next(op for op in func.body.ops if isinstance(op, ParallelOp))
+        self.names: dict[Value, str] = {v: c_param(v.name) for v in func.args}
+        self.lines: list[str] = []
+        self.indent = 1
+        self.counter = 0
+        self.inline: dict[Value, object] = {}  # tile -> f(index tuple) -> C expression
+        self.buffers: dict[Value, Buffer] = {}
+        self.plan = TilePlan(self.loop)
+        self.arena = SharedArena()
+        self.step = 0          # the CTA-wide phases written so far
+        self.in_phase = False  # inside one: its reads are of this step; between two, of the next
+
+    # --- what the elementwise rules write through -----------------------------------------------
+    def kind(self, v: Value) -> str:
+        t = v.ttype
+        if t.space is not MemSpace.REG:
+            return "tensor"
+        return "scalar" if t.rank == 0 else "row"
+
+    @property
+    def span(self) -> int:
+        raise CodegenError("a tile kernel has no per-thread row span")
+
+    def elem(self, v: Value, idx) -> str:
+        if self.kind(v) == "scalar":
+            return self.name(v)
+        if v in self.inline:
+            return self.inline[v](idx)
+        buf = self.buffers.get(v)
+        if buf is None:
+            raise CodegenError(f"the tile kernel reads {v} before writing it", None)
+        self.arena.touch(buf, self.step if self.in_phase else self.step + 1)
+        return f"{buf.name}[{_flat(idx, buf.shape)}]"
+
+    def operand(self, v: Value, i):
+        return self.elem(v, i) if i is not None else self.name(v)
+
+    def assign(self, op: Op, expr_of_i) -> None:
+        r = op.result
+        if self.kind(r) == "scalar":
+            self.emit(f"const {C_TYPES[r.ttype.dtype]} {self.name(r)} = {expr_of_i(None)};")
+        else:
+            self.define(op, expr_of_i)
+
+    # --- tiles: written where read, or stored ---------------------------------------------------
+    def define(self, op: Op, expr_of_idx) -> None:
+        r = op.result
+        if self.plan.wants_buffer(op):
+            self.store_tile(r, expr_of_idx)
+            return
+        self.inline[r] = expr_of_idx
+        if self.plan.is_costly(op):
+            self.plan.costly.add(r)
+
+    def new_buffer(self, v: Value) -> Buffer:
+        return self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), self.step + 1)
+
+    def begin_phase(self) -> None:
+        self.step += 1
+        self.in_phase = True
+
+    def end_phase(self) -> None:
+        self.emit("__syncthreads();")
+        self.in_phase = False
+
+    def unflatten(self, e: str, shape) -> tuple[str, ...]:
+        """Declare the indices of flat element e of a tile of this shape; their names."""
+        idx, stride = [], 1
+        for d in reversed(shape):
+            n = self.fresh("kfc_i")
+            self.emit(f"const int {n} = ({e} / {stride}) % {d};" if stride > 1 else f"const int {n} = {e} % {d};")
+            idx.append(n)
+            stride *= d
+        return tuple(reversed(idx))
+
+    def cta_loop(self, count: int, body) -> None:
+        """body(element indices...) for each of `count` elements, spread over the CTA's threads."""
+        e = self.fresh("kfc_e")
+        self.emit(f"for (int {e} = threadIdx.x; {e} < {count}; {e} += blockDim.x) {{")
+        self.indent += 1
+        body(e)
+        self.indent -= 1
+        self.emit("}")
+
+    def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None) -> Buffer:
+        """Materialise v (its elements from expr_of_idx) into buf, else a new buffer."""
+        buf = buf or self.new_buffer(v)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+        shape = buf.shape
+
+        def write(e):
+            self.emit(f"{buf.name}[{e}] = {expr_of_idx(self.unflatten(e, shape))};")
+
+        self.cta_loop(v.ttype.numel(), write)
+        self.end_phase()
+        self.buffers[v] = buf
+        return buf
+
+    # --- the kernel -----------------------------------------------------------------------------
+    def generate(self) -> tuple[str, GridPlan]:
+        params = argument_params(self.func) + dim_params(self.func)
+        for op in self.func.body.ops:
+            if op is self.loop:
+                self.emit_parallel(op)
+            else:
+                self.emit_op(op)
+        smem = self.arena.place()
+        decls = ["  extern __shared__ __align__(128) unsigned char kfc_smem[];"] if self.arena.buffers else []
+        decls += [f"  {b.ctype}* const {b.name} = reinterpret_cast<{b.ctype}*>(kfc_smem + {b.offset});"
+                  for b in self.arena.buffers]
+        sig = ", ".join(p.decl() for p in params)
+        code = (f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {self.kernel_name}({sig}) {{\n'
+                + "\n".join(decls + self.lines) + "\n}\n")
+        return code, GridPlan(self.kernel_name, tuple(params), self.programs(), THREADS, 0, smem,
+                                                  shared_tiles=True)
+
+    def grid_expr(self, v: Value) -> str:
+        """A top-level scalar as an expression of the dims (the launch contract's grid)."""
+        op = self.plan_owner.get(v)
+        if isinstance(op, DimOp):
+            return op.sym
+        if isinstance(op, ConstOp):
+            return str(int(op.value))
+        if isinstance(op, CastOp):
+            return self.grid_expr(op.operands[0])
+        if isinstance(op, BinaryOp) and op.NAME.split(".")[1] in GRID_OPS:
+            a, b = (self.grid_expr(x) for x in op.operands)
+            return f"({a} {GRID_OPS[op.NAME.split('.')[1]]} {b})"
+        raise CodegenError("the parallel loop's bounds must be expressions of the dims", self.loop.loc)
+
+    @property
+    def plan_owner(self) -> dict[Value, Op]:
+        return {r: op for op in self.func.body.ops for r in op.results}
+
+    def programs(self) -> str:
+        extents = []
+        for lo, hi in zip(self.loop.lowers, self.loop.uppers):
+            a, b = self.grid_expr(hi), self.grid_expr(lo)
+            extents.append(a if b == "0" else f"({a} - {b})")
+        return " * ".join(extents)
+
+    def emit_parallel(self, op: ParallelOp) -> None:
+        """One CTA per point of the loop's box, the last index fastest along blockIdx.x."""
+        self.emit("long long kfc_p = blockIdx.x;")
+        for arg, lo, hi in reversed(list(zip(op.body.args, op.lowers, op.uppers))):
+            n, ext = self.name(arg), self.fresh("kfc_n")
+            self.emit(f"const long long {ext} = {self.name(hi)} - {self.name(lo)};")
+            self.emit(f"const long long {n} = {self.name(lo)} + kfc_p % {ext};")
+            self.emit(f"kfc_p /= {ext};")
+        self.emit_block(op.body)
+
+    def emit_block(self, block) -> None:
+        for op in block.ops:
+            self.emit_body_op(op)
+
+    def emit_body_op(self, op: Op) -> None:
+        if isinstance(op, ForOp):
+            self.emit_for(op)
+        elif isinstance(op, IfOp):
+            self.emit_if(op)
+        elif isinstance(op, LoadOp):
+            self.emit_load(op)
+        elif isinstance(op, StoreOp):
+            self.emit_store(op)
+        elif isinstance(op, VIEW_OPS):
+            self.emit_view(op)
+        elif isinstance(op, TriOp):
+            k, cmp = op.k, "<=" if op.lower else ">="
+            self.inline[op.result] = lambda idx: f"(({idx[1]}) {cmp} ({idx[0]}) + ({k}))"
+        elif isinstance(op, IotaOp):
+            ct = C_TYPES[op.result.ttype.dtype]
+            self.inline[op.result] = lambda idx: f"(({ct})({idx[0]}))"
+        elif isinstance(op, ReduceOp):
+            self.assign(op, lambda idx: self.reduce_expr(op, idx))
+        elif isinstance(op, DotOp):
+            self.define(op, lambda idx: self.dot_expr(op, idx))
+        elif isinstance(op, ScanOp):
+            self.emit_scan(op)
+        elif isinstance(op, TriInvOp):
+            self.emit_tri_inv(op)
+        else:
+            self.emit_op(op)
+
+    # --- views --------------------------------------------------------------------------------
+    def emit_view(self, op: Op) -> None:
+        x, r = op.operands[0], op.result
+        xs, rs = x.ttype.shape, r.ttype.shape
+        if isinstance(op, BroadcastOp):
+            lead = len(rs) - len(xs)
+            f = lambda idx: self.elem(x, tuple("0" if xs[j] == 1 else idx[lead + j] for j in range(len(xs))))
+        elif isinstance(op, ExpandDimsOp):
+            axes = set(op.axes)
+            f = lambda idx: self.elem(x, tuple(i for k, i in enumerate(idx) if k not in axes))
+        elif isinstance(op, TransposeOp):
+            def f(idx):
+                src = [None] * len(idx)
+                for j, p in enumerate(op.perm):
+                    src[p] = idx[j]
+                return self.elem(x, tuple(src))
+        else:  # reshape: through the flat offset
+            def f(idx):
+                flat, src, stride = _flat(idx, rs), [], 1
+                for d in reversed(xs):
+                    src.append(f"(({flat}) / {stride}) % {d}")
+                    stride *= d
+                return self.elem(x, tuple(reversed(src)))
+        self.inline[r] = f
+        if x in self.plan.costly:
+            self.plan.costly.add(r)
+
+    # --- memory ---------------------------------------------------------------------------------
+    def _dim(self, d) -> str:
+        if isinstance(d, SymDim):
+            return f"({c_dim(d.name)} + {d.offset}LL)" if d.offset else c_dim(d.name)
+        return f"{d}LL"
+
+    def access(self, op: Op, tensor: Value, idx_operands, idx) -> tuple[str, list[str]]:
+        """The element offset of a load or store at tile element idx, and the conditions under
+        which it lies inside the tensor (and before a slice's limit)."""
+        t = tensor.ttype
+        ops, pos_of_tile = iter(idx_operands), iter(idx or ())
+        positions, conds = [], []
+        for ix, d in zip(op.index, t.shape):
+            ext = self._dim(d)
+            if ix.kind == "point":
+                p = f"(long long)({self.name(next(ops))})"
+                conds.append(f"{p} >= 0 && {p} < {ext}")
+            elif ix.kind == "all":
+                p = f"(long long)({next(pos_of_tile)})"
+            else:
+                p = f"((long long)({self.name(next(ops))}) + {next(pos_of_tile)})"
+                conds.append(f"{p} >= 0 && {p} < {ext}")
+                if ix.limit:
+                    conds.append(f"{p} < (long long)({self.name(next(ops))})")
+            positions.append(p)
+        offset = ""
+        for p, d in zip(positions, t.shape):
+            offset = p if not offset else f"({offset} * {self._dim(d)} + {p})"
+        if t.optional:
+            conds.insert(0, f"{self.name(tensor)} != nullptr")
+        return offset or "0", conds
+
+    def emit_load(self, op: LoadOp) -> None:
+        tensor, r = op.operands[0], op.result
+        other = literal(op.other, r.ttype.dtype)
+
+        def expr(idx):
+            offset, conds = self.access(op, tensor, op.operands[1:], idx)
+            value = f"{self.name(tensor)}[{offset}]"
+            return f"(({' && '.join(conds)}) ? {value} : {other})" if conds else value
+
+        if r.ttype.rank == 0:
+            self.emit(f"const {C_TYPES[r.ttype.dtype]} {self.name(r)} = {expr(())};")
+        else:
+            self.define(op, expr)
+
+    def emit_store(self, op: StoreOp) -> None:
+        value, tensor = op.operands[0], op.operands[1]
+        ptr = self.name(tensor)
+        if tensor.ttype.optional:
+            self.emit(f"if ({ptr} != nullptr) {{")
+            self.indent += 1
+        self.begin_phase()
+
+        def write(e):
+            idx = self.unflatten(e, value.ttype.shape) if value.ttype.rank else ()
+            offset, conds = self.access(op, tensor, op.operands[2:], idx)
+            conds = [c for c in conds if c != f"{ptr} != nullptr"]
+            store = f"{ptr}[{offset}] = {self.elem(value, idx)};"
+            self.emit(f"if ({' && '.join(conds)}) {store}" if conds else store)
+
+        if value.ttype.rank:
+            self.cta_loop(value.ttype.numel(), write)
+        else:
+            self.emit("if (threadIdx.x == 0) {")
+            write(None)
+            self.emit("}")
+        if tensor.ttype.optional:
+            self.indent -= 1
+            self.emit("}")
+        self.end_phase()
+
+    # --- reductions, products, scans, the triangular inverse --------------------------------
+    @staticmethod
+    def acc_type(d: DType) -> str:
+        if d.is_bool:
+            return "bool"
+        if d.is_float:
+            return "double" if d is DType.F64 else "float"
+        return "long long"
+
+    def combine(self, kind: ReduceKind, acc: str, x: str, ct: str) -> str:
+        if kind in (ReduceKind.SUM, ReduceKind.MEAN):
+            return f"{acc} + {x}"
+        if kind is ReduceKind.PROD:
+            return f"{acc} * {x}"
+        if ct == "float":
+            return ptx.max_nan(acc, x) if kind is ReduceKind.MAX else ptx.min_nan(acc, x)
+        sym = ">" if kind is ReduceKind.MAX else "<"
+        return f"(({acc}) {sym} ({x}) ? ({acc}) : ({x}))"
+
+    def finish(self, text: str, ct: str, dst: DType) -> str:
+        """An accumulator's value in the result's dtype."""
+        if dst.is_float:
+            return from_float(text, dst) if ct == "float" else f"({C_TYPES[dst]})({text})"
+        return f"({C_TYPES[dst]})({text})"
+
+    def reduce_expr(self, op: ReduceOp, idx) -> str:
+        x = op.operands[0]
+        d, shape = x.ttype.dtype, x.ttype.shape
+        ct = self.acc_type(d)
+        acc = self.fresh("kfc_a")
+        outer = iter(idx or ())
+        src, loops, count = [], [], 1
+        for k, n in enumerate(shape):
+            if k in op.axes:
+                r = self.fresh("kfc_r")
+                loops.append(f"for (int {r} = 0; {r} < {n}; ++{r}) ")
+                src.append(r)
+                count *= n
+                if op.keepdims:
+                    next(outer)
+            else:
+                src.append(next(outer))
+        value = as_float(self.elem(x, tuple(src)), d) if ct == "float" else f"({ct})({self.elem(x, tuple(src))})"
+        init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d) if ct != "long long" else \
+            f"(long long)({identity(op.kind, d)}LL)"
+        result = f"{acc} / {count}.0f" if op.kind is ReduceKind.MEAN else acc
+        return (f"[&]() {{ {ct} {acc} = {init}; {''.join(loops)}{acc} = {self.combine(op.kind, acc, value, ct)}; "
+                f"return {self.finish(result, ct, op.result.ttype.dtype)}; }}()")
+
+    def dot_expr(self, op: DotOp, idx) -> str:
+        a, b = op.operands
+        i, j = idx
+        kk, acc = self.fresh("kfc_k"), self.fresh("kfc_a")
+        n = a.ttype.shape[0 if op.trans_a else 1]
+        ai = (kk, i) if op.trans_a else (i, kk)
+        bi = (j, kk) if op.trans_b else (kk, j)
+        d = a.ttype.dtype
+        if d.is_int:
+            return (f"[&]() {{ int {acc} = 0; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} += (int)({self.elem(a, ai)}) "
+                    f"* (int)({self.elem(b, bi)}); return {acc}; }}()")
+        x, y = as_float(self.elem(a, ai), d), as_float(self.elem(b, bi), d)
+        return (f"[&]() {{ float {acc} = 0.0f; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} = fmaf({x}, {y}, {acc}); "
+                f"return {acc}; }}()")
+
+    def emit_scan(self, op: ScanOp) -> None:
+        """Each thread scans whole lines along the axis, in order."""
+        x, r = op.operands[0], op.result
+        shape, axis, d = x.ttype.shape, op.axis, x.ttype.dtype
+        ct = self.acc_type(d)
+        buf = self.new_buffer(r)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+        others = [n for k, n in enumerate(shape) if k != axis]
+        lines = 1
+        for n in others:
+            lines *= n
+
+        def body(e):
+            outer = iter(self.unflatten(e, others))
+            s, acc = self.fresh("kfc_t"), self.fresh("kfc_a")
+            pos = f"({shape[axis] - 1} - {s})" if op.reverse else s
+            idx = tuple(pos if k == axis else next(outer) for k in range(len(shape)))
+            init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d)
+            value = as_float(self.elem(x, idx), d) if ct == "float" else f"({ct})({self.elem(x, idx)})"
+            out = f"{buf.name}[{_flat(idx, shape)}]"
+            step = f"{acc} = {self.combine(op.kind, acc, value, ct)};"
+            write = f"{out} = {self.finish(acc, ct, r.ttype.dtype)};"
+            self.emit(f"{ct} {acc} = {init};")
+            self.emit(f"for (int {s} = 0; {s} < {shape[axis]}; ++{s}) {{ "
+                      + (f"{write} {step}" if op.exclusive else f"{step} {write}") + " }")
+
+        self.cta_loop(lines, body)
+        self.end_phase()
+        self.buffers[r] = buf
+
+    def emit_tri_inv(self, op: TriInvOp) -> None:
+        """(I + tril(x, -1))^-1 by forward substitution, a thread a column: column c of the
+        inverse needs only column c's earlier rows."""
+        x, r = op.operands[0], op.result
+        n = x.ttype.shape[0]
+        buf = self.new_buffer(r)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+
+        def body(c):
+            i, j, acc = self.fresh("kfc_t"), self.fresh("kfc_j"), self.fresh("kfc_a")
+            self.emit(f"for (int {i} = 0; {i} < {n}; ++{i}) {{")
+            self.emit(f"  float {acc} = {i} == {c} ? 1.0f : 0.0f;")
+            self.emit(f"  for (int {j} = {c}; {j} < {i}; ++{j}) {acc} = fmaf(-({self.elem(x, (i, j))}), "
+                      f"{buf.name}[{j} * {n} + {c}], {acc});")
+            self.emit(f"  {buf.name}[{i} * {n} + {c}] = {acc};")
+            self.emit("}")
+
+        self.cta_loop(n, body)
+        self.end_phase()
+        self.buffers[r] = buf
+
+    # --- loops ----------------------------------------------------------------------------------
+    def emit_for(self, op: ForOp) -> None:
+        lo, hi, step = (self.name(v) for v in op.operands[:3])
+        args = op.body.args[1:]
+        carried = {}
+        for init, arg, res in zip(op.inits, args, op.results):
+            if self.kind(arg) == "scalar":
+                n = self.fresh("kfc_c")
+                self.emit(f"{C_TYPES[arg.ttype.dtype]} {n} = {self.name(init)};")
+                self.names[arg] = self.names[res] = n
+            else:
+                buf = self.store_tile(arg, lambda idx, init=init: self.elem(init, idx))
+                carried[arg] = buf
+        iv = self.name(op.body.args[0])
+        self.emit(f"for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
+        self.indent += 1
+        start = self.step + 1
+        for inner in op.body.ops[:-1]:
+            self.emit_body_op(inner)
+        self.emit_yield(op.body.ops[-1], args, carried)
+        self.indent -= 1
+        self.emit("}")
+        self.arena.close_loop(start, self.step)
+        for arg, res in zip(args, op.results):
+            if arg in carried:
+                self.buffers[res] = carried[arg]
+
+    def emit_if(self, op: IfOp) -> None:
+        """A branch on a scalar every thread holds alike: the whole CTA takes one side, so the
+        barriers inside it are reached by all. A tile result is a buffer both sides write."""
+        outs = {}
+        for r in op.results:
+            if self.kind(r) == "scalar":
+                self.names[r] = self.fresh("kfc_b")
+                self.emit(f"{C_TYPES[r.ttype.dtype]} {self.names[r]};")
+            else:
+                outs[r] = self.new_buffer(r)
+        for side, region in zip(("if ({}) {{", "}} else {{"), op.regions):
+            self.emit(side.format(self.name(op.operands[0])))
+            self.indent += 1
+            for inner in region.ops[:-1]:
+                self.emit_body_op(inner)
+            for r, y in zip(op.results, region.ops[-1].operands):
+                if r in outs:
+                    self.store_tile(r, lambda idx, y=y: self.elem(y, idx), outs[r])
+                else:
+                    self.emit(f"{self.names[r]} = {self.name(y)};")
+            self.indent -= 1
+        self.emit("}")
+
+    def emit_yield(self, op: YieldOp, args, carried: dict[Value, Buffer]) -> None:
+        """The next carried values: scalars through temporaries, tiles in place where the new
+        value reads its carried buffer only at the element it writes, else through a copy."""
+        scalars = [(a, y) for a, y in zip(args, op.operands) if a not in carried]
+        temps = []
+        for a, y in scalars:
+            t = self.fresh("kfc_y")
+            self.emit(f"const {C_TYPES[a.ttype.dtype]} {t} = {self.name(y)};")
+            temps.append((a, t))
+        changing = {a for a, y in zip(args, op.operands) if a in carried and y is not a}
+        copies = []
+        for a, y in zip(args, op.operands):
+            if a not in changing:
+                continue
+            if y in self.inline and self.pointwise(y, a) and not any(self.touches(y, b) for b in changing - {a}):
+                self.store_tile(a, self.inline[y], carried[a])
+            else:
+                if y in self.inline:
+                    self.store_tile(y, self.inline[y])
+                copies.append((a, y))
+        for a, y in copies:
+            src = self.buffers[y]
+            self.store_tile(a, lambda idx, src=src: f"{src.name}[{_flat(idx, src.shape)}]", carried[a])
+            self.arena.touch(src, self.step)
+        for a, t in temps:
+            self.emit(f"{self.names[a]} = {t};")
+        for a in carried:
+            self.buffers[a] = carried[a]
+
+    def touches(self, v: Value, arg: Value) -> bool:
+        """Whether v's inline expression reads the carried tile arg."""
+        if v is arg:
+            return True
+        if v not in self.inline or v not in self.plan.owner:
+            return False
+        return any(self.touches(o, arg) for o in self.plan.owner[v].operands)
+
+    def pointwise(self, v: Value, arg: Value) -> bool:
+        """Whether v's inline expression reads arg only at the element it computes."""
+        if v is arg or v not in self.inline or v not in self.plan.owner:
+            return True
+        op = self.plan.owner[v]
+        if isinstance(op, POINTWISE_OPS):
+            return all(self.pointwise(o, arg) for o in op.operands)
+        return not self.touches(v, arg)

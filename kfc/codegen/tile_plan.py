@@ -1,0 +1,159 @@
+"""Where the tiles of a shared-memory tile kernel (kfc.codegen.tile_emitter) live.
+
+A tile is written where it is read (an expression of its element's indices) unless it is costly
+to compute and read more than once per element: then it is materialised once into a shared
+buffer. `TilePlan` says which; `SharedArena` places the buffers in the kernel's dynamic shared
+memory, two buffers sharing bytes only when their live steps (the CTA-wide phases that write or
+read them, each ended by a barrier) do not overlap.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..ir.core import Op, Value
+from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotOp, ExpandDimsOp, LoadOp,
+                           ReduceOp, ReshapeOp, ScanOp, TransposeOp, TriInvOp, UnaryOp, WhereOp)
+from .c_names import C_TYPES
+
+VIEW_OPS = (BroadcastOp, ExpandDimsOp, ReshapeOp, TransposeOp)  # index maps: never a buffer of their own
+POINTWISE_OPS = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BitcastOp)
+CHEAP_UNARY = {"neg", "abs", "not"}
+# readers that read each element of an operand many times (a row of a product, a substitution)
+REPEAT_READERS = (DotOp, TriInvOp)
+MAX_BUFFER_RANK = 2  # a rank-3 tile (KDA's [C, C, K] decay) is only ever written where it is read
+ALIGN = 128
+
+
+class TilePlan:
+    """Which tiles of a tile.parallel's body become shared buffers."""
+
+    def __init__(self, root: Op) -> None:
+        self.uses: dict[Value, list[Op]] = {}
+        self.owner: dict[Value, Op] = {}
+        self.block_of: dict[Op, object] = {}
+        for op in root.walk():
+            for v in op.operands:
+                self.uses.setdefault(v, []).append(op)
+            for r in op.results:
+                self.owner[r] = op
+            for region in op.regions:
+                for o in region.ops:
+                    self.block_of[o] = region
+        self.costly: set[Value] = set()  # values written inline whose expression is costly to repeat
+
+    def is_costly(self, op: Op) -> bool:
+        """A global read, a loop (reduction, product) or a transcendental, or anything built on
+        one that is written inline."""
+        if isinstance(op, (LoadOp, DotOp, ReduceOp, ScanOp, TriInvOp)):
+            return True
+        if isinstance(op, UnaryOp) and op.NAME.split(".")[1] not in CHEAP_UNARY:
+            return True
+        return any(v in self.costly for v in op.operands)
+
+    @staticmethod
+    def storable(v: Value) -> bool:
+        t = v.ttype
+        return 1 <= t.rank <= MAX_BUFFER_RANK and all(isinstance(d, int) for d in t.shape)
+
+    def reread(self, v: Value) -> bool:
+        """Whether v's elements would be computed more than once were v written where read."""
+        users = self.uses.get(v, [])
+        if len(users) != 1:
+            return len(users) > 1
+        u = users[0]
+        if v in self.owner and self.block_of.get(u) is not self.block_of.get(self.owner[v]):
+            return True  # read inside a loop nested in v's block: once per iteration
+        if isinstance(u, REPEAT_READERS):
+            return True
+        if isinstance(u, BroadcastOp):
+            return u.result.ttype.numel() != v.ttype.numel() or self.reread(u.result)
+        if isinstance(u, VIEW_OPS):
+            return self.reread(u.result)
+        if isinstance(u, POINTWISE_OPS):
+            # better to store the reader's result, which holds v, where it can be stored
+            return self.reread(u.result) and not self.storable(u.result)
+        return False  # a reduction, a scan, a store or a yield reads each element once
+
+    def wants_buffer(self, op: Op) -> bool:
+        r = op.result
+        return self.storable(r) and self.is_costly(op) and self.reread(r)
+
+
+@attrs.define(eq=False)
+class Buffer:
+    """A tile in shared memory: live from the phase `first` that writes it to the phase `last`
+    that reads it."""
+
+    name: str
+    ctype: str
+    shape: tuple[int, ...]
+    first: int
+    last: int
+    offset: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * C_SIZES[self.ctype]
+
+
+C_SIZES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "unsigned char": 1, "signed char": 1,
+           "int": 4, "long long": 8, "bool": 1}
+assert set(C_TYPES.values()) <= set(C_SIZES)
+
+
+class SharedArena:
+    """The buffers of one kernel and their places in its dynamic shared memory."""
+
+    def __init__(self) -> None:
+        self.buffers: list[Buffer] = []
+
+    def new(self, name: str, ctype: str, shape: tuple[int, ...], step: int) -> Buffer:
+        b = Buffer(name, ctype, shape, step, step)
+        self.buffers.append(b)
+        return b
+
+    @staticmethod
+    def touch(b: Buffer, step: int) -> None:
+        b.last = max(b.last, step)
+
+    def close_loop(self, start: int, end: int) -> None:
+        """A loop spanned phases start..end: a buffer written before it and read inside it is
+        read again by the next iteration, so it lives to the loop's end."""
+        for b in self.buffers:
+            if b.first < start <= b.last:
+                b.last = max(b.last, end)
+
+    def place(self) -> int:
+        """Give every buffer an offset, the lowest free place among the buffers already placed
+        that live beside it; of three orders of placing them (largest first, earliest first,
+        longest-lived first) the one that needs the fewest bytes. The bytes needed in all."""
+        orders = [lambda b: (-b.nbytes, b.first), lambda b: (b.first, -b.nbytes),
+                  lambda b: (b.first - b.last, -b.nbytes)]
+        best = None
+        for key in orders:
+            offsets = self._first_fit(sorted(self.buffers, key=key))
+            total = max((offsets[id(b)] + b.nbytes for b in self.buffers), default=0)
+            if best is None or total < best[0]:
+                best = (total, offsets)
+        for b in self.buffers:
+            b.offset = best[1][id(b)]
+        return best[0]
+
+    @staticmethod
+    def _first_fit(order: list[Buffer]) -> dict[int, int]:
+        offsets: dict[int, int] = {}
+        placed: list[Buffer] = []
+        for b in order:
+            beside = sorted((p for p in placed if p.first <= b.last and b.first <= p.last), key=lambda p: offsets[id(p)])
+            offset = 0
+            for p in beside:
+                if offset + b.nbytes <= offsets[id(p)]:
+                    break
+                offset = max(offset, -(-(offsets[id(p)] + p.nbytes) // ALIGN) * ALIGN)
+            offsets[id(b)] = offset
+            placed.append(b)
+        return offsets

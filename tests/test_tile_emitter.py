@@ -1,0 +1,132 @@
+"""The shared-memory tile emitter (kfc.codegen.tile_emitter): which programs it takes, which
+tiles it stores and where, and KDA's kernels built by nvcc/ptxas for Hopper and Blackwell.
+What the GPU computes is checked on the GPU machine (tests/gpu/test_kda_gpu.py,
+tests/gpu/test_final_ir_gpu.py)."""
+
+import pytest
+
+from kfc.codegen.backend import program_kind
+from kfc.codegen.tile_emitter import TileKernelEmitter
+from kfc.codegen.tile_plan import SharedArena
+from kfc.compile import compile_op, linearize_loops, lower_op
+from kfc.diagnostics import KfcError
+from kfc.frontend import load_kfc, parse_kfc
+from kfc.ir.specialize import specialize
+from kfc.ir.tile_ops import DotOp, ParallelOp, ReduceOp, ScanOp
+from kfc.model.target import parse_target
+from kfc.passes import PassContext
+
+KDA = ["kernels/kda_fwd.kfc", "kernels/kda_fwd_fla.kfc", "kernels/kda_fwd_flashkda.kfc"]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("path", KDA)
+def test_kda_compiles_to_one_cta_per_sequence_and_head(path, target):
+    spec = load_kfc(path)
+    r = compile_op(spec, parse_target(target))
+    (kernel,) = r.report["kernels"]
+    heads = "HV" if "HV" in spec.func.symbols else "H"
+    assert kernel["grid"] == [f"(N * {heads})", "1", "1"] and kernel["block"] == [256, 1, 1]
+    assert 0 < kernel["smem_dynamic_bytes"] <= parse_target(target).smem_per_block
+    assert not r.kernel.report.spills
+    assert "__syncthreads();" in r.kernel.cu and "kfc_smem" in r.kernel.cu
+
+
+@pytest.mark.parametrize("chunk", ["16", "32"])
+def test_kda_at_head_dims_of_128_fits_a_cta_with_a_chunk_of_32_or_less(chunk):
+    spec = load_kfc("kernels/kda_fwd.kfc", {"C": chunk})
+    r = compile_op(spec, parse_target("sm_90a"), shape={"T": 4096, "K": 128, "V": 128})
+    assert r.report["kernels"][0]["smem_dynamic_bytes"] <= 232448
+    assert not r.kernel.report.spills
+
+
+def test_tiles_too_large_for_shared_memory_are_refused_with_the_fix(capsys):
+    from kfc.cli import main
+    assert main(["compile", "kernels/kda_fwd.kfc", "--shape", "T=4096,K=128,V=128", "-o", "/tmp/kfc-never"]) == 2
+    err = capsys.readouterr().err
+    assert "its tiles need" in err and "bytes of shared memory at once" in err and "--dtype C=32" in err
+
+
+def _kda_body():
+    spec = load_kfc("kernels/kda_fwd.kfc")
+    func = specialize(spec.func, {"T": 200, "K": 32, "V": 32}, partial=True)
+    func = linearize_loops(func, PassContext(parse_target("sm_90a")))
+    return func, next(op for op in func.body.ops if isinstance(op, ParallelOp))
+
+
+def test_kda_is_a_tile_program():
+    func, _ = _kda_body()
+    assert program_kind(func) == ("tile", None)
+
+
+def test_the_plan_stores_what_is_reread_and_costly_and_inlines_the_rest():
+    func, loop = _kda_body()
+    emitter = TileKernelEmitter(func, "k")
+    emitter.generate()
+    ops = list(loop.walk())
+    named = {r.name: r for op in ops for r in op.results if r.name}
+    # kc feeds products and the [C, C, K] decay sums: a global load read many times, stored
+    assert named["kc"] in emitter.buffers
+    # the [C, C, K] decay is never a buffer (rank 3), however often it is read
+    assert named["decay"] in emitter.inline and not emitter.plan.storable(named["decay"])
+    # a product read once, by the subtraction that builds W, is written where it is read;
+    # W, which the next product reads row by row, is stored
+    first_dot = next(op for op in ops if isinstance(op, DotOp))
+    assert first_dot.result in emitter.inline and named["W"] in emitter.buffers
+    # a sum reads its operand once per element: the [C, C, K] products it sums stay inline
+    decay_sum = next(op for op in ops if isinstance(op, ReduceOp) and op.operands[0].ttype.rank == 3)
+    assert not emitter.plan.reread(decay_sum.operands[0])
+    # the gate is read by both the cumulative sum and the total: stored once
+    scan = next(op for op in ops if isinstance(op, ScanOp))
+    assert scan.operands[0] in emitter.buffers and scan.result in emitter.buffers
+
+
+def test_buffers_share_bytes_only_when_their_lives_do_not_overlap():
+    arena = SharedArena()
+    a = arena.new("a", "float", (64, 32), 1)
+    b = arena.new("b", "float", (64, 32), 2)
+    c = arena.new("c", "float", (64, 32), 4)
+    arena.touch(a, 3)   # a lives 1..3, beside b (2..2); c (4..) may take a's place
+    total = arena.place()
+    assert a.offset != b.offset and {c.offset} & {a.offset, b.offset}
+    assert total == 2 * 64 * 32 * 4
+
+
+def test_a_buffer_read_inside_a_loop_lives_to_the_loop_s_end():
+    arena = SharedArena()
+    outer = arena.new("outer", "float", (16,), 1)
+    arena.touch(outer, 3)            # read in the loop's first phase (3), the loop spans 3..6
+    arena.close_loop(3, 6)
+    inner = arena.new("inner", "float", (16,), 5)
+    arena.place()
+    assert outer.last == 6 and inner.offset != outer.offset
+
+
+def test_a_program_the_tile_emitter_cannot_take_keeps_its_reason(tmp_path):
+    spec = parse_kfc("""
+op acc(x: f32[B, 8, 8]) -> (y: f32[8, 8]) {
+  parallel b in 0..B {
+    y[:, :] += x[b, :, :] * 2.0
+  }
+}
+""", str(tmp_path / "acc.kfc"))
+    with pytest.raises(KfcError, match="tile emitter take it: its parallel loop sums across iterations"):
+        lower_op(spec, parse_target("sm_90a"), None, {"B": 2}, PassContext(parse_target("sm_90a")))
+
+
+def test_a_branch_on_a_whole_tile_compiles_with_a_barrier_on_each_side(tmp_path):
+    spec = parse_kfc("""
+op cond(x: f32[B, 8, 8]) -> (y: f32[B, 8, 8]) {
+  parallel b in 0..B {
+    t = x[b, :, :]
+    if sum(t) > 0.0 {
+      t = t * 2.0
+    }
+    y[b, :, :] = t
+  }
+}
+""", str(tmp_path / "cond.kfc"))
+    cu = compile_op(spec, parse_target("sm_90a"), shape={"B": 4}).kernel.cu
+    branch = cu.split("if (", 1)[1]
+    then, other = branch.split("} else {", 1)
+    assert "__syncthreads();" in then and "__syncthreads();" in other
