@@ -32,8 +32,8 @@ def test_kda_compiles_to_one_cta_per_sequence_and_head(path, target):
     assert "__syncthreads();" in r.kernel.cu and "kfc_smem" in r.kernel.cu
 
 
-@pytest.mark.parametrize("chunk", ["16", "32"])
-def test_kda_at_head_dims_of_128_fits_a_cta_with_a_chunk_of_32_or_less(chunk):
+@pytest.mark.parametrize("chunk", ["16", "32", "64"])
+def test_kda_at_head_dims_of_128_fits_a_cta_at_every_chunk(chunk):
     spec = load_kfc("kernels/kda_fwd.kfc", {"C": chunk})
     r = compile_op(spec, parse_target("sm_90a"), shape={"T": 4096, "K": 128, "V": 128})
     assert r.report["kernels"][0]["smem_dynamic_bytes"] <= 232448
@@ -42,7 +42,8 @@ def test_kda_at_head_dims_of_128_fits_a_cta_with_a_chunk_of_32_or_less(chunk):
 
 def test_tiles_too_large_for_shared_memory_are_refused_with_the_fix(capsys):
     from kfc.cli import main
-    assert main(["compile", "kernels/kda_fwd.kfc", "--shape", "T=4096,K=128,V=128", "-o", "/tmp/kfc-never"]) == 2
+    # a [256, 256] f32 state alone is 256 KB
+    assert main(["compile", "kernels/kda_fwd.kfc", "--shape", "T=4096,K=256,V=256", "-o", "/tmp/kfc-never"]) == 2
     err = capsys.readouterr().err
     assert "its tiles need" in err and "bytes of shared memory at once" in err and "--dtype C=32" in err
 
@@ -65,8 +66,10 @@ def test_the_plan_stores_what_is_reread_and_costly_and_inlines_the_rest():
     emitter.generate()
     ops = list(loop.walk())
     named = {r.name: r for op in ops for r in op.results if r.name}
-    # kc feeds products and the [C, C, K] decay sums: a global load read many times, stored
-    assert named["kc"] in emitter.buffers
+    # kc = f32(k[...]) feeds products and the [C, C, K] decay sums: read many times, so its
+    # bf16 load is stored (half the bytes of f32) and the cast written where kc is read
+    load = emitter.plan.owner[named["kc"]].operands[0]
+    assert named["kc"] in emitter.inline and emitter.buffers[load].ctype == "__nv_bfloat16"
     # the [C, C, K] decay is never a buffer (rank 3), however often it is read
     assert named["decay"] in emitter.inline and not emitter.plan.storable(named["decay"])
     # a product read once, by the subtraction that builds W, is written where it is read;
@@ -89,7 +92,17 @@ def test_buffers_share_bytes_only_when_their_lives_do_not_overlap():
     arena.touch(a, 3)   # a lives 1..3, beside b (2..2); c (4..) may take a's place
     total = arena.place()
     assert a.offset != b.offset and {c.offset} & {a.offset, b.offset}
-    assert total == 2 * 64 * 32 * 4
+    assert total == 2 * a.nbytes
+
+
+def test_rows_of_an_even_number_of_words_are_padded_by_one_word():
+    arena = SharedArena()
+    f32 = arena.new("f", "float", (64, 128), 1)
+    bf16 = arena.new("h", "__nv_bfloat16", (64, 128), 1)
+    odd = arena.new("o", "float", (64, 33), 1)
+    vec = arena.new("v", "float", (128,), 1)
+    assert (f32.pitch, bf16.pitch, odd.pitch, vec.pitch) == (129, 130, 33, 128)
+    assert f32.nbytes == 64 * 129 * 4 and f32.at(("i", "j")) == "f[((i) * 129 + (j))]"
 
 
 def test_a_buffer_read_inside_a_loop_lives_to_the_loop_s_end():

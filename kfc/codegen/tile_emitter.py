@@ -48,7 +48,11 @@ def tile_program_problem(func: FuncOp) -> str | None:
     for op in func.body.ops:
         if op is not loop and (not isinstance(op, RULE_OPS) or any(r.ttype.rank for r in op.results)):
             return f"{op.NAME} outside its parallel loop"
+    stored = {op.operands[1] for op in loop.walk() if isinstance(op, StoreOp)}
     for op in list(loop.walk())[1:]:
+        if isinstance(op, LoadOp) and op.operands[0] in stored:
+            # a load is written where it is read, perhaps after the store
+            return f"it loads {op.operands[0].name} after storing into it"
         if not isinstance(op, BODY_OPS):
             return f"{op.NAME} has no rule in the tile emitter"
         for r in op.results:
@@ -83,7 +87,9 @@ class TileKernelEmitter(CodeWriter):
         self.counter = 0
         self.inline: dict[Value, object] = {}  # tile -> f(index tuple) -> C expression
         self.buffers: dict[Value, Buffer] = {}
+        self.pending: dict[Value, object] = {}  # tiles to store, not yet stored: tile -> f(index tuple)
         self.plan = TilePlan(self.loop)
+        self.order = {op: i for i, op in enumerate(self.loop.walk())}
         self.arena = SharedArena()
         self.step = 0          # the CTA-wide phases written so far
         self.in_phase = False  # inside one: its reads are of this step; between two, of the next
@@ -108,7 +114,7 @@ class TileKernelEmitter(CodeWriter):
         if buf is None:
             raise CodegenError(f"the tile kernel reads {v} before writing it", None)
         self.arena.touch(buf, self.step if self.in_phase else self.step + 1)
-        return f"{buf.name}[{_flat(idx, buf.shape)}]"
+        return buf.at(idx)
 
     def operand(self, v: Value, i):
         return self.elem(v, i) if i is not None else self.name(v)
@@ -122,13 +128,63 @@ class TileKernelEmitter(CodeWriter):
 
     # --- tiles: written where read, or stored ---------------------------------------------------
     def define(self, op: Op, expr_of_idx) -> None:
+        """A tile written where it is read, or one to store: stored just before the first op
+        that reads it (flush_for), so that its buffer lives no longer than it must."""
         r = op.result
         if self.plan.wants_buffer(op):
-            self.store_tile(r, expr_of_idx)
-            return
+            path = self.plan.narrow_source(op, self.inline)
+            if not path:
+                if self.last_reader_of_a_buffer(op):
+                    self.store_tile(r, expr_of_idx)  # now, so that buffer may go
+                else:
+                    self.pending[r] = expr_of_idx
+                return
+            # store the narrow load the value is a cheap function of (bf16 k, not f32(k) * s)
+            # and keep the value inline: half the bytes of shared memory, the same reads
+            self.pending[path[0]] = self.inline.pop(path[0])
+            for v in path:
+                self.plan.costly.discard(v)
+                if v is not path[0] and self.plan.is_costly(self.plan.owner[v]):
+                    self.plan.costly.add(v)
         self.inline[r] = expr_of_idx
         if self.plan.is_costly(op):
             self.plan.costly.add(r)
+
+    def last_read(self, v: Value) -> int:
+        """The place in program order of the last op that reads v, through tiles written inline."""
+        end = -1
+        for u in self.plan.uses.get(v, ()):
+            inline = len(u.results) == 1 and u.result in self.inline
+            end = max(end, self.last_read(u.result) if inline else self.order[u])
+        return end
+
+    def last_reader_of_a_buffer(self, op: Op) -> bool:
+        """Whether op reads the last of a stored or pending tile (through tiles written inline)."""
+        seen, stack = set(), list(op.operands)
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in self.buffers or v in self.pending:
+                if self.last_read(v) <= self.order[op]:
+                    return True
+            elif v in self.inline and v in self.plan.owner:
+                stack.extend(self.plan.owner[v].operands)
+        return False
+
+    def flush_for(self, values) -> None:
+        """Store the pending tiles these values read (through tiles written inline), in the
+        order they were defined, so that each is stored after the tiles it reads."""
+        needed, stack = set(), list(values)
+        while stack:
+            v = stack.pop()
+            if v in needed or (v not in self.pending and v not in self.inline) or v not in self.plan.owner:
+                continue
+            needed.add(v)
+            stack.extend(self.plan.owner[v].operands)
+        for v in [v for v in self.pending if v in needed]:
+            self.store_tile(v, self.pending.pop(v))
 
     def new_buffer(self, v: Value) -> Buffer:
         return self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), self.step + 1)
@@ -168,7 +224,8 @@ class TileKernelEmitter(CodeWriter):
         shape = buf.shape
 
         def write(e):
-            self.emit(f"{buf.name}[{e}] = {expr_of_idx(self.unflatten(e, shape))};")
+            idx = self.unflatten(e, shape)
+            self.emit(f"{buf.at(idx)} = {expr_of_idx(idx)};")
 
         self.cta_loop(v.ttype.numel(), write)
         self.end_phase()
@@ -233,6 +290,8 @@ class TileKernelEmitter(CodeWriter):
             self.emit_body_op(op)
 
     def emit_body_op(self, op: Op) -> None:
+        # a loop or branch may read any pending tile in any of its phases: store them all first
+        self.flush_for(list(self.pending) if op.regions else op.operands)
         if isinstance(op, ForOp):
             self.emit_for(op)
         elif isinstance(op, IfOp):
@@ -283,6 +342,9 @@ class TileKernelEmitter(CodeWriter):
                     src.append(f"(({flat}) / {stride}) % {d}")
                     stride *= d
                 return self.elem(x, tuple(reversed(src)))
+        if r.ttype.rank == 0:  # a view of one element: a scalar like any other
+            self.emit(f"const {C_TYPES[r.ttype.dtype]} {self.name(r)} = {f(())};")
+            return
         self.inline[r] = f
         if x in self.plan.costly:
             self.plan.costly.add(r)
@@ -443,7 +505,7 @@ class TileKernelEmitter(CodeWriter):
             idx = tuple(pos if k == axis else next(outer) for k in range(len(shape)))
             init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d)
             value = as_float(self.elem(x, idx), d) if ct == "float" else f"({ct})({self.elem(x, idx)})"
-            out = f"{buf.name}[{_flat(idx, shape)}]"
+            out = buf.at(idx)
             step = f"{acc} = {self.combine(op.kind, acc, value, ct)};"
             write = f"{out} = {self.finish(acc, ct, r.ttype.dtype)};"
             self.emit(f"{ct} {acc} = {init};")
@@ -468,8 +530,8 @@ class TileKernelEmitter(CodeWriter):
             self.emit(f"for (int {i} = 0; {i} < {n}; ++{i}) {{")
             self.emit(f"  float {acc} = {i} == {c} ? 1.0f : 0.0f;")
             self.emit(f"  for (int {j} = {c}; {j} < {i}; ++{j}) {acc} = fmaf(-({self.elem(x, (i, j))}), "
-                      f"{buf.name}[{j} * {n} + {c}], {acc});")
-            self.emit(f"  {buf.name}[{i} * {n} + {c}] = {acc};")
+                      f"{buf.at((j, c))}, {acc});")
+            self.emit(f"  {buf.at((i, c))} = {acc};")
             self.emit("}")
 
         self.cta_loop(n, body)
@@ -495,6 +557,7 @@ class TileKernelEmitter(CodeWriter):
         start = self.step + 1
         for inner in op.body.ops[:-1]:
             self.emit_body_op(inner)
+        self.flush_for(op.body.ops[-1].operands)
         self.emit_yield(op.body.ops[-1], args, carried)
         self.indent -= 1
         self.emit("}")
@@ -518,6 +581,7 @@ class TileKernelEmitter(CodeWriter):
             self.indent += 1
             for inner in region.ops[:-1]:
                 self.emit_body_op(inner)
+            self.flush_for(region.ops[-1].operands)
             for r, y in zip(op.results, region.ops[-1].operands):
                 if r in outs:
                     self.store_tile(r, lambda idx, y=y: self.elem(y, idx), outs[r])
@@ -548,7 +612,7 @@ class TileKernelEmitter(CodeWriter):
                 copies.append((a, y))
         for a, y in copies:
             src = self.buffers[y]
-            self.store_tile(a, lambda idx, src=src: f"{src.name}[{_flat(idx, src.shape)}]", carried[a])
+            self.store_tile(a, lambda idx, src=src: src.at(idx), carried[a])
             self.arena.touch(src, self.step)
         for a, t in temps:
             self.emit(f"{self.names[a]} = {t};")

@@ -59,8 +59,15 @@ class TilePlan:
     def reread(self, v: Value) -> bool:
         """Whether v's elements would be computed more than once were v written where read."""
         users = self.uses.get(v, [])
-        if len(users) != 1:
-            return len(users) > 1
+        if len(users) > 1:
+            # two pointwise readers each stored where they stand: each element computed twice,
+            # cheaper than a buffer for it beside theirs
+            return not (len(users) == 2 and all(
+                isinstance(u, POINTWISE_OPS) and u.operands.count(v) == 1 and self.storable(u.result)
+                and self.block_of.get(u) is self.block_of.get(self.owner.get(v)) and self.reread(u.result)
+                for u in users))
+        if not users:
+            return False
         u = users[0]
         if v in self.owner and self.block_of.get(u) is not self.block_of.get(self.owner[v]):
             return True  # read inside a loop nested in v's block: once per iteration
@@ -74,6 +81,22 @@ class TilePlan:
             # better to store the reader's result, which holds v, where it can be stored
             return self.reread(u.result) and not self.storable(u.result)
         return False  # a reduction, a scan, a store or a yield reads each element once
+
+    def narrow_source(self, op: Op, inline) -> list[Value]:
+        """For a value to be stored that is cheap pointwise work on one costly operand chain
+        ending at a tile load narrower than it: that load, then the inline values from it up to
+        op's operand. Else []."""
+        r, path = op.result, []
+        while isinstance(op, POINTWISE_OPS) and not (isinstance(op, UnaryOp) and
+                                                     op.NAME.split(".")[1] not in CHEAP_UNARY):
+            costly = [v for v in op.operands if v in self.costly]
+            if len(costly) != 1 or costly[0] not in inline or len(self.uses.get(costly[0], ())) != 1:
+                return []
+            path.insert(0, costly[0])
+            op = self.owner[costly[0]]
+            if isinstance(op, LoadOp):
+                return path if path[0].ttype.dtype.itemsize < r.ttype.dtype.itemsize else []
+        return []
 
     def wants_buffer(self, op: Op) -> bool:
         r = op.result
@@ -93,11 +116,29 @@ class Buffer:
     offset: int = -1
 
     @property
+    def pitch(self) -> int:
+        """Elements between rows: one 4-byte word more than the row where the row is an even
+        number of words, so that a column's elements fall in distinct banks (a product or a
+        sum over the last axis reads a column across a warp)."""
+        size, last = C_SIZES[self.ctype], self.shape[-1]
+        if len(self.shape) >= 2 and size <= 4 and last * size % 4 == 0 and last * size // 4 % 2 == 0:
+            return last + 4 // size
+        return last
+
+    @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
+        n = self.pitch
+        for d in self.shape[:-1]:
             n *= d
         return n * C_SIZES[self.ctype]
+
+    def at(self, idx) -> str:
+        """The element at these indices (C expressions), rows `pitch` apart."""
+        text = ""
+        for k, i in enumerate(idx):
+            d = self.pitch if k == len(idx) - 1 else self.shape[k]
+            text = f"({i})" if not text else f"({text} * {d} + ({i}))"
+        return f"{self.name}[{text or '0'}]"
 
 
 C_SIZES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "unsigned char": 1, "signed char": 1,

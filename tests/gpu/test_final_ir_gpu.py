@@ -71,13 +71,42 @@ check {{
 """
 
 
-@pytest.mark.parametrize("path", OPS + [Path(f"narrow_{d}.kfc") for d in ("e4m3", "e5m2", "i8", "u8")],
-                         ids=lambda p: p.stem)
+# a tile program (the shared-memory tile emitter): keepdims, a loop carrying a tile and a
+# scalar for a run-time count, a product, a transpose, a reversed scan, a reshape, a product
+# reduction and a whole-tile reduction to a scalar
+TILE_MIX = """
+op tile_mix(x: f32[B, 8, 12], w: bf16[12, 6], n: i32[B]) -> (y: f32[B, 6, 8], z: f32[B, 96], c: i32[B, 8], s: f32[B]) {
+  parallel b in 0..B {
+    xt = x[b, :, :]
+    e = exp(xt - max(xt, axis=1, keepdims=true))
+    p = e / sum(e, axis=1, keepdims=true)
+    acc = zeros([8, 12])
+    tot = 0.0
+    for i in 0..n[b] carry (acc, tot) {
+      acc = acc * 0.5 + p
+      tot = tot + sum(acc)
+    }
+    y[b, :, :] = transpose(dot(acc, f32(w)), [1, 0])
+    z[b, :] = reshape(cummax(xt, axis=1, reverse=true), [96])
+    c[b, :] = i32(prod(where(xt > 0.0, 1.0, 2.0), axis=1))
+    s[b] = tot + min(xt)
+  }
+}
+check {
+  inputs = {n: randint(0, 5)}
+  shapes = [{B: 300}, {B: 1}]
+}
+"""
+WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8", "u8")}, "tile_mix": TILE_MIX}
+
+
+@pytest.mark.parametrize("path", OPS + [Path(f"{name}.kfc") for name in WRITTEN], ids=lambda p: p.stem)
 def test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path):
     requires_gpu()
-    if path.stem.startswith("narrow_"):
+    if path.stem in WRITTEN:
+        text = WRITTEN[path.stem]
         path = tmp_path / path.name
-        path.write_text(NARROW.format(src=path.stem.split("_")[1]))
+        path.write_text(text)
     spec = instances(load_kfc(path))[0]
     target = parse_target("sm_90a")
     kernel = KfcKernel(spec, target)
