@@ -4,6 +4,7 @@ What the GPU computes is checked on the GPU machine (tests/gpu/test_kda_gpu.py,
 tests/gpu/test_final_ir_gpu.py)."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kfc.codegen.backend import program_kind
 from kfc.codegen.tile_emitter import TileKernelEmitter
@@ -143,3 +144,68 @@ op cond(x: f32[B, 8, 8]) -> (y: f32[B, 8, 8]) {
     branch = cu.split("if (", 1)[1]
     then, other = branch.split("} else {", 1)
     assert "__syncthreads();" in then and "__syncthreads();" in other
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 12), st.integers(0, 6),
+                          st.sampled_from(["float", "__nv_bfloat16", "bool"])), min_size=1, max_size=12))
+def test_buffers_live_at_once_never_share_a_byte(specs):
+    arena = SharedArena()
+    bufs = []
+    for i, (n, first, span, ctype) in enumerate(specs):
+        b = arena.new(f"b{i}", ctype, (n, n % 7 + 1), first)
+        arena.touch(b, first + span)
+        bufs.append(b)
+    total = arena.place()
+    for b in bufs:
+        assert b.offset % 128 == 0 and b.offset + b.nbytes <= total
+    for x in bufs:
+        for y in bufs:
+            if x is not y and x.first <= y.last and y.first <= x.last:
+                assert x.offset + x.nbytes <= y.offset or y.offset + y.nbytes <= x.offset
+
+
+def test_a_carried_tile_read_elsewhere_than_where_it_is_written_goes_through_a_copy(tmp_path):
+    """S = transpose(S) reads S[j, i] to write S[i, j]: written in place it would read elements
+    already overwritten, so the new value is stored apart, then copied."""
+    spec = parse_kfc("""
+op flip(x: f32[B, 16, 16], n: i32[B]) -> (y: f32[B, 16, 16]) {
+  parallel b in 0..B {
+    S = x[b, :, :]
+    for i in 0..n[b] carry (S) {
+      S = transpose(S, [1, 0]) * 0.5
+    }
+    y[b, :, :] = S
+  }
+}
+""", str(tmp_path / "flip.kfc"))
+    cu = compile_op(spec, parse_target("sm_90a"), shape={"B": 2}).kernel.cu
+    loop = cu.split("for (long long", 1)[1]
+    # two phases in the loop: the new value into a buffer of its own, then the copy into S
+    assert loop.count("__syncthreads();") >= 2 and loop.count("kfc_smem") == 0
+    writes = [line.split("=", 1)[0].strip() for line in loop.splitlines() if line.strip().startswith("kfc_s")]
+    assert len(set(w.split("[")[0] for w in writes)) == 2
+
+
+def test_a_scalar_read_of_a_shared_tile_is_fenced_before_the_tile_is_rewritten(tmp_path):
+    """tot reads all of acc between phases; acc is then updated in place: without a barrier
+    between, a fast thread would overwrite elements a slow one still sums."""
+    spec = parse_kfc("""
+op fence(x: f32[B, 8, 12], n: i32[B]) -> (y: f32[B, 8, 12], s: f32[B]) {
+  parallel b in 0..B {
+    acc = x[b, :, :]
+    tot = 0.0
+    for i in 0..n[b] carry (acc, tot) {
+      tot = tot + sum(acc)
+      acc = acc * 0.5 + 1.0
+    }
+    y[b, :, :] = acc
+    s[b] = tot
+  }
+}
+""", str(tmp_path / "fence.kfc"))
+    cu = compile_op(spec, parse_target("sm_90a"), shape={"B": 2}).kernel.cu
+    lines = cu.split("for (long long", 1)[1].splitlines()
+    read = next(i for i, line in enumerate(lines) if "[&]()" in line)             # the scalar's sum
+    write = next(i for i, line in enumerate(lines) if "threadIdx.x" in line)      # the in-place phase
+    assert read < write and any("__syncthreads();" in line for line in lines[read:write])

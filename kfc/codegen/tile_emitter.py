@@ -93,6 +93,7 @@ class TileKernelEmitter(CodeWriter):
         self.arena = SharedArena()
         self.step = 0          # the CTA-wide phases written so far
         self.in_phase = False  # inside one: its reads are of this step; between two, of the next
+        self.unsynced_reads = False  # a scalar read a shared tile since the last barrier
 
     # --- what the elementwise rules write through -----------------------------------------------
     def kind(self, v: Value) -> str:
@@ -114,6 +115,8 @@ class TileKernelEmitter(CodeWriter):
         if buf is None:
             raise CodegenError(f"the tile kernel reads {v} before writing it", None)
         self.arena.touch(buf, self.step if self.in_phase else self.step + 1)
+        if not self.in_phase:
+            self.unsynced_reads = True
         return buf.at(idx)
 
     def operand(self, v: Value, i):
@@ -190,12 +193,21 @@ class TileKernelEmitter(CodeWriter):
         return self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), self.step + 1)
 
     def begin_phase(self) -> None:
+        self.sync_scalar_reads()
         self.step += 1
         self.in_phase = True
 
     def end_phase(self) -> None:
         self.emit("__syncthreads();")
         self.in_phase = False
+        self.unsynced_reads = False
+
+    def sync_scalar_reads(self) -> None:
+        """A barrier after scalars that read shared tiles outside a phase, before anything may
+        write them (the next phase, a carried tile updated in place, the next iteration)."""
+        if self.unsynced_reads:
+            self.emit("__syncthreads();")
+            self.unsynced_reads = False
 
     def unflatten(self, e: str, shape) -> tuple[str, ...]:
         """Declare the indices of flat element e of a tile of this shape; their names."""
@@ -559,6 +571,7 @@ class TileKernelEmitter(CodeWriter):
             self.emit_body_op(inner)
         self.flush_for(op.body.ops[-1].operands)
         self.emit_yield(op.body.ops[-1], args, carried)
+        self.sync_scalar_reads()
         self.indent -= 1
         self.emit("}")
         self.arena.close_loop(start, self.step)
@@ -587,6 +600,7 @@ class TileKernelEmitter(CodeWriter):
                     self.store_tile(r, lambda idx, y=y: self.elem(y, idx), outs[r])
                 else:
                     self.emit(f"{self.names[r]} = {self.name(y)};")
+            self.sync_scalar_reads()
             self.indent -= 1
         self.emit("}")
 

@@ -71,21 +71,26 @@ check {{
 """
 
 
-# a tile program (the shared-memory tile emitter): keepdims, a loop carrying a tile and a
-# scalar for a run-time count, a product, a transpose, a reversed scan, a reshape, a product
-# reduction and a whole-tile reduction to a scalar
+# a tile program (the shared-memory tile emitter): keepdims, a loop carrying two tiles and a
+# scalar for a run-time count (one tile updated in place, one through a copy: it reads itself
+# transposed), a product, a transpose, a reversed scan, a reshape, a product reduction and a
+# whole-tile reduction to a scalar
 TILE_MIX = """
-op tile_mix(x: f32[B, 8, 12], w: bf16[12, 6], n: i32[B]) -> (y: f32[B, 6, 8], z: f32[B, 96], c: i32[B, 8], s: f32[B]) {
+op tile_mix(x: f32[B, 8, 12], w: bf16[12, 6], n: i32[B], r: f32[B, 8, 8])
+        -> (y: f32[B, 6, 8], z: f32[B, 96], c: i32[B, 8], s: f32[B], q: f32[B, 8, 8]) {
   parallel b in 0..B {
     xt = x[b, :, :]
     e = exp(xt - max(xt, axis=1, keepdims=true))
     p = e / sum(e, axis=1, keepdims=true)
     acc = zeros([8, 12])
     tot = 0.0
-    for i in 0..n[b] carry (acc, tot) {
+    R = r[b, :, :]
+    for i in 0..n[b] carry (acc, tot, R) {
       acc = acc * 0.5 + p
       tot = tot + sum(acc)
+      R = transpose(R, [1, 0]) * 0.5 + 1.0
     }
+    q[b, :, :] = R
     y[b, :, :] = transpose(dot(acc, f32(w)), [1, 0])
     z[b, :] = reshape(cummax(xt, axis=1, reverse=true), [96])
     c[b, :] = i32(prod(where(xt > 0.0, 1.0, 2.0), axis=1))
