@@ -8,7 +8,7 @@ kfc.codegen.tile_plan stores it: then a CTA-wide loop over its elements writes i
 shared buffer, and a barrier ends that phase. Reductions and products are loops in a lambda
 (fp32 accumulation), scans and triangular inverses a loop per line or column. Scalars are
 variables every thread computes alike, and every loop bound is such a scalar, so every thread
-reaches every barrier. This kernel is correct and general, not tuned: no tensor cores yet.
+reaches every barrier. The kernel is general, not tuned: no tensor cores yet.
 """
 
 from __future__ import annotations
