@@ -47,6 +47,7 @@ class GridPlan:
     persistent: bool = False
     min_ctas_per_sm: int = 1
     shared_tiles: bool = False  # a tile kernel's (kfc.codegen.tile_emitter): its tiles live in shared memory
+    smem_detail: str = ""       # ... and which of them are live together where they take the most
 
     @property
     def grid(self) -> tuple[str, str, str]:

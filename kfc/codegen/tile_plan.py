@@ -114,6 +114,7 @@ class Buffer:
     first: int
     last: int
     offset: int = -1
+    what: str = ""  # the tile it holds, as a message names it: "G f32[64, 128]"
 
     @property
     def pitch(self) -> int:
@@ -152,8 +153,8 @@ class SharedArena:
     def __init__(self) -> None:
         self.buffers: list[Buffer] = []
 
-    def new(self, name: str, ctype: str, shape: tuple[int, ...], step: int) -> Buffer:
-        b = Buffer(name, ctype, shape, step, step)
+    def new(self, name: str, ctype: str, shape: tuple[int, ...], step: int, what: str = "") -> Buffer:
+        b = Buffer(name, ctype, shape, step, step, what=what)
         self.buffers.append(b)
         return b
 
@@ -167,6 +168,13 @@ class SharedArena:
         for b in self.buffers:
             if b.first < start <= b.last:
                 b.last = max(b.last, end)
+
+    def busiest(self) -> list[Buffer]:
+        """The buffers live together at the phase where they take the most bytes, largest first."""
+        steps = {s for b in self.buffers for s in (b.first, b.last)}
+        live = lambda s: [b for b in self.buffers if b.first <= s <= b.last]
+        peak = max(steps, key=lambda s: sum(b.nbytes for b in live(s)), default=None)
+        return sorted(live(peak), key=lambda b: -b.nbytes) if peak is not None else []
 
     def place(self) -> int:
         """Give every buffer an offset, the lowest free place among the buffers already placed

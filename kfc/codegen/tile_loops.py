@@ -1,0 +1,132 @@
+"""The tile emitter's loops inside one element or one phase (kfc.codegen.tile_emitter):
+reductions and products as a loop in a lambda, accumulated in f32 (i64 for integers, bool for
+logic), scans a thread a line, the triangular inverse a thread a column."""
+
+from __future__ import annotations
+
+from ..ir.dtypes import DType
+from ..ir.tile_ops import DotOp, ReduceKind, ReduceOp, ScanOp, TriInvOp
+from ..ir.tile_ops.reductions import identity
+from . import ptx
+from .c_names import C_TYPES, as_float, from_float, literal
+
+
+class TileLoops:
+    """Mixed into TileKernelEmitter: written through its elem, fresh, emit, new_buffer and
+    phases."""
+
+    @staticmethod
+    def acc_type(d: DType) -> str:
+        if d.is_bool:
+            return "bool"
+        if d.is_float:
+            return "double" if d is DType.F64 else "float"
+        return "long long"
+
+    def combine(self, kind: ReduceKind, acc: str, x: str, ct: str) -> str:
+        if kind in (ReduceKind.SUM, ReduceKind.MEAN):
+            return f"{acc} + {x}"
+        if kind is ReduceKind.PROD:
+            return f"{acc} * {x}"
+        if ct == "float":
+            return ptx.max_nan(acc, x) if kind is ReduceKind.MAX else ptx.min_nan(acc, x)
+        sym = ">" if kind is ReduceKind.MAX else "<"
+        return f"(({acc}) {sym} ({x}) ? ({acc}) : ({x}))"
+
+    def finish(self, text: str, ct: str, dst: DType) -> str:
+        """An accumulator's value in the result's dtype."""
+        if dst.is_float:
+            return from_float(text, dst) if ct == "float" else f"({C_TYPES[dst]})({text})"
+        return f"({C_TYPES[dst]})({text})"
+
+    def reduce_expr(self, op: ReduceOp, idx) -> str:
+        x = op.operands[0]
+        d, shape = x.ttype.dtype, x.ttype.shape
+        ct = self.acc_type(d)
+        acc = self.fresh("kfc_a")
+        outer = iter(idx or ())
+        src, loops, count = [], [], 1
+        for k, n in enumerate(shape):
+            if k in op.axes:
+                r = self.fresh("kfc_r")
+                loops.append(f"for (int {r} = 0; {r} < {n}; ++{r}) ")
+                src.append(r)
+                count *= n
+                if op.keepdims:
+                    next(outer)
+            else:
+                src.append(next(outer))
+        value = as_float(self.elem(x, tuple(src)), d) if ct == "float" else f"({ct})({self.elem(x, tuple(src))})"
+        init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d) if ct != "long long" else \
+            f"(long long)({identity(op.kind, d)}LL)"
+        result = f"{acc} / {count}.0f" if op.kind is ReduceKind.MEAN else acc
+        return (f"[&]() {{ {ct} {acc} = {init}; {''.join(loops)}{acc} = {self.combine(op.kind, acc, value, ct)}; "
+                f"return {self.finish(result, ct, op.result.ttype.dtype)}; }}()")
+
+    def dot_expr(self, op: DotOp, idx) -> str:
+        a, b = op.operands
+        i, j = idx
+        kk, acc = self.fresh("kfc_k"), self.fresh("kfc_a")
+        n = a.ttype.shape[0 if op.trans_a else 1]
+        ai = (kk, i) if op.trans_a else (i, kk)
+        bi = (j, kk) if op.trans_b else (kk, j)
+        d = a.ttype.dtype
+        if d.is_int:
+            return (f"[&]() {{ int {acc} = 0; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} += (int)({self.elem(a, ai)}) "
+                    f"* (int)({self.elem(b, bi)}); return {acc}; }}()")
+        x, y = as_float(self.elem(a, ai), d), as_float(self.elem(b, bi), d)
+        return (f"[&]() {{ float {acc} = 0.0f; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} = fmaf({x}, {y}, {acc}); "
+                f"return {acc}; }}()")
+
+    def emit_scan(self, op: ScanOp) -> None:
+        """Each thread scans whole lines along the axis, in order."""
+        x, r = op.operands[0], op.result
+        shape, axis, d = x.ttype.shape, op.axis, x.ttype.dtype
+        ct = self.acc_type(d)
+        buf = self.new_buffer(r)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+        others = [n for k, n in enumerate(shape) if k != axis]
+        lines = 1
+        for n in others:
+            lines *= n
+
+        def body(e):
+            outer = iter(self.unflatten(e, others))
+            s, acc = self.fresh("kfc_t"), self.fresh("kfc_a")
+            pos = f"({shape[axis] - 1} - {s})" if op.reverse else s
+            idx = tuple(pos if k == axis else next(outer) for k in range(len(shape)))
+            init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d)
+            value = as_float(self.elem(x, idx), d) if ct == "float" else f"({ct})({self.elem(x, idx)})"
+            out = buf.at(idx)
+            step = f"{acc} = {self.combine(op.kind, acc, value, ct)};"
+            write = f"{out} = {self.finish(acc, ct, r.ttype.dtype)};"
+            self.emit(f"{ct} {acc} = {init};")
+            self.emit(f"for (int {s} = 0; {s} < {shape[axis]}; ++{s}) {{ "
+                      + (f"{write} {step}" if op.exclusive else f"{step} {write}") + " }")
+
+        self.cta_loop(lines, body)
+        self.end_phase()
+        self.buffers[r] = buf
+
+    def emit_tri_inv(self, op: TriInvOp) -> None:
+        """(I + tril(x, -1))^-1 by forward substitution, a thread a column: column c of the
+        inverse needs only column c's earlier rows."""
+        x, r = op.operands[0], op.result
+        n = x.ttype.shape[0]
+        buf = self.new_buffer(r)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+
+        def body(c):
+            i, j, acc = self.fresh("kfc_t"), self.fresh("kfc_j"), self.fresh("kfc_a")
+            self.emit(f"for (int {i} = 0; {i} < {n}; ++{i}) {{")
+            self.emit(f"  float {acc} = {i} == {c} ? 1.0f : 0.0f;")
+            self.emit(f"  for (int {j} = {c}; {j} < {i}; ++{j}) {acc} = fmaf(-({self.elem(x, (i, j))}), "
+                      f"{buf.at((j, c))}, {acc});")
+            self.emit(f"  {buf.at((i, c))} = {acc};")
+            self.emit("}")
+
+        self.cta_loop(n, body)
+        self.end_phase()
+        self.buffers[r] = buf
