@@ -68,6 +68,8 @@ def _flat(idx, shape) -> str:
 
 
 class TileKernelEmitter(TileLoops, CodeWriter):
+    """Writes one tile program's kernel: `generate()` gives its CUDA C++ and launch plan."""
+
     as_float = staticmethod(as_float)
     from_float = staticmethod(from_float)
     chunk_local = None
@@ -266,7 +268,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
 
     def grid_expr(self, v: Value) -> str:
         """A top-level scalar as an expression of the dims (the launch contract's grid)."""
-        op = self.plan_owner.get(v)
+        op = self.top_level_owner.get(v)
         if isinstance(op, DimOp):
             return op.sym
         if isinstance(op, ConstOp):
@@ -279,7 +281,8 @@ class TileKernelEmitter(TileLoops, CodeWriter):
         raise CodegenError("the parallel loop's bounds must be expressions of the dims", self.loop.loc)
 
     @property
-    def plan_owner(self) -> dict[Value, Op]:
+    def top_level_owner(self) -> dict[Value, Op]:
+        """The op outside the parallel loop that defines each of its scalars."""
         return {r: op for op in self.func.body.ops for r in op.results}
 
     def programs(self) -> str:
