@@ -43,6 +43,13 @@ def c_dim(sym: str) -> str:
     return DIM_PREFIX + sym
 
 
+def c_extent(d) -> str:
+    """A tensor dim's size in C: a literal, or its dim argument plus its offset."""
+    if isinstance(d, int):
+        return f"{d}LL"
+    return f"({c_dim(d.name)} + {d.offset}LL)" if d.offset else c_dim(d.name)
+
+
 def c_kernel(op_name: str) -> str:
     return KERNEL_PREFIX + op_name
 

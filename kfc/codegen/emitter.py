@@ -26,7 +26,7 @@ from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_ro
 from ..ir.tile_ops import BinaryOp, CastOp, ConstOp, DimOp, IndexDim, ReduceKind
 from ..ir.types import MemSpace, SymDim, TensorType
 from . import ptx, row_sums
-from .c_names import C_TYPES, KernelParam, argument_params, as_float, c_dim, c_param, dim_params, from_float
+from .c_names import C_TYPES, KernelParam, argument_params, as_float, c_extent, c_param, dim_params, from_float
 from .errors import CodegenError
 from .writer import CodeWriter
 from .rules import in_cluster
@@ -316,11 +316,9 @@ class KernelEmitter(CodeWriter):
         return " + ".join(terms) if terms else "0"
 
     def _dim(self, d) -> str:
-        if isinstance(d, int):
-            return f"{d}LL"
-        if isinstance(d, SymDim):
-            return f"({c_dim(d.name)} + {d.offset}LL)" if d.offset else c_dim(d.name)
-        raise CodegenError(f"bad dim {d}")
+        if not isinstance(d, (int, SymDim)):
+            raise CodegenError(f"bad dim {d}")
+        return c_extent(d)
 
     def open_chunks(self) -> None:
         """A loop over the thread's chunks e, unless the fused tail's loop already provides e."""

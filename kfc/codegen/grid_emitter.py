@@ -46,8 +46,9 @@ class GridPlan:
     cluster: int = 1
     persistent: bool = False
     min_ctas_per_sm: int = 1
-    shared_tiles: bool = False  # a tile kernel's (kfc.codegen.tile_emitter): its tiles live in shared memory
-    smem_detail: str = ""       # ... and which of them are live together where they take the most
+    # a tile kernel's (kfc.codegen.tile_emitter), whose tiles live in shared memory: which of
+    # them are live together where they take the most
+    shared_tiles: str = ""
 
     @property
     def grid(self) -> tuple[str, str, str]:

@@ -25,7 +25,7 @@ def check_resources(plan: LaunchPlan, report: PtxasReport, target: Target, what:
     smem = report.smem_bytes + plan.smem_dynamic
     if smem > target.smem_per_block and getattr(plan, "shared_tiles", False):
         raise ResourceError(f"{what}: its tiles need {plan.smem_dynamic} bytes of shared memory at once; "
-                            f"{target} allows {target.smem_per_block} per CTA ({plan.smem_detail})",
+                            f"{target} allows {target.smem_per_block} per CTA ({plan.shared_tiles})",
                             hint="bind smaller tiles (a smaller chunk, e.g. --dtype C=32) or compile for "
                                  "smaller dims (--shape)")
     if smem > target.smem_per_block:

@@ -18,13 +18,13 @@ from ..ir.func import FuncOp
 from ..ir.tile_ops import (BinaryOp, BroadcastOp, CastOp, ConstOp, DimOp, DotOp, ExpandDimsOp, ForOp, IfOp,
                            IotaOp, LoadOp, ParallelOp, ReduceOp, ScanOp, StoreOp, TransposeOp, TriInvOp,
                            TriOp, YieldOp)
-from ..ir.types import MemSpace, SymDim
+from ..ir.types import MemSpace
 from . import elementwise_rules  # noqa: F401  (registers the rules RULE_OPS are written by)
-from .c_names import C_TYPES, argument_params, as_float, c_dim, c_param, dim_params, from_float, literal
+from .c_names import C_TYPES, argument_params, as_float, c_extent, c_param, dim_params, from_float, literal
 from .errors import CodegenError
 from .grid_emitter import GridPlan
 from .tile_loops import TileLoops
-from .tile_plan import POINTWISE_OPS, VIEW_OPS, Buffer, SharedArena, TilePlan
+from .tile_plan import POINTWISE_OPS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major
 from .writer import CodeWriter
 
 THREADS = 256
@@ -59,14 +59,6 @@ def tile_program_problem(func: FuncOp) -> str | None:
     return None
 
 
-def _flat(idx, shape) -> str:
-    """Row-major offset of element idx of a tile of static shape."""
-    text = ""
-    for i, d in zip(idx, shape):
-        text = f"({i})" if not text else f"({text} * {d} + ({i}))"
-    return text or "0"
-
-
 class TileKernelEmitter(TileLoops, CodeWriter):
     """Writes one tile program's kernel: `generate()` gives its CUDA C++ and launch plan."""
 
@@ -89,7 +81,6 @@ class TileKernelEmitter(TileLoops, CodeWriter):
         self.buffers: dict[Value, Buffer] = {}
         self.pending: dict[Value, object] = {}  # tiles to store, not yet stored: tile -> f(index tuple)
         self.plan = TilePlan(self.loop)
-        self.order = {op: i for i, op in enumerate(self.loop.walk())}
         self.arena = SharedArena()
         self.step = 0          # the CTA-wide phases written so far
         self.in_phase = False  # inside one: its reads are of this step; between two, of the next
@@ -158,7 +149,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
         end = -1
         for u in self.plan.uses.get(v, ()):
             inline = len(u.results) == 1 and u.result in self.inline
-            end = max(end, self.last_read(u.result) if inline else self.order[u])
+            end = max(end, self.last_read(u.result) if inline else self.plan.order[u])
         return end
 
     def last_reader_of_a_buffer(self, op: Op) -> bool:
@@ -170,7 +161,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
                 continue
             seen.add(v)
             if v in self.buffers or v in self.pending:
-                if self.last_read(v) <= self.order[op]:
+                if self.last_read(v) <= self.plan.order[op]:
                     return True
             elif v in self.inline and v in self.plan.owner:
                 stack.extend(self.plan.owner[v].operands)
@@ -264,7 +255,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
                 + "\n".join(decls + self.lines) + "\n}\n")
         peak = ", ".join(f"{b.what} ({b.nbytes} B)" for b in self.arena.busiest()[:6])
         return code, GridPlan(self.kernel_name, tuple(params), self.programs(), THREADS, 0, smem,
-                              shared_tiles=True, smem_detail=f"at the busiest phase: {peak}")
+                              shared_tiles=f"at the busiest phase: {peak}")
 
     def grid_expr(self, v: Value) -> str:
         """A top-level scalar as an expression of the dims (the launch contract's grid)."""
@@ -354,7 +345,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
                 return self.elem(x, tuple(src))
         else:  # reshape: through the flat offset
             def f(idx):
-                flat, src, stride = _flat(idx, rs), [], 1
+                flat, src, stride = row_major(idx, rs), [], 1
                 for d in reversed(xs):
                     src.append(f"(({flat}) / {stride}) % {d}")
                     stride *= d
@@ -367,11 +358,6 @@ class TileKernelEmitter(TileLoops, CodeWriter):
             self.plan.costly.add(r)
 
     # --- memory ---------------------------------------------------------------------------------
-    def _dim(self, d) -> str:
-        if isinstance(d, SymDim):
-            return f"({c_dim(d.name)} + {d.offset}LL)" if d.offset else c_dim(d.name)
-        return f"{d}LL"
-
     def access(self, op: Op, tensor: Value, idx_operands, idx) -> tuple[str, list[str]]:
         """The element offset of a load or store at tile element idx, and the conditions under
         which it lies inside the tensor (and before a slice's limit)."""
@@ -379,7 +365,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
         ops, pos_of_tile = iter(idx_operands), iter(idx or ())
         positions, conds = [], []
         for ix, d in zip(op.index, t.shape):
-            ext = self._dim(d)
+            ext = c_extent(d)
             if ix.kind == "point":
                 p = f"(long long)({self.name(next(ops))})"
                 conds.append(f"{p} >= 0 && {p} < {ext}")
@@ -393,7 +379,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
             positions.append(p)
         offset = ""
         for p, d in zip(positions, t.shape):
-            offset = p if not offset else f"({offset} * {self._dim(d)} + {p})"
+            offset = p if not offset else f"({offset} * {c_extent(d)} + {p})"
         if t.optional:
             conds.insert(0, f"{self.name(tensor)} != nullptr")
         return offset or "0", conds

@@ -25,12 +25,21 @@ MAX_BUFFER_RANK = 2  # a rank-3 tile (KDA's [C, C, K] decay) is only ever writte
 ALIGN = 128
 
 
+def row_major(idx, dims) -> str:
+    """The row-major offset (a C expression) of element idx in a block of these dims."""
+    text = ""
+    for i, d in zip(idx, dims):
+        text = f"({i})" if not text else f"({text} * {d} + ({i}))"
+    return text or "0"
+
+
 class TilePlan:
     """Which tiles of a tile.parallel's body become shared buffers."""
 
     def __init__(self, root: Op) -> None:
         self.uses: dict[Value, list[Op]] = {}
         self.owner: dict[Value, Op] = {}
+        self.order = {op: i for i, op in enumerate(root.walk())}  # program order
         self.block_of: dict[Op, object] = {}
         for op in root.walk():
             for v in op.operands:
@@ -135,11 +144,7 @@ class Buffer:
 
     def at(self, idx) -> str:
         """The element at these indices (C expressions), rows `pitch` apart."""
-        text = ""
-        for k, i in enumerate(idx):
-            d = self.pitch if k == len(idx) - 1 else self.shape[k]
-            text = f"({i})" if not text else f"({text} * {d} + ({i}))"
-        return f"{self.name}[{text or '0'}]"
+        return f"{self.name}[{row_major(idx, self.shape[:-1] + (self.pitch,))}]"
 
 
 C_SIZES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "unsigned char": 1, "signed char": 1,
