@@ -26,8 +26,9 @@ def kernel_path(name: str) -> Path:
 
 
 @functools.cache
-def kernel(name: str):
-    """The shipped kernel `name` as a callable (kfc.runtime.kernel.KfcKernel)."""
+def kernel(name: str, **bind):
+    """The shipped kernel `name` as a callable (kfc.runtime.kernel.KfcKernel), its type
+    parameters given by `bind` where named (kernel("kda_fwd_fla", C=16))."""
     from .runtime.kernel import load  # lazy: kfc.runtime pulls kfc.ir, ml_dtypes ~2.5 s; kernel_path() needs neither
 
-    return load(kernel_path(name))
+    return load(kernel_path(name), bind=bind or None)

@@ -107,10 +107,10 @@ def test_kda_in_flas_gated_interface_checks_what_it_computes_in_the_kernel():
     text = path.read_text()
     shape = [{"N": 2, "T": 37, "H": 2, "HV": 4, "K": 8, "V": 8}]
     # the kernel as written passes: test_kernel_passes_check[kda_fwd_fla]
-    for right, wrong in [("gl = where(valid[:, None], gate, 0.0)", "gl = gate"),
+    for right, wrong in [("gl = where(valid[:, None], max(gate, -100.0), 0.0)", "gl = gate"),
                          ("rate = -exp(A_log[h])", "rate = exp(A_log[h])"),
                          ("hq = h // (HV // H)", "hq = h % H"),  # value heads paired with q/k heads in turn, not in groups
-                         ("qr * rsqrt(sum(qr * qr, axis=1) + 1e-6)[:, None] * scale", "qr * scale")]:
+                         ("qc = qr * qn[:, None] * scale", "qc = qr * scale")]:
         assert right in text
         assert not all(r.ok for r in check_op(parse_kfc(text.replace(right, wrong)), seeds=[0], shapes=shape)), wrong
 

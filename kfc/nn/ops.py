@@ -25,7 +25,7 @@ from torch import Tensor
 from ..library import kernel
 
 
-def _ready(t: Tensor) -> Tensor:
+def ready(t: Tensor) -> Tensor:
     """Contiguous and 16-byte aligned, as kfc's kernels take tensors (a copy only when not)."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
@@ -39,7 +39,7 @@ def _constant(value: float, n: int, device: torch.device) -> Tensor:
 def _f32(param: Optional[Tensor], n: int, device: torch.device, missing: float) -> Tensor:
     if param is None:
         return _constant(missing, n, device)
-    return _ready(param if param.dtype == torch.float32 else param.float())
+    return ready(param if param.dtype == torch.float32 else param.float())
 
 
 # --- rms_norm ----------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def _f32(param: Optional[Tensor], n: int, device: torch.device, missing: float) 
 def rms_norm_rows(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     """The kernel call under kfc::rms_norm (kfc.nn.functional calls it directly when no
     gradient is wanted and nothing is traced)."""
-    return kernel("rmsnorm")(_ready(x), _f32(weight, x.shape[-1], x.device, 1.0), eps)
+    return kernel("rmsnorm")(ready(x), _f32(weight, x.shape[-1], x.device, 1.0), eps)
 
 
 @torch.library.custom_op("kfc::rms_norm", mutates_args=(), device_types="cuda")
@@ -66,8 +66,8 @@ def rms_norm_backward(x: Tensor, weight: Optional[Tensor], dy: Tensor, dres: Opt
     """(dx, rstd, dw): the backward pass (plus dres, a fused residual's gradient); dw in f32,
     summed across the rows by the kernel (kernels/rmsnorm_bwd_dx.kfc)."""
     w = _f32(weight, x.shape[-1], x.device, 1.0)
-    dres = None if dres is None else _ready(dres.to(x.dtype))
-    return kernel("rmsnorm_bwd_dx")(_ready(x), w, _ready(dy.to(x.dtype)), dres, eps)
+    dres = None if dres is None else ready(dres.to(x.dtype))
+    return kernel("rmsnorm_bwd_dx")(ready(x), w, ready(dy.to(x.dtype)), dres, eps)
 
 
 @rms_norm_backward.register_fake
@@ -99,7 +99,7 @@ rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 def rms_norm_residual_rows(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
     """(y, residual_out): h = x + residual, residual_out = h, y = rms_norm(h) * weight."""
-    return kernel("rmsnorm_residual")(_ready(x), _ready(residual.to(x.dtype)),
+    return kernel("rmsnorm_residual")(ready(x), ready(residual.to(x.dtype)),
                                       _f32(weight, x.shape[-1], x.device, 1.0), eps)
 
 
@@ -134,7 +134,7 @@ rms_norm_residual.register_autograd(_rms_residual_backward, setup_context=_rms_r
 
 def layer_norm_rows(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
     n = x.shape[-1]
-    return kernel("layernorm")(_ready(x), _f32(weight, n, x.device, 1.0), _f32(bias, n, x.device, 0.0), eps)
+    return kernel("layernorm")(ready(x), _f32(weight, n, x.device, 1.0), _f32(bias, n, x.device, 0.0), eps)
 
 
 @torch.library.custom_op("kfc::layer_norm", mutates_args=(), device_types="cuda")
@@ -152,8 +152,8 @@ def layer_norm_backward(x: Tensor, weight: Optional[Tensor], dy: Tensor,
                         eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dx, mean, rstd, dw, db): the backward pass; dw and db in f32, summed across the rows by
     the kernel (kernels/layernorm_bwd_dx.kfc)."""
-    return kernel("layernorm_bwd_dx")(_ready(x), _f32(weight, x.shape[-1], x.device, 1.0),
-                                      _ready(dy.to(x.dtype)), eps)
+    return kernel("layernorm_bwd_dx")(ready(x), _f32(weight, x.shape[-1], x.device, 1.0),
+                                      ready(dy.to(x.dtype)), eps)
 
 
 @layer_norm_backward.register_fake
@@ -184,7 +184,7 @@ layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
 # --- softmax -----------------------------------------------------------------------------------
 
 def softmax_rows(x: Tensor) -> Tensor:
-    return kernel("softmax")(_ready(x))
+    return kernel("softmax")(ready(x))
 
 
 @torch.library.custom_op("kfc::softmax_lastdim", mutates_args=(), device_types="cuda")
@@ -199,7 +199,7 @@ def _(x):
 
 @torch.library.custom_op("kfc::softmax_backward", mutates_args=(), device_types="cuda")
 def softmax_backward(y: Tensor, dy: Tensor) -> Tensor:
-    return kernel("softmax_bwd")(_ready(y), _ready(dy.to(y.dtype)))
+    return kernel("softmax_bwd")(ready(y), ready(dy.to(y.dtype)))
 
 
 @softmax_backward.register_fake

@@ -100,18 +100,28 @@ def kda_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=No
     return o, ht.transpose(-1, -2).contiguous()
 
 
-def kda_fla_gated(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=None):
-    """fla's chunk_kda with use_gate_in_kernel and use_qk_l2norm_in_kernel, on the recurrence
-    (float64): raw gates `g` [1, T, H, K] activated as -exp(A_log[h]) * softplus(g + dt_bias[h])
-    (unbounded below), q and k L2-normalised along K, beta as probabilities, states [N, HV, K, V];
-    with HV value heads a multiple of q's and k's H, value head h reads q/k head h // (HV / H).
-    Returns (o, ht)."""
+def kda_fla_gated(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=None, gate_form=1,
+                  lower_bound=-5.0, qk_l2norm=1, beta_logits=0, beta_max=1.0):
+    """fla's chunk_kda forward in full, on the recurrence (float64). `gate_form` 0: `g` [1, T, HV, K]
+    is the log-space gate; 1: raw gates activated as -exp(A_log[h]) * softplus(g + dt_bias[h])
+    (use_gate_in_kernel, unbounded below); 2: as lower_bound * sigmoid(exp(A_log[h]) * (g +
+    dt_bias[h])) (with safe_gate). `qk_l2norm`: q and k L2-normalised along K. `beta_logits`:
+    beta activated as beta_max * sigmoid(beta), else taken as probabilities. A_log and dt_bias
+    absent read as zeros, as the kernel reads them. States [N, HV, K, V]; with HV value heads a
+    multiple of q's and k's H, value head h reads q/k head h // (HV / H). Returns (o, ht)."""
     f = torch.float64
-    gate = -A_log.to(f).exp()[None, None, :, None] * torch.nn.functional.softplus(
-        g.to(f) + dt_bias.to(f).reshape(g.shape[-2:])[None, None])
+    HV, K = g.shape[-2:]
+    A_log = torch.zeros(HV, dtype=f) if A_log is None else A_log.to(f)
+    z = g.to(f) + (0.0 if dt_bias is None else dt_bias.to(f).reshape(HV, K)[None, None])
+    rate = A_log.exp()[None, None, :, None]
+    gate = {0: g.to(f), 1: -rate * torch.nn.functional.softplus(z),
+            2: lower_bound * torch.sigmoid(rate * z)}[int(gate_form)]
+    b = beta_max * torch.sigmoid(beta.to(f)) if beta_logits else beta.to(f)
     group = v.shape[2] // q.shape[2]  # grouped value heads: value head h reads q/k head h // group
     q, k = (x.repeat_interleave(group, dim=2) for x in (q, k))
-    return kda_recurrent(_l2norm(q), _l2norm(k), v, gate, beta, cu_seqlens, h0, scale)
+    if qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    return kda_recurrent(q, k, v, gate, b, cu_seqlens, h0, scale)
 
 
 def _l2norm(x):

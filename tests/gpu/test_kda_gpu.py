@@ -67,3 +67,90 @@ def test_kda_on_the_gpu_matches_the_fp64_recurrence(chunk):
                            f"{name}: {note or f'relative RMSE {rel:.3g}'}"
             checked += 1
     assert checked == 2 * len(CASES)
+
+
+# --- the torch entry points (kfc.nn.kda) on the GPU --------------------------------------------
+
+ENTRY_CASES = [  # (B, lengths or None, H, HV, K, V, dtype, options, chunk)
+    (2, None, 2, 4, 128, 128, torch.bfloat16, dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True), 16),
+    (1, [37, 0, 300, 64], 2, 2, 64, 64, torch.float16, dict(), 32),
+    (1, [150, 77], 1, 2, 100, 60, torch.bfloat16,
+     dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,
+          allow_neg_eigval=True, state_v_first=True, use_qk_l2norm_in_kernel=True), 64),
+]
+
+
+@pytest.mark.parametrize("case", range(len(ENTRY_CASES)))
+def test_chunk_kda_in_flas_interface_on_the_gpu(case):
+    """kfc.nn.kda.chunk_kda with fla's options: the batch packed, grouped heads, varlen with an
+    empty sequence, odd head dims, each gate form, beta logits doubled, V-first bf16 states; o and
+    the final state against the fp64 recurrence, an f32 state given."""
+    from kfc.nn.kda import chunk_kda
+    from kfc.reference.kda import kda_fla_gated
+
+    B, lengths, H, HV, K, V, dtype, options, chunk = ENTRY_CASES[case]
+    g = torch.Generator().manual_seed(case)
+    T = sum(lengths) if lengths else 200
+    N = len(lengths) if lengths else B
+    q, k = (torch.randn(B, T, H, K, generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, HV, V, generator=g).to(dtype)
+    raw = torch.randn(B, T, HV, K, generator=g)
+    beta = torch.randn(B, T, HV, generator=g)
+    h0 = torch.randn(N, HV, K, V, generator=g)
+    A_log, dt_bias = torch.rand(HV, generator=g), torch.randn(HV * K, generator=g)
+    gate_in = options.get("use_gate_in_kernel", False)
+    gate = raw if gate_in else torch.nn.functional.logsigmoid(raw - 2)
+    if not gate_in:
+        gate[torch.rand(gate.shape, generator=g) < 0.02] = -1e5  # resets
+    if not options.get("use_qk_l2norm_in_kernel"):
+        q, k = (torch.nn.functional.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
+    b = beta if options.get("use_beta_sigmoid_in_kernel") else beta.sigmoid()
+    cu = None if lengths is None else torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int64)
+    v_first = options.get("state_v_first", False)
+    state = h0.transpose(-1, -2).contiguous() if v_first else h0
+    with torch.no_grad():
+        o, ht = chunk_kda(q.cuda(), k.cuda(), v.cuda(), gate.cuda(), b.cuda(), initial_state=state.cuda(),
+                          output_final_state=True, A_log=A_log.cuda() if gate_in else None,
+                          dt_bias=dt_bias.cuda() if gate_in else None,
+                          cu_seqlens=None if cu is None else cu.cuda(), chunk_size=chunk, **options)
+    torch.cuda.synchronize()
+    form = 2 if options.get("safe_gate") else 1 if gate_in else 0
+    flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
+    offsets = cu if cu is not None else torch.arange(B + 1) * T
+    want_o, want_ht = kda_fla_gated(flat(q), flat(k), flat(v), flat(gate), flat(b), A_log if gate_in else None,
+                                    dt_bias if gate_in else None, offsets, h0=h0, gate_form=form,
+                                    lower_bound=options.get("lower_bound", -5.0),
+                                    qk_l2norm=int(options.get("use_qk_l2norm_in_kernel", False)),
+                                    beta_logits=int(options.get("use_beta_sigmoid_in_kernel", False)),
+                                    beta_max=2.0 if options.get("allow_neg_eigval") else 1.0)
+    got_ht = ht.transpose(-1, -2) if v_first else ht
+    for name, got, ref in (("o", flat(o), want_o), ("ht", got_ht, want_ht)):
+        _, rel, ok, note = compare(got.float().cpu().numpy(), ref.float().numpy(), TOLERANCE)
+        assert ok, f"case {case}: {name}: {note or f'relative RMSE {rel:.3g}'}"
+
+
+@pytest.mark.parametrize("state", [None, torch.float32, torch.bfloat16])
+def test_flash_kda_fwd_in_flashkdas_interface_on_the_gpu(state):
+    """kfc.nn.kda.flash_kda_fwd with FlashKDA's arguments: a batch of two (B > 1, no offsets),
+    K = V = 128, states V-first in f32 or bf16 or none, out and final_state written in place."""
+    from kfc.nn.kda import flash_kda_fwd
+    from kfc.reference.kda import kda_flashkda
+
+    g = torch.Generator().manual_seed(7)
+    B, T, H, K = 2, 257, 3, 128
+    q, k, v, raw = (torch.randn(B, T, H, K, generator=g).bfloat16() for _ in range(4))
+    beta = torch.randn(B, T, H, generator=g).bfloat16()
+    A_log, dt_bias = torch.rand(H, generator=g), torch.rand(H, K, generator=g)
+    h0 = None if state is None else torch.randn(B, H, K, K, generator=g).to(state)
+    out = torch.full((B, T, H, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    final = None if state is None else torch.full((B, H, K, K), float("nan"), dtype=state, device="cuda")
+    flash_kda_fwd(q.cuda(), k.cuda(), v.cuda(), raw.cuda(), beta.cuda(), K ** -0.5, out, A_log.cuda(), dt_bias.cuda(),
+                  -5.0, initial_state=None if h0 is None else h0.cuda(), final_state=final)
+    torch.cuda.synchronize()
+    flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
+    want_o, want_ht = kda_flashkda(flat(q), flat(k), flat(v), flat(raw), flat(beta), A_log, dt_bias,
+                                   torch.arange(B + 1) * T, h0=None if h0 is None else h0.float())
+    pairs = [("out", flat(out), want_o)] + ([] if final is None else [("final_state", final, want_ht)])
+    for name, got, ref in pairs:
+        _, rel, ok, note = compare(got.float().cpu().numpy(), ref.float().numpy(), TOLERANCE)
+        assert ok, f"state {state}: {name}: {note or f'relative RMSE {rel:.3g}'}"

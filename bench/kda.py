@@ -1,0 +1,213 @@
+"""Kimi Delta Attention's forward: kfc against FlashKDA and fla, in one run on one GPU.
+
+    python -m bench.kda [--cases T=8192:H=96,varlen=1300+547+2048:H=96,...] [--chunks 16,32,64]
+                        [--state none|f32|bf16] [--out FILE]
+
+FlashKDA's interface (its benchmark's): B = 1, K = V = 128, bf16 q, k, v, raw gates and beta
+logits, the gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound -5, q and k
+L2-normalised in the kernel, states V-first. Contenders: `flashkda` (flash_kda.fwd, where it
+imports: build it with ../shared/peers/flashkda.sh), `fla` (fla's chunk_kda with
+use_gate_in_kernel, safe_gate, use_qk_l2norm_in_kernel and use_beta_sigmoid_in_kernel, its state
+[K, V]-first) and `kfc[C=..]` (kfc.nn.kda.flash_kda_fwd, kernels/kda_fwd_flashkda.kfc at each
+chunk). Every contender's o (and final state) is first checked against the float64 recurrence
+(kfc.reference.kda.kda_flashkda): relative RMSE within 2e-2, a wrong contender is not timed and
+the run exits non-zero; the error is recorded. Timing: eager, triton.testing.do_bench median with
+the L2 flushed before each call (the headline); CUDA graph, do_bench_cudagraph median, beside it.
+`speedup_vs_<peer>` = the peer's eager time / kfc's best chunk's (> 1: kfc faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+from . import harness
+from .provenance import save
+
+CASES = ["T=8192:H=96", "T=8192:H=64", "varlen=1300+547+2048+963+271+3063:H=96", "varlen=8x1024:H=96"]
+K = V = 128
+LOWER_BOUND = -5.0
+TOL = 2e-2  # relative RMSE against the float64 recurrence; FlashKDA computes in bf16 on tensor cores
+
+
+def parse_case(text: str) -> tuple[list[int], int]:
+    """'T=8192:H=96' -> ([8192], 96); 'varlen=1300+547:H=96' -> ([1300, 547], 96); 'varlen=8x1024:H=96'."""
+    fields = dict(part.split("=", 1) for part in text.split(":"))
+    if "T" in fields:
+        lengths = [int(fields["T"])]
+    else:
+        spec = fields["varlen"]
+        lengths = ([int(spec.split("x")[1])] * int(spec.split("x")[0]) if "x" in spec
+                   else [int(x) for x in spec.split("+")])
+    return lengths, int(fields["H"])
+
+
+def inputs(lengths: list[int], H: int, state: str, seed: int = 0):
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lengths)
+    unit = lambda: F.normalize(torch.randn(1, T, H, K, device="cuda", generator=g), dim=-1).bfloat16()  # noqa: E731
+    x = dict(q=unit(), k=unit(), v=torch.randn(1, T, H, V, device="cuda", generator=g).bfloat16(),
+             g=torch.randn(1, T, H, K, device="cuda", generator=g).bfloat16(),
+             beta=torch.randn(1, T, H, device="cuda", generator=g).bfloat16(),
+             A_log=torch.rand(H, device="cuda", generator=g), dt_bias=torch.rand(H, K, device="cuda", generator=g),
+             cu_seqlens=torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64, device="cuda"))
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}.get(state)
+    x["h0"] = None if dtype is None else (torch.randn(len(lengths), H, V, K, device="cuda", generator=g) * 0.1).to(dtype)
+    return x
+
+
+def contenders(x: dict, chunks: list[int]) -> dict:
+    """name -> a call returning (o, final state V-first or None), or a string saying why it is absent."""
+    import torch
+
+    import kfc.nn.kda as kda
+
+    scale = K ** -0.5
+    out = torch.empty_like(x["v"])
+    final = None if x["h0"] is None else torch.empty_like(x["h0"])
+    calls: dict = {}
+
+    def flashkda():
+        import flash_kda
+
+        def call():
+            flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, out, x["A_log"], x["dt_bias"], LOWER_BOUND,
+                          initial_state=x["h0"], final_state=final, cu_seqlens=x["cu_seqlens"])
+            return out, final
+        return call
+    calls["flashkda"] = harness.safe(flashkda)
+
+    def fla():
+        from fla.ops.kda import chunk_kda
+
+        h0 = None if x["h0"] is None else x["h0"].float().transpose(-1, -2).contiguous()  # fla: f32 [K, V]
+
+        def call():
+            o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale, initial_state=h0,
+                              output_final_state=h0 is not None, use_qk_l2norm_in_kernel=True,
+                              use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"].reshape(-1),
+                              safe_gate=True, lower_bound=LOWER_BOUND, use_beta_sigmoid_in_kernel=True,
+                              cu_seqlens=x["cu_seqlens"])
+            return o, None if ht is None else ht.transpose(-1, -2)
+        return call
+    calls["fla"] = harness.safe(fla)
+
+    for c in chunks:
+        def kfc_call(c=c):
+            kfc_out = torch.empty_like(x["v"])
+            kfc_final = None if x["h0"] is None else torch.empty_like(x["h0"])
+
+            def call():
+                kda.flash_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, kfc_out, x["A_log"], x["dt_bias"],
+                                  LOWER_BOUND, initial_state=x["h0"], final_state=kfc_final,
+                                  cu_seqlens=x["cu_seqlens"], chunk_size=c)
+                return kfc_out, kfc_final
+            return call
+        calls[f"kfc[C={c}]"] = harness.safe(kfc_call)
+    return calls
+
+
+def run(cases: list[str], chunks: list[int], state: str) -> tuple[list[dict], list[str]]:
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    from kfc.reference.kda import kda_flashkda
+
+    rows, failures = [], []
+    for case in cases:
+        lengths, H = parse_case(case)
+        x = inputs(lengths, H, state)
+        with torch.no_grad():
+            want_o, want_ht = kda_flashkda(x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"],
+                                           x["cu_seqlens"], h0=x["h0"], scale=K ** -0.5, lower_bound=LOWER_BOUND)
+        row: dict = {"case": case, "T": sum(lengths), "H": H, "sequences": len(lengths), "state": state}
+        for name, call in contenders(x, chunks).items():
+            if isinstance(call, str):
+                row[name] = {"ok": False, "error": call}
+                continue
+            try:
+                with torch.no_grad():
+                    o, ht = call()
+                    torch.cuda.synchronize()
+                    errors = {"o": harness.wrong(o, want_o, TOL)}
+                    if ht is not None:
+                        errors["ht"] = harness.wrong(ht, want_ht, TOL)
+                    problem = "; ".join(f"{k}: {v}" for k, v in errors.items() if v)
+                    if problem:
+                        row[name] = {"ok": False, "error": f"wrong before timing: {problem}"}
+                        failures.append(f"{case} {name}: {problem}")
+                        continue
+                    rel = rel_rmse(o, want_o)
+                    eager = harness.time_eager(call, ())
+                    graph = do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3
+                row[name] = {"ok": True, "rel_rmse_o": rel, "eager_ms": eager / 1e3, "graph_ms": graph / 1e3}
+            except Exception as e:  # noqa: BLE001 - a failing contender is a result, not a crash
+                row[name] = harness.failed(e)
+                failures.append(f"{case} {name}: {row[name]['error']}")
+        kfc_best = min((v["eager_ms"], k) for k, v in row.items() if k.startswith("kfc") and isinstance(v, dict)
+                       and v.get("ok")) if any(k.startswith("kfc") and isinstance(v, dict) and v.get("ok")
+                                               for k, v in row.items()) else None
+        if kfc_best is not None:
+            row["kfc_best"] = kfc_best[1]
+            for peer in ("flashkda", "fla"):
+                if row.get(peer, {}).get("ok"):
+                    row[f"speedup_vs_{peer}_eager"] = row[peer]["eager_ms"] / kfc_best[0]
+        rows.append(row)
+        print(line(row), flush=True)
+    return rows, failures
+
+
+def rel_rmse(out, ref) -> float:
+    d = (out.double() - ref.double()).pow(2).mean().sqrt()
+    return float(d / ref.double().pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+def line(row: dict) -> str:
+    cells = []
+    for k, v in row.items():
+        if isinstance(v, dict):
+            cells.append(f"{k} {v['eager_ms']:.3f} ms ({v['graph_ms']:.3f} graph)" if v.get("ok") else f"{k} -")
+    return f"{row['case']}: " + ", ".join(cells)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.kda", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", help="comma-separated T=..:H=.. or varlen=a+b+..:H=.. (or varlen=NxL:H=..); "
+                                    "default: " + ",".join(CASES))
+    ap.add_argument("--chunks", default="16,32,64", help="kfc's chunk sizes to time, each a contender (default 16,32,64)")
+    ap.add_argument("--state", choices=["none", "f32", "bf16"], default="none",
+                    help="the initial and final state: absent (the default, FlashKDA's headline) or in this dtype")
+    ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
+    args = ap.parse_args(argv)
+    cases = args.cases.split(",") if args.cases else CASES
+    chunks = [int(c) for c in args.chunks.split(",")]
+    rows, failures = run(cases, chunks, args.state)
+    prov = harness.provenance(["fla-core", "flash_kda"])
+    payload = {"op": "kda forward, FlashKDA's interface", "dtype": "bf16 inputs and o; K = V = 128",
+               "state": args.state, "check": f"relative RMSE of o (and the final state) to the float64 recurrence < {TOL}",
+               "timing": "eager: triton.testing.do_bench median, L2 flushed before each call; "
+                         "graph: triton.testing.do_bench_cudagraph median",
+               "speedup": "peer eager time / kfc's best chunk's eager time (> 1: kfc faster)",
+               "env": prov, "cases": rows, "failures": failures}
+    path = save("kda", payload, also=args.out)
+    print(f"saved {path}")
+    names = [k for k in rows[0] if isinstance(rows[0][k], dict)] if rows else []
+    print(f"\nKDA forward on {prov.get('gpu', '?')}: eager ms (CUDA graph ms)")
+    print("| case | " + " | ".join(names) + " | kfc best vs FlashKDA | vs fla |")
+    print("|---" * (len(names) + 3) + "|")
+    for r in rows:
+        cells = [f"{r[n]['eager_ms']:.3f} ({r[n]['graph_ms']:.3f})" if r[n].get("ok") else "-" for n in names]
+        sp = [f"{r[k]:.3f}x" if k in r else "-" for k in ("speedup_vs_flashkda_eager", "speedup_vs_fla_eager")]
+        print(f"| {r['case']} | " + " | ".join(cells) + " | " + " | ".join(sp) + " |")
+    for f in failures:
+        print(f"FAILED {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Kimi Delta Attention's forward from torch, in fla's and FlashKDA's interfaces.
+
+    o, ht = kfc.nn.kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    kfc.nn.kda.flash_kda_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+                             initial_state=h0, final_state=ht, cu_seqlens=cu)
+
+chunk_kda takes fla's `chunk_kda` arguments with their meanings and runs kernels/kda_fwd_fla.kfc,
+whose run-time switches carry fla's options (the gate given or computed in the kernel, its
+lower-bound form, q/k L2 norm, beta as logits), so one compiled kernel serves every call.
+flash_kda_fwd takes FlashKDA's `fwd` arguments and runs kernels/kda_fwd_flashkda.kfc, writing
+`out` and `final_state` in place.
+
+A batch B > 1 without cu_seqlens runs as B packed sequences of T (a view and an offsets tensor).
+Inputs the kernels take in one dtype are converted first: g and beta to f32 for chunk_kda (fla's
+log-space gates are f32 already; raw bf16 gates convert exactly), cu_seqlens to int64 for
+FlashKDA's. `state_v_first` transposes the state on the way in and out (a copy of each).
+Forward only: a call whose outputs would need a gradient is refused, not silently detached.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..diagnostics import KfcError
+from ..library import kernel
+from .ops import ready
+
+CHUNKS = (64, 32, 16)  # the chunk sizes the kernels are written for (their type parameter C)
+DEFAULT_CHUNK = 16      # FlashKDA's chunk, and the least shared memory per CTA of the three
+INPUT_DTYPES = (torch.bfloat16, torch.float16)
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
+
+
+def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
+              initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+              use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+              safe_gate: bool = False, lower_bound: Optional[float] = None, disable_recompute: bool = False,
+              return_intermediate_states: bool = False, state_v_first: bool = False,
+              cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None,
+              cp_context=None, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+              chunk_size: Optional[int] = None, **kwargs):
+    """fla's `chunk_kda` forward: (o [B, T, HV, V], final state [N, HV, K, V] or None).
+
+    q, k [B, T, H, K] and v [B, T, HV, V] in bf16 or f16 (HV a multiple of H); g [B, T, HV, K]
+    log-space gates, or raw ones with use_gate_in_kernel (then A_log [HV], dt_bias [HV * K]);
+    beta [B, T, HV] probabilities, or logits with use_beta_sigmoid_in_kernel. initial_state in f32
+    or bf16, [N, HV, K, V] ([N, HV, V, K] with state_v_first); the final state has its dtype (f32
+    without one). chunk_size 16, 32 or 64 (default 16) changes the speed, not the result.
+    disable_recompute and cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused."""
+    what = "chunk_kda"
+    if "transpose_state_layout" in kwargs:  # fla's former name of state_v_first
+        state_v_first = bool(kwargs.pop("transpose_state_layout")) or state_v_first
+    if kwargs:
+        raise KfcError(f"{what}: unexpected argument {next(iter(kwargs))!r}",
+                       hint="kfc.nn.kda.chunk_kda takes fla's chunk_kda arguments; see its docstring")
+    if return_intermediate_states:
+        raise KfcError(f"{what}: return_intermediate_states is not supported: kfc's kernel keeps each chunk's "
+                       "state on chip", hint="call without it; the final state comes with output_final_state=True")
+    if cp_context is not None:
+        raise KfcError(f"{what}: context parallelism (cp_context) is not supported",
+                       hint="run each device's sequences with cu_seqlens and pass states between them")
+    chunk = _chunk(what, chunk_size)
+    B, T, H, K, HV, V = _shapes(what, q, k, v, g, beta, gate_heads=True)
+    if q.dtype not in INPUT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise KfcError(f"{what}: q, k, v are {q.dtype}, {k.dtype}, {v.dtype}; kfc's kernel takes them all "
+                       "bfloat16 or all float16", hint="convert them with .to(torch.bfloat16)")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise KfcError(f"{what}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True",
+                       hint="pass beta as logits with use_beta_sigmoid_in_kernel=True")
+    gate_form = GATE_GIVEN
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise KfcError(f"{what}: A_log must be given with use_gate_in_kernel=True", hint="pass A_log of [HV] values")
+        gate_form = GATE_SOFTPLUS
+        if safe_gate:
+            if lower_bound is None or not -5 <= lower_bound < 0:
+                raise KfcError(f"{what}: safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0), "
+                               f"got {lower_bound}", hint="pass lower_bound=-5.0")
+            gate_form = GATE_LOWER_BOUND
+    N, offsets = _sequences(what, cu_seqlens, B, T, q.device, torch.int32)
+    state = _state(what, initial_state, N, HV, K, V, state_v_first)
+    _forward_only(what, q, k, v, g, beta, initial_state, A_log, dt_bias)
+
+    given = dict(q=_packed(q), k=_packed(k), v=_packed(v), g=_packed(g.float()), beta=_packed(beta.float()),
+                 cu_seqlens=offsets)
+    if use_gate_in_kernel:
+        given["A_log"] = _vector(what, "A_log", A_log, (HV,))
+        if dt_bias is not None:
+            given["dt_bias"] = _vector(what, "dt_bias", dt_bias, (HV, K))
+    if state is not None:
+        given["h0"] = state
+    sd = torch.float32 if state is None else state.dtype
+    o = torch.empty(1, B * T, HV, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty(N, HV, K, V, dtype=sd, device=q.device)
+    given.update(scale=float(K ** -0.5 if scale is None else scale), gate_form=gate_form,
+                 lower_bound=float(-5.0 if lower_bound is None else lower_bound),
+                 qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), beta_logits=int(bool(use_beta_sigmoid_in_kernel)),
+                 beta_max=2.0 if allow_neg_eigval else 1.0)
+    run("kda_fwd_fla", dict(C=chunk, SD=_kfc_dtype(sd)), given, (o, ht))
+    final = None
+    if output_final_state:
+        final = ht.transpose(-1, -2).contiguous() if state_v_first else ht
+    return o.reshape(B, T, HV, V), final
+
+
+def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, out: Tensor,
+                  A_log: Tensor, dt_bias: Tensor, lower_bound: float, initial_state: Optional[Tensor] = None,
+                  final_state: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
+                  chunk_size: Optional[int] = None) -> None:
+    """FlashKDA's `fwd`: writes o into `out` [B, T, H, V] and, when given, the final state into
+    `final_state`. q, k, v, g (raw gates), beta (logits) in bf16 [B, T, H, ...]; A_log [H] and
+    dt_bias [H, K] in f32; states V-first, [N, H, V, K], in bf16 or f32; cu_seqlens int32 or int64
+    with B = 1. Any K and V the shared memory holds (FlashKDA's own: 128)."""
+    what = "flash_kda_fwd"
+    chunk = _chunk(what, chunk_size)
+    B, T, H, K, _, V = _shapes(what, q, k, v, g, beta, gate_heads=False)
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("out", out)):
+        if t.dtype != torch.bfloat16:
+            raise KfcError(f"{what}: {name} is {t.dtype}; FlashKDA's interface takes it in bfloat16",
+                           hint=f"convert it with {name}.to(torch.bfloat16)")
+    if tuple(out.shape) != (B, T, H, V):
+        raise KfcError(f"{what}: out has shape {tuple(out.shape)}, not v's {(B, T, H, V)}")
+    N, offsets = _sequences(what, cu_seqlens, B, T, q.device, torch.int64)
+    state = _state(what, initial_state, N, H, V, K, False)
+    if final_state is not None:
+        _state(what, final_state, N, H, V, K, False, name="final_state")
+        if state is not None and final_state.dtype != state.dtype:
+            raise KfcError(f"{what}: initial_state is {state.dtype} and final_state {final_state.dtype}; "
+                           "FlashKDA's states share one dtype", hint="pass both in bfloat16 or both in float32")
+    _forward_only(what, q, k, v, g, beta, initial_state, A_log, dt_bias)
+    sd = state.dtype if state is not None else final_state.dtype if final_state is not None else torch.float32
+    ht = final_state if final_state is not None and final_state.is_contiguous() else \
+        torch.empty(N, H, V, K, dtype=sd, device=q.device)
+    o = out if out.is_contiguous() and out.data_ptr() % 16 == 0 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    given = dict(q=_packed(q), k=_packed(k), v=_packed(v), g=_packed(g), beta=_packed(beta),
+                 A_log=_vector(what, "A_log", A_log, (H,)), dt_bias=_vector(what, "dt_bias", dt_bias, (H, K)),
+                 cu_seqlens=offsets)
+    if state is not None:
+        given["h0"] = state
+    given.update(scale=float(scale), lower_bound=float(lower_bound))
+    run("kda_fwd_flashkda", dict(C=chunk, SD=_kfc_dtype(sd)), given, (o.view(1, B * T, H, V), ht))
+    if o is not out:
+        out.copy_(o)
+    if final_state is not None and ht is not final_state:
+        final_state.copy_(ht)
+
+
+def run(name: str, bind: dict, given: dict, outs: tuple) -> None:
+    """Launch the shipped kernel `name` (its chunk and state dtype bound) on the inputs by name,
+    writing `outs`. One place, so a test may run the interpreter here instead."""
+    kernel(name, **bind)(**given, out=outs)
+
+
+# --- argument checks shared by both interfaces -------------------------------------------------
+
+def _chunk(what: str, chunk_size: Optional[int]) -> int:
+    chunk = DEFAULT_CHUNK if chunk_size is None else chunk_size
+    if chunk not in CHUNKS:
+        raise KfcError(f"{what}: chunk_size must be one of {', '.join(map(str, CHUNKS))}, got {chunk_size}",
+                       hint="leave it out for the default, 16")
+    return int(chunk)
+
+
+def _shapes(what: str, q, k, v, g, beta, gate_heads: bool):
+    """B, T, H, K, HV, V, each tensor's shape checked against q's and v's."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(t, Tensor):
+            raise KfcError(f"{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or v.dim() != 4:
+        raise KfcError(f"{what}: q must be [B, T, H, K] and v [B, T, HV, V], got {tuple(q.shape)} and {tuple(v.shape)}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if tuple(k.shape) != tuple(q.shape):
+        raise KfcError(f"{what}: k has shape {tuple(k.shape)}, not q's {tuple(q.shape)}")
+    if tuple(v.shape[:2]) != (B, T):
+        raise KfcError(f"{what}: v has shape {tuple(v.shape)}; its batch and length must be q's, {(B, T)}")
+    if HV % H or (not gate_heads and HV != H):
+        raise KfcError(f"{what}: v has {HV} heads and q {H}; " +
+                       ("the value heads must be a multiple of q's" if gate_heads else "they must be equal"))
+    if tuple(g.shape) != (B, T, HV, K):
+        raise KfcError(f"{what}: g has shape {tuple(g.shape)}, not {(B, T, HV, K)} ([B, T, HV, K])")
+    if tuple(beta.shape) != (B, T, HV):
+        raise KfcError(f"{what}: beta has shape {tuple(beta.shape)}, not {(B, T, HV)} ([B, T, HV])")
+    return B, T, H, K, HV, V
+
+
+def _sequences(what: str, cu_seqlens: Optional[Tensor], B: int, T: int, device, dtype) -> tuple[int, Tensor]:
+    """The number of sequences and their offsets on the device: cu_seqlens as given (int32 or
+    int64, converted where the kernel takes the other), else B sequences of T."""
+    if cu_seqlens is None:
+        return B, torch.arange(0, B + 1, dtype=dtype, device=device) * T
+    if B != 1:
+        raise KfcError(f"{what}: with cu_seqlens the batch size must be 1, got {B}",
+                       hint="flatten the sequences into one: x.reshape(1, -1, *x.shape[2:])")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise KfcError(f"{what}: cu_seqlens must be a 1-D int32 or int64 tensor of N + 1 offsets, got "
+                       f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+    offsets = cu_seqlens.to(device=device, dtype=torch.int64 if dtype == torch.int64 else cu_seqlens.dtype)
+    return cu_seqlens.numel() - 1, ready(offsets)
+
+
+def _state(what: str, state: Optional[Tensor], N: int, HV: int, K: int, V: int, v_first: bool,
+           name: str = "initial_state") -> Optional[Tensor]:
+    """The state as the kernel reads it, [N, HV, K, V] (transposed from [N, HV, V, K] when v_first)."""
+    if state is None:
+        return None
+    want = (N, HV, V, K) if v_first else (N, HV, K, V)
+    if tuple(state.shape) != want:
+        raise KfcError(f"{what}: {name} has shape {tuple(state.shape)}, not {want} (one state per sequence)")
+    if state.dtype not in STATE_DTYPES:
+        raise KfcError(f"{what}: {name} is {state.dtype}; kfc's kernels keep states in float32 or bfloat16",
+                       hint=f"convert it with {name}.float()")
+    return ready(state.transpose(-1, -2) if v_first else state)
+
+
+def _vector(what: str, name: str, t: Tensor, shape: tuple) -> Tensor:
+    """A per-head parameter as the kernel reads it: f32, in `shape` (fla's [HV * K] dt_bias as [HV, K])."""
+    if t.numel() != torch.Size(shape).numel():
+        raise KfcError(f"{what}: {name} has {t.numel()} elements, not {' x '.join(map(str, shape))}")
+    return ready(t.detach().reshape(shape).float())
+
+
+def _packed(x: Tensor) -> Tensor:
+    """[B, T, ...] as one packed sequence [1, B * T, ...]."""
+    return ready(x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:]))
+
+
+def _forward_only(what: str, *tensors: Optional[Tensor]) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise KfcError(f"{what}: kfc computes KDA's forward only; these inputs require a gradient",
+                       hint="call it under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
+
+
+def _kfc_dtype(dtype: torch.dtype) -> str:
+    return {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]

@@ -1,0 +1,160 @@
+"""kfc.nn.kda: fla's chunk_kda and FlashKDA's fwd mapped onto the shipped KDA kernels. The
+kernel launch is replaced by the interpreter on the same kernel (kfc.nn.kda.run), so each
+interface's argument mapping (gate forms, L2 norm, beta logits, batches, grouped heads, state
+layouts and dtypes) is checked on the CPU against the float64 recurrence; the GPU runs the same
+calls in tests/gpu/test_kda_gpu.py."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kfc.check.runner import compare
+from kfc.diagnostics import KfcError
+from kfc.frontend import load_kfc
+from kfc.frontend.spec import instantiate
+from kfc.ir.interpreter import run
+from kfc.runtime.kernel import dtype_of_torch
+from kfc.library import kernel_path
+from kfc.nn import kda
+from kfc.reference.kda import kda_fla_gated, kda_flashkda, kda_recurrent
+
+TOLERANCE = 5e-3  # the kernels' own (kernels/kda_fwd_fla.kfc's check)
+
+
+def interpreted(name, bind, given, outs):
+    """kda.run on the interpreter: the kernel instantiated for the tensors' dtypes, as the
+    runtime instantiates it, run on their values, its outputs copied into `outs`."""
+    spec = load_kfc(kernel_path(name), {k: str(v) for k, v in bind.items()})
+    dtypes = {tv: dtype_of_torch(given[p].dtype).value for p, tv in spec.typed_params.items()
+              if isinstance(given.get(p), torch.Tensor)}
+    func = instantiate(spec, {**spec.dtypes, **dtypes}).func
+    types = {a.name: a.ttype.dtype for a in func.args}
+    args = {n: (v.float().numpy().astype(types[n].np) if v.is_floating_point() else v.numpy())
+            if isinstance(v, torch.Tensor) else v for n, v in given.items()}
+    got = run(func, args)
+    for out, v in zip(outs, func.outputs):
+        out.copy_(torch.from_numpy(got[v.name].astype(np.float32)).reshape(out.shape))
+
+
+@pytest.fixture(autouse=True)
+def on_the_interpreter(monkeypatch):
+    monkeypatch.setattr(kda, "run", interpreted)
+
+
+def close(name, got, want):
+    _, rel, ok, note = compare(got.float().numpy(), want.float().numpy(), TOLERANCE)
+    assert ok, f"{name}: {note or f'relative RMSE {rel:.3g}'}"
+
+
+def draw(B, T, H, HV, K, V, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=g).to(dtype)
+    k = torch.randn(B, T, H, K, generator=g).to(dtype)
+    v = torch.randn(B, T, HV, V, generator=g).to(dtype)
+    raw = torch.randn(B, T, HV, K, generator=g)
+    beta = torch.randn(B, T, HV, generator=g)
+    h0 = torch.randn(B, HV, K, V, generator=g)
+    return q, k, v, raw, beta, h0
+
+
+def test_fla_default_gates_given_batch_of_two():
+    """fla's default: log-space gates (f32, with resets of -1e3), q and k normalised by the caller,
+    beta as probabilities; B = 2 without cu_seqlens runs as two packed sequences."""
+    q, k, v, raw, beta, h0 = draw(2, 21, 2, 2, 8, 8)
+    q, k = (F.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+    g = F.logsigmoid(raw)
+    g[..., 0, 0] = -1e3
+    o, ht = kda.chunk_kda(q, k, v, g, beta.sigmoid().bfloat16(), initial_state=h0, output_final_state=True)
+    want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), beta.sigmoid().bfloat16().double(),
+                                    None, h0.double())
+    assert o.shape == v.shape and o.dtype == torch.bfloat16 and ht.dtype == torch.float32
+    close("o", o, want_o)
+    close("ht", ht, want_ht)
+
+
+def test_fla_gate_in_kernel_with_grouped_heads_and_int64_offsets():
+    """use_gate_in_kernel (softplus form, fla's dt_bias [HV * K]) with the L2 norm in the kernel,
+    two value heads a q/k head, varlen with int64 offsets, f16 inputs, the chunk 16."""
+    q, k, v, raw, beta, _ = draw(1, 40, 1, 2, 8, 8, dtype=torch.float16)
+    cu = torch.tensor([0, 13, 40], dtype=torch.int64)
+    h0 = torch.randn(2, 2, 8, 8)  # a state per sequence
+    A_log, dt_bias = torch.randn(2), torch.randn(2 * 8)
+    o, ht = kda.chunk_kda(q, k, v, raw.half(), beta.sigmoid().half(), initial_state=h0, output_final_state=True,
+                          use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                          cu_seqlens=cu, chunk_size=16)
+    want_o, want_ht = kda_fla_gated(q, k, v, raw.half(), beta.sigmoid().half(), A_log, dt_bias, cu, h0=h0)
+    assert o.dtype == torch.float16
+    close("o", o, want_o)
+    close("ht", ht, want_ht)
+
+
+def test_fla_safe_gate_beta_logits_and_state_v_first():
+    """safe_gate with the gate in the kernel (lower_bound * sigmoid), beta as logits doubled
+    (allow_neg_eigval), the state V-first in and out, in bf16."""
+    q, k, v, raw, beta, h0 = draw(1, 30, 2, 2, 8, 16)
+    h0 = h0.bfloat16()
+    A_log = torch.randn(2)
+    o, ht = kda.chunk_kda(q, k, v, raw.bfloat16(), beta.bfloat16(), initial_state=h0.transpose(-1, -2).contiguous(),
+                          output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                          A_log=A_log, safe_gate=True, lower_bound=-3.0, use_beta_sigmoid_in_kernel=True,
+                          allow_neg_eigval=True, state_v_first=True, chunk_size=32)
+    cu = torch.tensor([0, 30])
+    want_o, want_ht = kda_fla_gated(q, k, v, raw.bfloat16(), beta.bfloat16(), A_log, None, cu, h0=h0.float(),
+                                    gate_form=2, lower_bound=-3.0, beta_logits=1, beta_max=2.0)
+    assert ht.dtype == torch.bfloat16 and ht.shape == (1, 2, 16, 8)
+    close("o", o, want_o)
+    close("ht", ht.transpose(-1, -2), want_ht)
+
+
+def test_fla_without_final_state_returns_none():
+    q, k, v, raw, beta, _ = draw(1, 9, 1, 1, 8, 8)
+    o, ht = kda.chunk_kda(q, k, v, F.logsigmoid(raw), beta.sigmoid().bfloat16(), use_qk_l2norm_in_kernel=True)
+    assert ht is None and o.shape == (1, 9, 1, 8)
+
+
+def test_flash_kda_fwd_writes_out_and_the_final_state_in_place():
+    """FlashKDA's fwd: a batch of two, bf16 states V-first, out and final_state written in place."""
+    q, k, v, raw, beta, h0 = draw(2, 19, 2, 2, 16, 8)
+    A_log, dt_bias = torch.randn(2) * 0.5, torch.randn(2, 16)
+    h0 = h0.transpose(-1, -2).contiguous().bfloat16()  # [N, H, V, K]
+    out = torch.full_like(v, float("nan"))
+    final = torch.full_like(h0, float("nan"))
+    assert kda.flash_kda_fwd(q, k, v, raw.bfloat16(), beta.bfloat16(), 0.25, out, A_log, dt_bias, -5.0,
+                             initial_state=h0, final_state=final) is None
+    cu = torch.tensor([0, 19, 38])
+    want_o, want_ht = kda_flashkda(*(x.reshape(1, 38, *x.shape[2:]) for x in (q, k, v, raw.bfloat16(), beta.bfloat16())),
+                                   A_log, dt_bias, cu, h0=h0.float(), scale=0.25)
+    close("out", out.reshape(1, 38, 2, 8), want_o)
+    close("final_state", final, want_ht)
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(allow_neg_eigval=True), "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
+    (dict(use_gate_in_kernel=True), "A_log must be given"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(1), safe_gate=True), "needs lower_bound in \\[-5, 0\\)"),
+    (dict(chunk_size=48), "chunk_size must be one of 64, 32, 16"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 9])), "with cu_seqlens the batch size must be 1, got 2"),
+    (dict(return_intermediate_states=True), "return_intermediate_states is not supported"),
+    (dict(initial_state=torch.zeros(2, 1, 8, 4)), "initial_state has shape \\(2, 1, 8, 4\\), not \\(2, 1, 8, 8\\)"),
+    (dict(bogus=1), "unexpected argument 'bogus'"),
+])
+def test_fla_interface_refuses_what_it_cannot_do_by_name(call, message):
+    q, k, v, raw, beta, _ = draw(2, 9, 1, 1, 8, 8)
+    with pytest.raises(KfcError, match=message):
+        kda.chunk_kda(q, k, v, raw, beta, **call)
+
+
+def test_forward_only_refuses_a_call_that_wants_a_gradient():
+    q, k, v, raw, beta, _ = draw(1, 9, 1, 1, 8, 8)
+    q.requires_grad_(True)
+    with pytest.raises(KfcError, match="forward only"):
+        kda.chunk_kda(q, k, v, raw, beta)
+    with torch.no_grad():
+        kda.chunk_kda(q, k, v, F.logsigmoid(raw), beta.sigmoid())
+
+
+def test_f32_inputs_are_refused_with_the_dtypes_the_kernel_takes():
+    q, k, v, raw, beta, _ = draw(1, 9, 1, 1, 8, 8, dtype=torch.float32)
+    with pytest.raises(KfcError, match="all bfloat16 or all float16"):
+        kda.chunk_kda(q, k, v, raw, beta)
