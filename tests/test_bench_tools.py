@@ -44,3 +44,12 @@ def test_an_ncu_log_reads_back_as_a_line_a_kernel(tmp_path):
     assert fp8.startswith("kfc_kernel_fp8_quant") and "t_ns=158560" in fp8 and "dram%=73.53" in fp8
     assert "ipc=3.00" in fp8 and fp8.endswith("| long_scoreboard=5.1 wait=1.8")
     assert router.startswith("kfc_kernel_router") and "dram%=78.00" in router and "regs=?" in router
+
+
+def test_bench_kda_reads_its_cases_as_flashkdas_benchmark_writes_them():
+    from bench.kda import CASES, parse_case
+
+    assert parse_case("T=8192:H=96") == ([8192], 96)
+    assert parse_case("varlen=1300+547+2048:H=64") == ([1300, 547, 2048], 64)
+    assert parse_case("varlen=8x1024:H=96") == ([1024] * 8, 96)
+    assert [parse_case(c)[1] for c in CASES] == [96, 64, 96, 96]

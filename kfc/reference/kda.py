@@ -111,7 +111,7 @@ def kda_fla_gated(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=N
     multiple of q's and k's H, value head h reads q/k head h // (HV / H). Returns (o, ht)."""
     f = torch.float64
     HV, K = g.shape[-2:]
-    A_log = torch.zeros(HV, dtype=f) if A_log is None else A_log.to(f)
+    A_log = torch.zeros(HV, dtype=f, device=g.device) if A_log is None else A_log.to(f)
     z = g.to(f) + (0.0 if dt_bias is None else dt_bias.to(f).reshape(HV, K)[None, None])
     rate = A_log.exp()[None, None, :, None]
     gate = {0: g.to(f), 1: -rate * torch.nn.functional.softplus(z),
