@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
+from pathlib import Path
 
 from . import harness
 from .provenance import save
@@ -71,6 +73,19 @@ def contenders(x: dict, chunks: list[int]) -> dict:
     final = None if x["h0"] is None else torch.empty_like(x["h0"])
     calls: dict = {}
 
+    for c in chunks:
+        def kfc_call(c=c):
+            kfc_out = torch.empty_like(x["v"])
+            kfc_final = None if x["h0"] is None else torch.empty_like(x["h0"])
+
+            def call():
+                kda.flash_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, kfc_out, x["A_log"], x["dt_bias"],
+                                  LOWER_BOUND, initial_state=x["h0"], final_state=kfc_final,
+                                  cu_seqlens=x["cu_seqlens"], chunk_size=c)
+                return kfc_out, kfc_final
+            return call
+        calls[f"kfc[C={c}]"] = harness.safe(kfc_call)
+
     def flashkda():
         import flash_kda
 
@@ -95,23 +110,12 @@ def contenders(x: dict, chunks: list[int]) -> dict:
             return o, None if ht is None else ht.transpose(-1, -2)
         return call
     calls["fla"] = harness.safe(fla)
-
-    for c in chunks:
-        def kfc_call(c=c):
-            kfc_out = torch.empty_like(x["v"])
-            kfc_final = None if x["h0"] is None else torch.empty_like(x["h0"])
-
-            def call():
-                kda.flash_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, kfc_out, x["A_log"], x["dt_bias"],
-                                  LOWER_BOUND, initial_state=x["h0"], final_state=kfc_final,
-                                  cu_seqlens=x["cu_seqlens"], chunk_size=c)
-                return kfc_out, kfc_final
-            return call
-        calls[f"kfc[C={c}]"] = harness.safe(kfc_call)
     return calls
 
 
-def run(cases: list[str], chunks: list[int], state: str) -> tuple[list[dict], list[str]]:
+def run(cases: list[str], chunks: list[int], state: str, progress=None) -> tuple[list[dict], list[str]]:
+    """Each case's row (contenders checked, then timed) and the failures; `progress(rows,
+    failures)` after each case, so a run stopped part-way keeps what it measured."""
     import torch
     from triton.testing import do_bench_cudagraph
 
@@ -158,6 +162,8 @@ def run(cases: list[str], chunks: list[int], state: str) -> tuple[list[dict], li
                     row[f"speedup_vs_{peer}_eager"] = row[peer]["eager_ms"] / kfc_best[0]
         rows.append(row)
         print(line(row), flush=True)
+        if progress is not None:
+            progress(rows, failures)
     return rows, failures
 
 
@@ -186,15 +192,22 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cases = args.cases.split(",") if args.cases else CASES
     chunks = [int(c) for c in args.chunks.split(",")]
-    rows, failures = run(cases, chunks, args.state)
     prov = harness.provenance(["fla-core", "flash_kda"])
-    payload = {"op": "kda forward, FlashKDA's interface", "dtype": "bf16 inputs and o; K = V = 128",
-               "state": args.state, "check": f"relative RMSE of o (and the final state) to the float64 recurrence < {TOL}",
-               "timing": "eager: triton.testing.do_bench median, L2 flushed before each call; "
-                         "graph: triton.testing.do_bench_cudagraph median",
-               "speedup": "peer eager time / kfc's best chunk's eager time (> 1: kfc faster)",
-               "env": prov, "cases": rows, "failures": failures}
-    path = save("kda", payload, also=args.out)
+
+    def payload(rows, failures):
+        return {"op": "kda forward, FlashKDA's interface", "dtype": "bf16 inputs and o; K = V = 128",
+                "state": args.state,
+                "check": f"relative RMSE of o (and the final state) to the float64 recurrence < {TOL}",
+                "timing": "eager: triton.testing.do_bench median, L2 flushed before each call; "
+                          "graph: triton.testing.do_bench_cudagraph median",
+                "speedup": "peer eager time / kfc's best chunk's eager time (> 1: kfc faster)",
+                "env": prov, "cases": rows, "failures": failures}
+
+    def progress(rows, failures):
+        if args.out:
+            Path(args.out).write_text(json.dumps({"partial": True, **payload(rows, failures)}, indent=2, default=str))
+    rows, failures = run(cases, chunks, args.state, progress)
+    path = save("kda", payload(rows, failures), also=args.out)
     print(f"saved {path}")
     names = [k for k in rows[0] if isinstance(rows[0][k], dict)] if rows else []
     print(f"\nKDA forward on {prov.get('gpu', '?')}: eager ms (CUDA graph ms)")
