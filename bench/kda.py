@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+from kfc.check.tolerance import compare_arrays
+
 from . import harness
 from .provenance import save
 
@@ -145,17 +147,16 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None) -> tuple
                         row[name] = {"ok": False, "error": f"wrong before timing: {problem}"}
                         failures.append(f"{case} {name}: {problem}")
                         continue
-                    rel = rel_rmse(o, want_o)
+                    rel = compare_arrays(o.float(), want_o.float(), TOL).rel_rmse
                     eager = harness.time_eager(call, ())
                     graph = do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3
                 row[name] = {"ok": True, "rel_rmse_o": rel, "eager_ms": eager / 1e3, "graph_ms": graph / 1e3}
             except Exception as e:  # noqa: BLE001 - a failing contender is a result, not a crash
                 row[name] = harness.failed(e)
                 failures.append(f"{case} {name}: {row[name]['error']}")
-        kfc_best = min((v["eager_ms"], k) for k, v in row.items() if k.startswith("kfc") and isinstance(v, dict)
-                       and v.get("ok")) if any(k.startswith("kfc") and isinstance(v, dict) and v.get("ok")
-                                               for k, v in row.items()) else None
-        if kfc_best is not None:
+        timed = [(v["eager_ms"], k) for k, v in row.items() if k.startswith("kfc") and v.get("ok")]
+        if timed:
+            kfc_best = min(timed)
             row["kfc_best"] = kfc_best[1]
             for peer in ("flashkda", "fla"):
                 if row.get(peer, {}).get("ok"):
@@ -165,11 +166,6 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None) -> tuple
         if progress is not None:
             progress(rows, failures)
     return rows, failures
-
-
-def rel_rmse(out, ref) -> float:
-    d = (out.double() - ref.double()).pow(2).mean().sqrt()
-    return float(d / ref.double().pow(2).mean().sqrt().clamp_min(1e-30))
 
 
 def line(row: dict) -> str:

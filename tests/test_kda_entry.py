@@ -11,11 +11,9 @@ import torch.nn.functional as F
 
 from kfc.check.runner import compare
 from kfc.diagnostics import KfcError
-from kfc.frontend import load_kfc
-from kfc.frontend.spec import instantiate
 from kfc.ir.interpreter import run
-from kfc.runtime.kernel import dtype_of_torch
 from kfc.library import kernel_path
+from kfc.runtime.kernel import load
 from kfc.nn import kda
 from kfc.reference.kda import kda_fla_gated, kda_flashkda, kda_recurrent
 
@@ -25,10 +23,7 @@ TOLERANCE = 5e-3  # the kernels' own (kernels/kda_fwd_fla.kfc's check)
 def interpreted(name, bind, given, outs):
     """kda.run on the interpreter: the kernel instantiated for the tensors' dtypes, as the
     runtime instantiates it, run on their values, its outputs copied into `outs`."""
-    spec = load_kfc(kernel_path(name), {k: str(v) for k, v in bind.items()})
-    dtypes = {tv: dtype_of_torch(given[p].dtype).value for p, tv in spec.typed_params.items()
-              if isinstance(given.get(p), torch.Tensor)}
-    func = instantiate(spec, {**spec.dtypes, **dtypes}).func
+    func = load(kernel_path(name), bind=bind).instance_for(given).func
     types = {a.name: a.ttype.dtype for a in func.args}
     args = {n: (v.float().numpy().astype(types[n].np) if v.is_floating_point() else v.numpy())
             if isinstance(v, torch.Tensor) else v for n, v in given.items()}
