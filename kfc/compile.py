@@ -44,6 +44,7 @@ from .passes.accelerate_matmul import AccelerateMatmul
 from .passes.linearize import Linearize
 from .passes.matmul_match import tma_product_rows
 from .passes.split_tiles import SplitReport, SplitTiles
+from .passes.tf32_dots import Tf32Dots
 from .passes.tile import MAX_CLUSTER, Tile
 
 
@@ -176,7 +177,10 @@ def lower_op(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str,
     kind, why_not = program_kind(special)
     pipe = parse_user_pipeline(pipeline) if pipeline is not None else \
         parse_pipeline(default_pipeline(kind, tma_product_rows(special) if kind == "matmul" else None, target))
+    before = (len(ctx.notes), len(ctx.approximations), None if ctx.stages is None else len(ctx.stages))
     lowered = PassManager(pipe, ctx).run(special)
+    if pipeline is None and kind == "tile":
+        pipe, lowered = tile_products_that_fit(special, pipe, lowered, target, ctx, before)
     if kind not in ("row", "matmul", "tile"):
         # why the rank-2 tiles the row passes refuse stayed
         reports = [r for r in ctx.stats.values() if isinstance(r, SplitReport)]
@@ -283,6 +287,34 @@ def wider_tile(lowering: Lowering, target: Target) -> str | None:
     passes = [attrs.evolve(p, cluster=launch.cluster * 2, threads=launch.threads) if p is tiles[0] else p
               for p in lowering.pipeline]
     return ",".join(map(str, passes))
+
+
+def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Target, ctx: PassContext, before):
+    """The default tile pipeline and its IR, or, where the products it puts on tensor cores keep
+    results in shared memory the target does not have, the same pipeline without tf32-dots (the
+    products as f32 loops, their results never stored whole) when that needs fewer bytes. Decided
+    here, before the final IR is anyone's, so that what kfc check interprets is what is built."""
+    kept = [p for p in pipe if not isinstance(p, Tf32Dots)]
+    if len(kept) == len(pipe):
+        return pipe, lowered
+    needed = generate_cuda(lowered)[1].smem_dynamic
+    if needed <= target.smem_per_block:
+        return pipe, lowered
+    plain = parse_pipeline(",".join(map(str, kept)))
+    other = attrs.evolve(ctx, notes=[], approximations=[], stages=None if ctx.stages is None else [], stats={},
+                         timings=[])
+    plain_ir = PassManager(plain, other).run(special)
+    if generate_cuda(plain_ir)[1].smem_dynamic >= needed:
+        return pipe, lowered
+    # the run that is kept replaces the other's records
+    notes, approximations, stages = before
+    ctx.notes[notes:] = other.notes + [("compile", f"the products on tensor cores needed {needed} bytes of shared "
+                                                   f"memory, {target} has {target.smem_per_block}; built with {plain}")]
+    ctx.approximations[approximations:] = other.approximations
+    if stages is not None:
+        ctx.stages[stages:] = other.stages
+    ctx.stats.update(other.stats)
+    return plain, plain_ir
 
 
 def single_role(lowering: Lowering) -> str | None:

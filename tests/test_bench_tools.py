@@ -53,3 +53,18 @@ def test_bench_kda_reads_its_cases_as_flashkdas_benchmark_writes_them():
     assert parse_case("varlen=1300+547+2048:H=64") == ([1300, 547, 2048], 64)
     assert parse_case("varlen=8x1024:H=96") == ([1024] * 8, 96)
     assert [parse_case(c)[1] for c in CASES] == [96, 64, 96, 96]
+
+
+def test_bench_kda_judges_an_output_by_its_relative_rmse_not_element_by_element():
+    import torch
+
+    from bench.kda import TOL, off
+
+    ref = torch.randn(4096, dtype=torch.float64)
+    near = ref * (1 + 1e-3 * torch.randn(4096, dtype=torch.float64))
+    near[7] = ref[7] + 0.1 * ref.abs().max()  # one element far off, as FlashKDA's bf16 products leave some
+    assert off(near, ref) == ""
+    assert "rel RMSE" in off(ref * (1 + 3 * TOL), ref)
+    unwritten = near.clone()
+    unwritten[3] = float("nan")
+    assert "1 not finite" in off(unwritten, ref)

@@ -77,7 +77,7 @@ def test_fla_gate_in_kernel_with_grouped_heads_and_int64_offsets():
     A_log, dt_bias = torch.randn(2), torch.randn(2 * 8)
     o, ht = kda.chunk_kda(q, k, v, raw.half(), beta.sigmoid().half(), initial_state=h0, output_final_state=True,
                           use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-                          cu_seqlens=cu, chunk_size=16)
+                          cu_seqlens=cu)  # the default chunk, 16
     want_o, want_ht = kda_fla_gated(q, k, v, raw.half(), beta.sigmoid().half(), A_log, dt_bias, cu, h0=h0)
     assert o.dtype == torch.float16
     close("o", o, want_o)
@@ -128,7 +128,6 @@ def test_flash_kda_fwd_writes_out_and_the_final_state_in_place():
     (dict(allow_neg_eigval=True), "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
     (dict(use_gate_in_kernel=True), "A_log must be given"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(1), safe_gate=True), "needs lower_bound in \\[-5, 0\\)"),
-    (dict(chunk_size=48), "chunk_size must be one of 64, 32, 16"),
     (dict(cu_seqlens=torch.tensor([0, 5, 9])), "with cu_seqlens the batch size must be 1, got 2"),
     (dict(return_intermediate_states=True), "return_intermediate_states is not supported"),
     (dict(initial_state=torch.zeros(2, 1, 8, 4)), "initial_state has shape \\(2, 1, 8, 4\\), not \\(2, 1, 8, 8\\)"),
@@ -138,6 +137,13 @@ def test_fla_interface_refuses_what_it_cannot_do_by_name(call, message):
     q, k, v, raw, beta, _ = draw(2, 9, 1, 1, 8, 8)
     with pytest.raises(KfcError, match=message):
         kda.chunk_kda(q, k, v, raw, beta, **call)
+
+
+@pytest.mark.parametrize("chunk", [16, 48])
+def test_fla_interface_takes_flas_chunk_sizes_and_raises_its_value_error_otherwise(chunk):
+    q, k, v, raw, beta, _ = draw(1, 9, 1, 1, 8, 8)
+    with pytest.raises(ValueError, match="`chunk_size` must be either 32 or 64"):
+        kda.chunk_kda(q, k, v, raw, beta, chunk_size=chunk)
 
 
 def test_forward_only_refuses_a_call_that_wants_a_gradient():

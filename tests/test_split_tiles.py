@@ -12,7 +12,7 @@ from kfc.frontend import parse_kfc
 from kfc.ir import print_ir
 from kfc.ir.specialize import specialize
 from kfc.ir.tile_ops import LoadOp, ParallelOp
-from kfc.passes import PassContext
+from kfc.passes import TILE_PIPELINE, PassContext
 from kfc.passes.split_tiles import SplitTiles
 from kfc.model.target import parse_target
 from tests.example_ops import OPS
@@ -68,7 +68,7 @@ op center(x: f32[S, H, D]) -> (y: f32[S, H, D]) {
     assert report.split == 0 and len(report.kept) == 1 and why in report.kept[0]
     # what the row passes keep, the tile emitter takes: one CTA a token, its [H, D] tile shared
     r = compile_op(spec_of(tmp_path, text), parse_target("sm_90a"), shape={"H": 3, "D": 128})
-    assert r.report["kernels"][0]["grid"][0] == "S" and r.report["pipeline"] == "canonicalize,cse,dce"
+    assert r.report["kernels"][0]["grid"][0] == "S" and r.report["pipeline"] == TILE_PIPELINE
 
 
 def test_a_reduction_over_the_first_axis_becomes_a_loop_over_the_rows(tmp_path):

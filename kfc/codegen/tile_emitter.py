@@ -8,7 +8,8 @@ kfc.codegen.tile_plan stores it: then a CTA-wide loop over its elements writes i
 shared buffer, and a barrier ends that phase. Reductions and products are loops in a lambda
 (fp32 accumulation), scans and triangular inverses a loop per line or column. Scalars are
 variables every thread computes alike, and every loop bound is such a scalar, so every thread
-reaches every barrier. The kernel is general, not tuned: no tensor cores yet.
+reaches every barrier. Products the tf32-dots pass marks run on tensor cores
+(kfc.codegen.tile_mma); the kernel is otherwise general, not tuned.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .c_names import C_TYPES, argument_params, as_float, c_extent, c_param, dim_
 from .errors import CodegenError
 from .grid_emitter import GridPlan
 from .tile_loops import TileLoops
+from .tile_mma import DEFERRED_MMA, TileMma, fragment_skew, mma_dot
 from .tile_plan import POINTWISE_OPS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major
 from .writer import CodeWriter
 
@@ -59,7 +61,7 @@ def tile_program_problem(func: FuncOp) -> str | None:
     return None
 
 
-class TileKernelEmitter(TileLoops, CodeWriter):
+class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
     """Writes one tile program's kernel: `generate()` gives its CUDA C++ and launch plan."""
 
     as_float = staticmethod(as_float)
@@ -129,6 +131,7 @@ class TileKernelEmitter(TileLoops, CodeWriter):
             path = self.plan.narrow_source(op, self.inline)
             if not path:
                 if self.last_reader_of_a_buffer(op):
+                    self.flush_for(op.operands)
                     self.store_tile(r, expr_of_idx)  # now, so that buffer may go
                 else:
                     self.pending[r] = expr_of_idx
@@ -167,9 +170,10 @@ class TileKernelEmitter(TileLoops, CodeWriter):
                 stack.extend(self.plan.owner[v].operands)
         return False
 
-    def flush_for(self, values) -> None:
+    def flush_for(self, values, keep=()) -> None:
         """Store the pending tiles these values read (through tiles written inline), in the
-        order they were defined, so that each is stored after the tiles it reads."""
+        order they were defined, so that each is stored after the tiles it reads; those in
+        `keep` stay pending."""
         needed, stack = set(), list(values)
         while stack:
             v = stack.pop()
@@ -177,14 +181,18 @@ class TileKernelEmitter(TileLoops, CodeWriter):
                 continue
             needed.add(v)
             stack.extend(self.plan.owner[v].operands)
-        for v in [v for v in self.pending if v in needed]:
-            self.store_tile(v, self.pending.pop(v))
+        for v in [v for v in self.pending if v in needed and v not in keep]:
+            expr = self.pending.pop(v)
+            if expr is DEFERRED_MMA:
+                self.emit_mma_dot(self.plan.owner[v])
+            else:
+                self.store_tile(v, expr)
 
     def new_buffer(self, v: Value) -> Buffer:
         owner = self.plan.owner.get(v)
         label = v.name or (f"{owner.operands[0].name}[...]" if isinstance(owner, LoadOp) else "")
         return self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), self.step + 1,
-                              f"{label + ' ' if label else ''}{v.type}")
+                              f"{label + ' ' if label else ''}{v.type}", fragment_skew(v, self.plan.uses.get(v, ())))
 
     def begin_phase(self) -> None:
         self.sync_scalar_reads()
@@ -298,8 +306,11 @@ class TileKernelEmitter(TileLoops, CodeWriter):
             self.emit_body_op(op)
 
     def emit_body_op(self, op: Op) -> None:
-        # a loop or branch may read any pending tile in any of its phases: store them all first
-        self.flush_for(list(self.pending) if op.regions else op.operands)
+        # a loop or branch may read any pending tile in any of its phases: store them all first;
+        # a pending product read elementwise stays pending (its reader may take its accumulators)
+        keep = [v for v in op.operands if self.pending.get(v) is DEFERRED_MMA] \
+            if isinstance(op, POINTWISE_OPS + VIEW_OPS) else ()
+        self.flush_for(list(self.pending) if op.regions else op.operands, keep)
         if isinstance(op, ForOp):
             self.emit_for(op)
         elif isinstance(op, IfOp):
@@ -318,6 +329,8 @@ class TileKernelEmitter(TileLoops, CodeWriter):
             self.inline[op.result] = lambda idx: f"(({ct})({idx[0]}))"
         elif isinstance(op, ReduceOp):
             self.assign(op, lambda idx: self.reduce_expr(op, idx))
+        elif mma_dot(op):
+            self.pending[op.result] = DEFERRED_MMA  # written where first read, perhaps into its reader's store
         elif isinstance(op, DotOp):
             self.define(op, lambda idx: self.dot_expr(op, idx))
         elif isinstance(op, ScanOp):
@@ -443,8 +456,9 @@ class TileKernelEmitter(TileLoops, CodeWriter):
         start = self.step + 1
         for inner in op.body.ops[:-1]:
             self.emit_body_op(inner)
-        self.flush_for(op.body.ops[-1].operands)
-        self.emit_yield(op.body.ops[-1], args, carried)
+        fused = self.mma_into_carried(op.body.ops[-1], args, carried)
+        self.flush_for(op.body.ops[-1].operands, keep=set(fused.values()))
+        self.emit_yield(op.body.ops[-1], args, carried, fused)
         self.sync_scalar_reads()
         self.indent -= 1
         self.emit("}")
@@ -478,9 +492,17 @@ class TileKernelEmitter(TileLoops, CodeWriter):
             self.indent -= 1
         self.emit("}")
 
-    def emit_yield(self, op: YieldOp, args, carried: dict[Value, Buffer]) -> None:
+    def in_place(self, y: Value, a: Value, changing) -> bool:
+        """Whether the carried tile a's next value y can be written into a's buffer as it is
+        computed: y reads a only at the element it writes, and no other changing carried tile."""
+        return y in self.inline and self.pointwise(y, a) and not any(self.touches(y, b) for b in changing - {a})
+
+    def emit_yield(self, op: YieldOp, args, carried: dict[Value, Buffer], fused=None) -> None:
         """The next carried values: scalars through temporaries, tiles in place where the new
-        value reads its carried buffer only at the element it writes, else through a copy."""
+        value reads its carried buffer only at the element it writes, else through a copy;
+        `fused` (kfc.codegen.tile_mma.mma_into_carried): tiles whose product is summed on
+        tensor cores and written in place from the accumulators."""
+        fused = fused or {}
         scalars = [(a, y) for a, y in zip(args, op.operands) if a not in carried]
         temps = []
         for a, y in scalars:
@@ -492,7 +514,11 @@ class TileKernelEmitter(TileLoops, CodeWriter):
         for a, y in zip(args, op.operands):
             if a not in changing:
                 continue
-            if y in self.inline and self.pointwise(y, a) and not any(self.touches(y, b) for b in changing - {a}):
+            if a in fused:
+                self.pending.pop(fused[a])
+                self.emit_mma_dot(self.plan.owner[fused[a]], into=(carried[a], self.inline[y]))
+                self.buffers[a] = carried[a]
+            elif self.in_place(y, a, changing):
                 self.store_tile(a, self.inline[y], carried[a])
             else:
                 if y in self.inline:

@@ -23,6 +23,7 @@ CHEAP_UNARY = {"neg", "abs", "not"}
 REPEAT_READERS = (DotOp, TriInvOp)
 MAX_BUFFER_RANK = 2  # a rank-3 tile (KDA's [C, C, K] decay) is only ever written where it is read
 ALIGN = 128
+BANKS = 32
 
 
 def row_major(idx, dims) -> str:
@@ -124,13 +125,17 @@ class Buffer:
     last: int
     offset: int = -1
     what: str = ""  # the tile it holds, as a message names it: "G f32[64, 128]"
+    skew: int | None = None  # rows this many words past a multiple of the 32 banks (kfc.codegen.tile_mma)
 
     @property
     def pitch(self) -> int:
         """Elements between rows: one 4-byte word more than the row where the row is an even
         number of words, so that a column's elements fall in distinct banks (a product or a
-        sum over the last axis reads a column across a warp)."""
+        sum over the last axis reads a column across a warp); a tensor-core operand's rows at its
+        fragments' skew."""
         size, last = C_SIZES[self.ctype], self.shape[-1]
+        if self.skew is not None and size == 4 and len(self.shape) == 2:
+            return last + (self.skew - last) % BANKS
         if len(self.shape) >= 2 and size <= 4 and last * size % 4 == 0 and last * size // 4 % 2 == 0:
             return last + 4 // size
         return last
@@ -158,8 +163,9 @@ class SharedArena:
     def __init__(self) -> None:
         self.buffers: list[Buffer] = []
 
-    def new(self, name: str, ctype: str, shape: tuple[int, ...], step: int, what: str = "") -> Buffer:
-        b = Buffer(name, ctype, shape, step, step, what=what)
+    def new(self, name: str, ctype: str, shape: tuple[int, ...], step: int, what: str = "",
+            skew: int | None = None) -> Buffer:
+        b = Buffer(name, ctype, shape, step, step, what=what, skew=skew)
         self.buffers.append(b)
         return b
 

@@ -30,6 +30,7 @@ from .ops import ready
 
 CHUNKS = (64, 32, 16)  # the chunk sizes the kernels are written for (their type parameter C)
 DEFAULT_CHUNK = 16      # FlashKDA's chunk, and the least shared memory per CTA of the three
+FLA_CHUNKS = (32, 64)   # the chunk sizes fla's chunk_kda accepts when one is given
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
@@ -50,9 +51,12 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
     log-space gates, or raw ones with use_gate_in_kernel (then A_log [HV], dt_bias [HV * K]);
     beta [B, T, HV] probabilities, or logits with use_beta_sigmoid_in_kernel. initial_state in f32
     or bf16, [N, HV, K, V] ([N, HV, V, K] with state_v_first); the final state has its dtype (f32
-    without one). chunk_size 16, 32 or 64 (default 16) changes the speed, not the result.
-    disable_recompute and cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused."""
+    without one). chunk_size, as fla's, 32 or 64 (a ValueError otherwise, fla's); left out, kfc
+    takes its fastest, 16. It changes the speed, not the result. disable_recompute and cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused."""
     what = "chunk_kda"
+    if chunk_size is not None and chunk_size not in FLA_CHUNKS:
+        raise ValueError(f"`chunk_size` must be either 32 or 64, got {chunk_size} (kfc.nn.kda.chunk_kda takes fla's "
+                         "values; leave it out for kfc's fastest, 16)")
     if "transpose_state_layout" in kwargs:  # fla's former name of state_v_first
         state_v_first = bool(kwargs.pop("transpose_state_layout")) or state_v_first
     if kwargs:

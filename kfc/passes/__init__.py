@@ -2,7 +2,7 @@
 
 from . import (  # noqa: F401 - registration
     accelerate_matmul, canonicalize, chunk_rows, cse, dce, flatten_branches, linearize, lower_ptx, lower_reductions,
-    lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tile,
+    lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tf32_dots, tile,
 )
 from .base import PASSES, Pass, PassError, register_pass
 from .context import PassContext, VerifyEach
@@ -18,6 +18,9 @@ MATMUL_PIPELINE = "canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inf
 SKINNY_ROWS = 64
 SKINNY_MATMUL_PIPELINE = ("canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1,store=auto,bm=64,"
                           "bn=128,stages=6},canonicalize,cse,dce")
+# another tile program (kfc.codegen.tile_emitter): its f32 products of whole 16x8x8 tiles on
+# tensor cores in TF32
+TILE_PIPELINE = "canonicalize,cse,dce,tf32-dots"
 
 
 def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:
@@ -29,9 +32,9 @@ def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:
     if kind == "matmul":
         skinny = rows is not None and rows <= SKINNY_ROWS and target is not None and not target.has("tcgen05")
         return SKINNY_MATMUL_PIPELINE if skinny else MATMUL_PIPELINE
-    return "canonicalize,cse,dce"
+    return TILE_PIPELINE
 
 
 __all__ = ["PASSES", "Pass", "PassError", "register_pass", "PassContext", "PassManager", "VerifyEach", "Pipeline",
            "parse_pipeline", "parse_user_pipeline", "default_pipeline", "ROW_PIPELINE", "MATMUL_PIPELINE",
-           "SKINNY_MATMUL_PIPELINE", "SKINNY_ROWS"]
+           "SKINNY_MATMUL_PIPELINE", "SKINNY_ROWS", "TILE_PIPELINE"]

@@ -71,8 +71,8 @@ def test_kda_on_the_gpu_matches_the_fp64_recurrence(chunk):
 
 # --- the torch entry points (kfc.nn.kda) on the GPU --------------------------------------------
 
-ENTRY_CASES = [  # (B, lengths or None, H, HV, K, V, dtype, options, chunk)
-    (2, None, 2, 4, 128, 128, torch.bfloat16, dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True), 16),
+ENTRY_CASES = [  # (B, lengths or None, H, HV, K, V, dtype, options, chunk: None for the default, 16)
+    (2, None, 2, 4, 128, 128, torch.bfloat16, dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True), None),
     (1, [37, 0, 300, 64], 2, 2, 64, 64, torch.float16, dict(), 32),
     (1, [150, 77], 1, 2, 100, 60, torch.bfloat16,
      dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,

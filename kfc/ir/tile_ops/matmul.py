@@ -11,12 +11,30 @@ from ..types import TensorType, bare_type
 from .checks import reg_tile_of, shape_str
 
 
+PRECISIONS = ("ieee", "tf32")
+
+
+def round_tf32(x: np.ndarray) -> np.ndarray:
+    """f32 values rounded to TF32 (the top 10 of 23 mantissa bits) to nearest, ties away from
+    zero, as cvt.rna.tf32.f32: half a TF32 unit added to the magnitude's bits, then the low 13
+    bits cleared. Infinities and NaNs pass unchanged (the carry would change their class)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    rounded = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+
+
 @define_op("tile.dot", traits={"pure"}, operands=2, results=1)
 class DotOp(Op):
-    """Matrix product of 2-D tiles with fp32 accumulation (i32 for integer operands)."""
+    """Matrix product of 2-D tiles with fp32 accumulation (i32 for integer operands).
+
+    `precision` says how f32 operands enter the products: "ieee" as they are, "tf32" rounded to
+    TF32 first (10 mantissa bits, to nearest, ties away from zero: cvt.rna.tf32.f32), as tensor
+    cores take them (the tf32-dots pass sets it); the interpreter rounds them the same way."""
 
     trans_a: bool = False
     trans_b: bool = False
+    precision: str = "ieee"
 
     @staticmethod
     def mnk(a: TensorType, b: TensorType, trans_a: bool, trans_b: bool):
@@ -45,6 +63,10 @@ class DotOp(Op):
             raise self.error(f"contraction dims differ: {ka} and {kb} "
                              f"({shape_str(a.shape)}{'ᵀ' if self.trans_a else ''} · "
                              f"{shape_str(b.shape)}{'ᵀ' if self.trans_b else ''})")
+        if self.precision not in PRECISIONS:
+            raise self.error(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.precision == "tf32" and a.dtype is not DType.F32:
+            raise self.error(f"precision tf32 rounds f32 operands, not {a.dtype}")
         if bare_type(self.result.type) != bare_type(self.infer_result_types([a, b], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} must be {self.infer_result_types([a, b], self.attributes())[0]}")
 
@@ -54,6 +76,8 @@ class DotOp(Op):
             a, b = a.astype(np.int64), b.astype(np.int64)
         else:
             a, b = a.astype(np.float32), b.astype(np.float32)
+            if self.precision == "tf32":
+                a, b = round_tf32(a), round_tf32(b)
         if self.trans_a:
             a = a.T
         if self.trans_b:

@@ -1,0 +1,132 @@
+"""The tile emitter's products on tensor cores (kfc.codegen.tile_emitter): a tile.dot of
+precision tf32 (the tf32-dots pass) made of whole m16n8k8 tiles is one CTA-wide phase in which
+each warp takes 16 x 8 tiles of the result in turn, sums them over the contraction eight at a
+time with `mma.sync.m16n8k8.f32.tf32`, and writes them into a shared buffer.
+
+Fragments, from the PTX ISA (g = lane / 4, t = lane % 4): A's four registers hold rows g, g + 8
+at column t, then at column t + 4; B's two hold rows t and t + 4 at column g; the accumulator's
+four hold row g at columns 2t, 2t + 1, then row g + 8 at the same. Operands are rounded to TF32
+as the interpreter rounds them (kfc_tf32_bits; kfc.ir.tile_ops.matmul.round_tf32), so the GPU and
+the final IR agree up to the order of the f32 sums.
+
+A buffer that a product reads as A or as a transposed B (its rows across a fragment's groups g,
+its columns across t) is padded to a pitch of 4 words past a multiple of 32, one read as B or as
+a transposed A (rows across t, columns across g) to 8 past: the 32 lanes of a fragment load then fall in 32
+distinct banks.
+
+A product is written where it is first needed. Where that is the next value of a carried tile
+that reads it only at the element it writes (S = exp(Gend) * S + dot(...), KDA's state update),
+and it reads no changing carried tile itself, each accumulator goes straight into the carried
+buffer through that value's expression: no buffer for the product, no second phase.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Value
+from ..ir.tile_ops import DotOp
+
+MMA_M, MMA_N, MMA_K = 16, 8, 8
+DEFERRED_MMA = object()  # a pending product: written where it is first read (TileKernelEmitter.flush_for)
+
+
+def mma_dot(op) -> bool:
+    """Whether the tile emitter writes this product on tensor cores."""
+    if not isinstance(op, DotOp) or op.precision != "tf32":
+        return False
+    m, n, k, _ = DotOp.mnk(*(v.ttype for v in op.operands), op.trans_a, op.trans_b)
+    return m % MMA_M == 0 and n % MMA_N == 0 and k % MMA_K == 0
+
+
+def fragment_skew(v: Value, readers) -> int | None:
+    """The pitch (in 4-byte words, modulo the banks) at which the tensor-core products among
+    `readers` load v's fragments without bank conflicts: 4 where every one reads it as A or as a
+    transposed B, 8 where every one reads it as B or as a transposed A; None where none reads it
+    or they disagree."""
+    skews = set()
+    for op in readers:
+        if not mma_dot(op):
+            continue
+        for pos, x in enumerate(op.operands):
+            if x is v:
+                # rows across the lane groups g, columns across t: A as it is, B transposed
+                skews.add(4 if (pos == 0 and not op.trans_a) or (pos == 1 and op.trans_b) else 8)
+    return skews.pop() if len(skews) == 1 and v.ttype.dtype.itemsize == 4 else None
+
+
+class TileMma:
+    """Mixed into TileKernelEmitter: written through its elem, fresh, emit, new_buffer and
+    phases."""
+
+    def mma_into_carried(self, yield_op, args, carried) -> dict:
+        """The carried tiles whose next value is written in place from a pending product's
+        accumulators: {carried tile: product}."""
+        changing = {a for a, y in zip(args, yield_op.operands) if a in carried and y is not a}
+        fused = {}
+        for a, y in zip(args, yield_op.operands):
+            if a not in changing or not self.in_place(y, a, changing):
+                continue
+            for d, expr in self.pending.items():
+                if (expr is DEFERRED_MMA and d.ttype.shape == a.ttype.shape and self.touches(y, d)
+                        and self.pointwise(y, d) and self.feeds_only(d, y) and d not in fused.values()
+                        and not any(self.touches(x, b) for x in self.plan.owner[d].operands for b in changing)):
+                    fused[a] = d
+                    break
+        return fused
+
+    def feeds_only(self, v: Value, y: Value) -> bool:
+        """Whether every reader of v is y's inline expression (v is read nowhere else)."""
+        users = self.plan.uses.get(v, [])
+        return bool(users) and all(
+            u.result is y or (u.results and u.result in self.inline and self.feeds_only(u.result, y)) for u in users)
+
+    def emit_mma_dot(self, op: DotOp, into=None) -> None:
+        """The product into a new shared buffer, or `into` = (a carried tile's buffer, its next
+        value's expression), that expression reading the product at each accumulator."""
+        a, b = op.operands
+        m, n, k, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
+        r = op.result
+        buf = into[0] if into else self.new_buffer(r)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+        g, t, tile, kk, acc = (self.fresh(h) for h in ("kfc_g", "kfc_t", "kfc_m", "kfc_k", "kfc_c"))
+        i0, j0 = self.fresh("kfc_i"), self.fresh("kfc_j")
+        tiles_n = n // MMA_N
+        self.emit(f"const int {g} = (threadIdx.x & 31) >> 2, {t} = threadIdx.x & 3;")
+        self.emit(f"for (int {tile} = threadIdx.x >> 5; {tile} < {(m // MMA_M) * tiles_n}; "
+                  f"{tile} += blockDim.x >> 5) {{")
+        self.indent += 1
+        self.emit(f"const int {i0} = {tile} / {tiles_n} * {MMA_M}, {j0} = {tile} % {tiles_n} * {MMA_N};")
+        self.emit(f"float {acc}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};")
+        self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_K}) {{")
+        self.indent += 1
+
+        def at_a(i, c):  # A's element (row i, contraction c)
+            return f"kfc_tf32_bits({self.elem(a, (c, i) if op.trans_a else (i, c))})"
+
+        def at_b(c, j):
+            return f"kfc_tf32_bits({self.elem(b, (j, c) if op.trans_b else (c, j))})"
+
+        rows = (f"{i0} + {g}", f"{i0} + {g} + 8")
+        cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
+        frags = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1]),
+                 at_b(cols[0], f"{j0} + {g}"), at_b(cols[1], f"{j0} + {g}")]
+        self.emit(f"kfc_mma_tf32({acc}, {', '.join(frags)});")
+        self.indent -= 1
+        self.emit("}")
+        for q, (i, j) in enumerate([(rows[0], f"{j0} + 2 * {t}"), (rows[0], f"{j0} + 2 * {t} + 1"),
+                                    (rows[1], f"{j0} + 2 * {t}"), (rows[1], f"{j0} + 2 * {t} + 1")]):
+            if into:
+                self.inline[r] = lambda idx, q=q, at=(i, j): f"{acc}[{q}]" if tuple(idx) == at else self.misread(r)
+                self.emit(f"{buf.at((i, j))} = {into[1]((i, j))};")
+            else:
+                self.emit(f"{buf.at((i, j))} = {acc}[{q}];")
+        self.inline.pop(r, None)
+        self.indent -= 1
+        self.emit("}")
+        self.end_phase()
+        if not into:
+            self.buffers[r] = buf
+
+    @staticmethod
+    def misread(r: Value):
+        raise AssertionError(f"a product written into its reader is read at another element: {r}")

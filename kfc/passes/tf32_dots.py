@@ -1,0 +1,63 @@
+"""tf32-dots: the f32 products of a tile kernel on tensor cores, in TF32.
+
+    %d = tile.dot %a, %b : (f32[16, 128], f32[128, 128])   ->   %d = tile.dot %a, %b {precision = "tf32"}
+
+Each tile.dot of f32 tiles inside a tile.parallel whose product is made of whole m16n8k8 tiles
+(M a multiple of 16, N of 8, the contraction of 8) takes precision tf32: its operands are rounded
+to TF32 (10 of f32's 23 mantissa bits) and the products summed in f32, which is what
+`mma.sync.m16n8k8.f32.tf32` computes; the tile emitter then writes it on tensor cores. The
+interpreter rounds the operands the same way (kfc.ir.tile_ops.matmul.round_tf32), so the final IR
+still says what the GPU computes. Each operand moves by at most 2^-11 of itself, a product's sum by
+about 1e-3 of its terms' scale at worst: the pass applies only where every floating-point output
+is checked with a tolerance of at least TF32_TOLERANCE (KDA's and examples/linear_attention.kfc's
+5e-3), and keeps the products in f32, with a note, where the op asks for more. Integer and
+bf16/f16 products are exact on tensor cores already and are left as they are, as are row
+programs' dots (one row) and a whole-tensor matrix product (top level, accelerate-matmul's).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..ir.dtypes import DType
+from ..ir.func import FuncOp
+from ..ir.rewrite import rebuild
+from ..ir.tile_ops import DotOp, ParallelOp
+from .base import Pass, define_pass
+from .lower_ptx import ctx_tolerance
+
+MMA_M, MMA_N, MMA_K = 16, 8, 8  # mma.sync.m16n8k8 with TF32 operands
+TF32_TOLERANCE = 5e-3  # the least output tolerance TF32 operands are used under
+
+
+def fits_tf32_mma(op: DotOp) -> bool:
+    """Whether the product is whole m16n8k8 tiles of f32 operands."""
+    a, b = (v.ttype for v in op.operands)
+    m, n, k, _ = DotOp.mnk(a, b, op.trans_a, op.trans_b)
+    return (a.dtype is DType.F32 and all(isinstance(d, int) for d in (m, n, k))
+            and m % MMA_M == 0 and n % MMA_N == 0 and k % MMA_K == 0)
+
+
+@define_pass("tf32-dots", "f32 tile.dot of whole 16x8x8 tiles in a tile kernel on tensor cores, operands in TF32")
+class Tf32Dots(Pass):
+    def run(self, func: FuncOp, ctx) -> FuncOp:
+        marked = set()
+        for loop in (op for op in func.body.ops if isinstance(op, ParallelOp)):
+            marked.update(id(op) for op in loop.walk() if isinstance(op, DotOp) and op.precision == "ieee"
+                          and fits_tf32_mma(op))
+
+        def transform(op, vmap):
+            return [attrs.evolve(op, precision="tf32")] if id(op) in marked else None
+
+        if not marked:
+            return func
+        tol = ctx_tolerance(ctx, func)
+        if tol < TF32_TOLERANCE:
+            ctx.note(self, f"{len(marked)} product(s) kept in f32: the op's outputs are checked to {tol:g}, "
+                           f"TF32 operands need {TF32_TOLERANCE:g}")
+            return func
+        ctx.note(self, f"{len(marked)} product(s) on tensor cores in TF32")
+        for op in func.walk():
+            if id(op) in marked:
+                ctx.approximated(self, "tile.dot's f32 operands rounded to TF32 (10 mantissa bits)", op.loc)
+        return rebuild(func, transform)

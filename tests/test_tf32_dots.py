@@ -1,0 +1,176 @@
+"""Products on tensor cores in tile kernels: the tf32-dots pass, tile.dot's tf32 precision in
+the interpreter, and the tile emitter's mma.sync phases (kfc.codegen.tile_mma), built by
+nvcc/ptxas for Hopper and Blackwell. What the GPU computes against the final IR is checked on the
+GPU machine (tests/gpu/test_final_ir_gpu.py runs examples/linear_attention.kfc and the KDA
+kernels)."""
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kfc.cli import main
+from kfc.codegen.tile_plan import Buffer
+from kfc.codegen.toolchain import disassemble
+from kfc.compile import compile_op
+from kfc.frontend import load_kfc, parse_kfc
+from kfc.ir.interpreter import run
+from kfc.ir.tile_ops import DotOp
+from kfc.ir.tile_ops.matmul import round_tf32
+from kfc.ir.printer import print_ir
+from kfc.model.target import parse_target
+from kfc.passes import PassContext, PassManager, parse_pipeline
+from kfc.proof import lower_stages
+
+PRODUCTS = """
+op products(a: f32[B, 32, 24], w: f32[B, 24, 16], c: f32[B, 16, 24], e: f32[B, 24, 12], h: bf16[B, 16, 16])
+        -> (y: f32[B, 32, 16], z: f32[B, 24, 24], u: f32[B, 16, 16], x: f32[B, 16, 12], p: f32[B, 16, 16]) {
+  parallel b in 0..B {
+    A = a[b, :, :]
+    W = w[b, :, :]
+    C = c[b, :, :]
+    y[b, :, :] = dot(A, W)                          # 32 x 16 x 24: on tensor cores
+    z[b, :, :] = dot(A, A, trans_a=true)            # 24 rows: not whole 16-row tiles
+    u[b, :, :] = dot(C, C, trans_b=true)            # 16 x 16 x 24, B transposed
+    x[b, :, :] = dot(C, e[b, :, :])                 # 12 columns: not whole 8-column tiles
+    p[b, :, :] = f32(dot(h[b, :, :], h[b, :, :]))   # bf16 operands: exact already, left alone
+  }
+}
+check {
+  tolerance = {f32: 5e-3}
+}
+"""
+
+
+def test_rounding_to_tf32_is_to_nearest_with_ties_away_and_keeps_infinities_and_nans():
+    one = np.float32(1.0)
+    ulp = 2.0 ** -10  # a TF32 unit at 1
+    x = np.array([1 + ulp / 2, -(1 + ulp / 2), 1 + ulp / 4, 1 + 3 * ulp / 4, 1 + ulp / 2 - 2 ** -23,
+                  np.inf, -np.inf, np.finfo(np.float32).max, 0.0, -0.0], dtype=np.float32)
+    got = round_tf32(x)
+    want = [1 + ulp, -(1 + ulp), one, 1 + ulp, one, np.inf, -np.inf, np.inf, 0.0, -0.0]
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.float32))
+    assert np.signbit(got[-1])
+    nans = np.array([np.nan, -np.nan], dtype=np.float32).view(np.uint32) | np.uint32(0x1FFF)
+    assert np.isnan(round_tf32(nans.view(np.float32))).all()
+    # every result has the low 13 mantissa bits clear and lies within half a TF32 unit
+    r = np.random.default_rng(0).standard_normal(10000).astype(np.float32) * 1e3
+    t = round_tf32(r)
+    assert not (t.view(np.uint32) & np.uint32(0x1FFF)).any()
+    assert (np.abs(t - r) <= np.abs(r) * 2.0 ** -11).all()
+
+
+def _lowered(text=PRODUCTS, pipeline="canonicalize,cse,dce,tf32-dots"):
+    spec = parse_kfc(text)
+    ctx = PassContext(target=parse_target("sm_90a"), check=spec.check)
+    return spec, PassManager(parse_pipeline(pipeline), ctx).run(spec.func), ctx
+
+
+def test_the_pass_marks_the_f32_products_of_whole_16x8x8_tiles_and_nothing_else():
+    _, func, ctx = _lowered()
+    assert sorted(op.precision for op in func.walk() if isinstance(op, DotOp)) == ["ieee", "ieee", "ieee", "tf32", "tf32"]
+    by_operands = {(op.operands[0].ttype.dtype.name, op.trans_b, tuple(op.result.ttype.shape)): op.precision
+                   for op in func.walk() if isinstance(op, DotOp)}
+    assert by_operands[("F32", False, (32, 16))] == "tf32" and by_operands[("F32", True, (16, 16))] == "tf32"
+    assert by_operands[("F32", False, (16, 12))] == "ieee" and by_operands[("BF16", False, (16, 16))] == "ieee"
+    assert any("2 product(s) on tensor cores" in m for _, m in ctx.notes)
+
+
+def test_an_op_checked_tighter_than_tf32_allows_keeps_its_products_in_f32():
+    _, func, ctx = _lowered(PRODUCTS.replace("f32: 5e-3", "f32: 1e-3"))
+    assert all(op.precision == "ieee" for op in func.walk() if isinstance(op, DotOp))
+    assert any("2 product(s) kept in f32: the op's outputs are checked to 0.001" in m for _, m in ctx.notes)
+    # chunk_solve checks its f32 outputs to the default 1e-5: no tensor cores there
+    r = compile_op(load_kfc("examples/chunk_solve.kfc"), parse_target("sm_90a"), shape={"B": 2, "D": 40})
+    assert "kfc_mma_tf32" not in r.kernel.cu
+
+
+def test_tf32_products_in_the_interpreter_round_their_operands():
+    spec, func, _ = _lowered()
+    rng = np.random.default_rng(3)
+    args = {"a": rng.standard_normal((2, 32, 24)).astype(np.float32), "w": rng.standard_normal((2, 24, 16)).astype(np.float32),
+            "c": rng.standard_normal((2, 16, 24)).astype(np.float32), "e": rng.standard_normal((2, 24, 12)).astype(np.float32),
+            "h": rng.standard_normal((2, 16, 16)).astype(ml_dtypes.bfloat16)}
+    exact, tf32 = run(spec.func, args)["y"], run(func, args)["y"]
+    want = np.matmul(round_tf32(args["a"]), round_tf32(args["w"]))
+    np.testing.assert_allclose(tf32, want, rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(tf32, exact)  # the rounding is not a no-op ...
+    assert np.abs(tf32 - exact).max() < 1e-2 * np.abs(exact).max()  # ... and stays within TF32's reach
+    # operands already TF32 values give the exact product
+    args = {**args, "a": round_tf32(args["a"]), "w": round_tf32(args["w"])}
+    np.testing.assert_allclose(run(func, args)["y"], run(spec.func, args)["y"], rtol=1e-6, atol=1e-6)
+
+
+def test_precision_is_printed_parsed_and_verified():
+    _, func, _ = _lowered()
+    from kfc.ir.parser import parse_ir
+    from kfc.ir.printer import print_ir
+    from kfc.ir.verifier import verify
+    text = print_ir(func)
+    assert text.count('precision = "tf32"') == 2
+    assert print_ir(parse_ir(text)) == text
+    bad = text.replace('precision = "tf32"', 'precision = "fp8"', 1)
+    with pytest.raises(Exception, match="precision 'fp8' is not one of ieee, tf32"):
+        verify(parse_ir(bad))
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_the_tile_emitter_writes_marked_products_as_mma_sync_phases(target):
+    r = compile_op(parse_kfc(PRODUCTS), parse_target(target), shape={"B": 4})
+    cu = r.kernel.cu
+    assert cu.count("kfc_mma_tf32(kfc_c") == 2 and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in cu
+    assert "kfc_tf32_bits(" in cu and "kfc_round_tf32" not in cu
+    assert "tf32-dots" in r.report["pipeline"] and not r.kernel.report.spills
+    assert "HMMA.1688.F32.TF32" in disassemble(r.kernel.cubin)
+
+
+def test_a_product_summed_into_a_carried_tile_is_written_from_its_accumulators():
+    spec = load_kfc("examples/linear_attention.kfc")
+    r = compile_op(spec, parse_target("sm_90a"))
+    cu = r.kernel.cu
+    assert cu.count("kfc_mma_tf32(kfc_c") == 4
+    # S = S + dot(kc, vc, trans_a): each accumulator read by S's update, in place, no buffer
+    update = [line for line in cu.splitlines() if "+ kfc_c" in line and "] = (" in line]
+    assert len(update) == 4 and all(line.split("] = (")[0].split("[")[0].strip() + "[" in line.split("] = (")[1] for line in update)
+
+
+def test_a_tf32_product_off_tensor_cores_rounds_its_operands_as_they_would():
+    spec, func, _ = _lowered()
+    dot = next(op for op in func.walk() if isinstance(op, DotOp) and op.precision == "ieee"
+               and op.operands[0].ttype.dtype.name == "F32")
+    import attrs
+    from kfc.codegen.tile_emitter import TileKernelEmitter
+    from kfc.ir.rewrite import rebuild
+    forced = rebuild(func, lambda op, vmap: [attrs.evolve(op, precision="tf32")] if op is dot else None)
+    code, _ = TileKernelEmitter(forced, "k").generate()
+    assert "kfc_round_tf32(" in code
+
+
+def test_skewed_pitches_put_a_fragment_load_in_32_distinct_banks():
+    g, t = np.meshgrid(np.arange(8), np.arange(4), indexing="ij")
+    for last in (8, 16, 24, 128):
+        a = Buffer("s", "float", (16, last), 0, 0, skew=4)
+        b = Buffer("s", "float", (16, last), 0, 0, skew=8)
+        assert a.pitch >= last and b.pitch >= last
+        assert len(set(((g * a.pitch + t) % 32).ravel())) == 32  # A: rows across g, columns across t
+        assert len(set(((t * b.pitch + g) % 32).ravel())) == 32  # B: rows across t, columns across g
+
+
+def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp_path):
+    assert main(["compile", "kernels/kda_fwd_flashkda.kfc", "--dtype", "C=64", "--shape", "T=4096,K=128,V=128",
+                 "-o", str(tmp_path / "c64")]) == 0
+    report = json.loads((tmp_path / "c64" / "report.json").read_text())
+    assert report["pipeline"] == "canonicalize,cse,dce" and not report["approximations"]
+    assert any("products on tensor cores needed" in n for n in report["pass_notes"])
+    # and the final IR kfc check interprets (and tests/gpu compares the GPU with) is that one
+    spec = load_kfc("kernels/kda_fwd_flashkda.kfc", {"C": "64"})
+    stages = lower_stages(spec, parse_target("sm_90a"), None, {"N": 2, "T": 160, "H": 1, "K": 128, "V": 128})
+    assert stages.pipeline == "canonicalize,cse,dce" and "tf32" not in print_ir(stages.stages[-1][1])
+    names = [name for name, _ in stages.stages]
+    assert names[-3:] == ["canonicalize", "cse", "dce"] and "tf32-dots" not in names and names.count("dce") == 1
+    assert main(["compile", "kernels/kda_fwd_flashkda.kfc", "--dtype", "C=16", "--shape", "T=4096,K=128,V=128",
+                 "-o", str(tmp_path / "c16")]) == 0
+    report = json.loads((tmp_path / "c16" / "report.json").read_text())
+    assert report["pipeline"].endswith("tf32-dots") and report["kernels"][0]["smem_dynamic_bytes"] <= 232448
+    assert (tmp_path / "c16" / "kda_fwd_flashkda.cu").read_text().count("kfc_mma_tf32(kfc_c") == 5
