@@ -204,6 +204,10 @@ def test_what_a_reference_starts_ends_with_its_process(tmp_path, how):
         x = np.ones((3, 5), np.float32)
         out = run_reference(spec_with(f"({start}, x * s)[1]"), {"x": x, "s": 2.0}, {"M": 3, "N": 5}, sandbox=box)
         assert np.array_equal(out[0], 2 * x)
+        # the shell it started may not have run yet on a loaded machine: wait for it a while
+        started = time.monotonic() + 10
+        while not _running(marker) and time.monotonic() < started:
+            time.sleep(0.05)
         assert _running(marker), "the reference's process started"
     finally:
         box.close()

@@ -211,3 +211,14 @@ op fence(x: f32[B, 8, 12], n: i32[B]) -> (y: f32[B, 8, 12], s: f32[B]) {
     read = next(i for i, line in enumerate(lines) if "[&]()" in line)             # the scalar's sum
     write = next(i for i, line in enumerate(lines) if "threadIdx.x" in line)      # the in-place phase
     assert read < write and any("__syncthreads();" in line for line in lines[read:write])
+
+
+def test_a_reduction_of_few_long_lines_is_a_warp_a_line():
+    from tests.gpu.test_final_ir_gpu import TILE_REDUCE
+
+    r = compile_op(parse_kfc(TILE_REDUCE), parse_target("sm_90a"), shape={"B": 2})
+    cu = r.kernel.cu
+    # sum, max, mean over 96 and the integer sum over 40: a warp a line, shuffles to combine;
+    # min over 4 (96 lines) stays a thread a line
+    assert cu.count("__shfl_xor_sync(0xffffffffu") == 4
+    assert cu.count("threadIdx.x / 32") == 4 and "long long kfc_a" in cu

@@ -26,10 +26,10 @@ from .errors import CodegenError
 from .grid_emitter import GridPlan
 from .tile_loops import TileLoops
 from .tile_mma import DEFERRED_MMA, TileMma, fragment_skew, mma_dot
-from .tile_plan import POINTWISE_OPS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major
+from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major, warp_reduction
 from .writer import CodeWriter
 
-THREADS = 256
+UNROLL = 8  # iterations of a CTA-wide loop unrolled at most (a [16, 128] tile: 8 a thread)
 RULE_OPS = (ConstOp, DimOp) + POINTWISE_OPS  # written by their registered rules (elementwise_rules)
 BODY_OPS = RULE_OPS + VIEW_OPS + (IotaOp, TriOp, LoadOp, StoreOp, ReduceOp, ScanOp, DotOp, TriInvOp, ForOp, IfOp, YieldOp)
 GRID_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "//", "rem": "%"}
@@ -222,16 +222,24 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
         return tuple(reversed(idx))
 
     def cta_loop(self, count: int, body) -> None:
-        """body(element indices...) for each of `count` elements, spread over the CTA's threads."""
+        """body(element indices...) for each of `count` elements, spread over the CTA's threads.
+        The stride is the launch's THREADS, a constant, so that the compiler unrolls the few
+        iterations a thread has and issues their loads together."""
         e = self.fresh("kfc_e")
-        self.emit(f"for (int {e} = threadIdx.x; {e} < {count}; {e} += blockDim.x) {{")
+        if count > THREADS:
+            self.emit(f"#pragma unroll {min(-(-count // THREADS), UNROLL)}")
+        self.emit(f"for (int {e} = threadIdx.x; {e} < {count}; {e} += {THREADS}) {{")
         self.indent += 1
         body(e)
         self.indent -= 1
         self.emit("}")
 
     def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None) -> Buffer:
-        """Materialise v (its elements from expr_of_idx) into buf, else a new buffer."""
+        """Materialise v (its elements from expr_of_idx) into buf, else a new buffer (a
+        reduction with few outputs a warp an output)."""
+        op = self.plan.owner.get(v)
+        if buf is None and op is not None and op.results == (v,) and warp_reduction(op):
+            return self.emit_warp_reduce(op)
         buf = buf or self.new_buffer(v)
         self.begin_phase()
         self.arena.touch(buf, self.step)

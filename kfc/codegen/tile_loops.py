@@ -9,6 +9,7 @@ from ..ir.tile_ops import DotOp, ReduceKind, ReduceOp, ScanOp, TriInvOp
 from ..ir.tile_ops.reductions import identity
 from . import ptx
 from .c_names import C_TYPES, as_float, from_float, literal
+from .tile_plan import THREADS, WARP
 
 
 class TileLoops:
@@ -79,6 +80,50 @@ class TileLoops:
             x, y = f"kfc_round_tf32({x})", f"kfc_round_tf32({y})"
         return (f"[&]() {{ float {acc} = 0.0f; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} = fmaf({x}, {y}, {acc}); "
                 f"return {acc}; }}()")
+
+    def emit_warp_reduce(self, op: ReduceOp):
+        """The reduction into a new buffer, a warp an output: its lanes stride over the reduced
+        elements, then combine by shuffles, and lane 0 writes. The sums' order differs from a
+        thread's loop by rounding only."""
+        x, r = op.operands[0], op.result
+        d, shape = x.ttype.dtype, x.ttype.shape
+        ct = self.acc_type(d)
+        kept = [n for k, n in enumerate(shape) if k not in op.axes]
+        reduced = [n for k, n in enumerate(shape) if k in op.axes]
+        outputs, count = 1, 1
+        for n in kept:
+            outputs *= n
+        for n in reduced:
+            count *= n
+        buf = self.new_buffer(r)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+        o, j, acc, s = self.fresh("kfc_o"), self.fresh("kfc_l"), self.fresh("kfc_a"), self.fresh("kfc_x")
+        init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d) if ct != "long long" else \
+            f"(long long)({identity(op.kind, d)}LL)"
+        self.emit(f"for (int {o} = threadIdx.x / {WARP}; {o} < {outputs}; {o} += {THREADS // WARP}) {{")
+        self.indent += 1
+        outer = self.unflatten(o, kept) if kept else ()
+        self.emit(f"{ct} {acc} = {init};")
+        self.emit(f"for (int {j} = threadIdx.x % {WARP}; {j} < {count}; {j} += {WARP}) {{")
+        self.indent += 1
+        it_r, it_o = iter(self.unflatten(j, reduced)), iter(outer)
+        src = tuple(next(it_r) if k in op.axes else next(it_o) for k in range(len(shape)))
+        value = as_float(self.elem(x, src), d) if ct == "float" else f"({ct})({self.elem(x, src)})"
+        self.emit(f"{acc} = {self.combine(op.kind, acc, value, ct)};")
+        self.indent -= 1
+        self.emit("}")
+        other = f"__shfl_xor_sync(0xffffffffu, {acc}, {s})"
+        self.emit(f"for (int {s} = {WARP // 2}; {s} > 0; {s} >>= 1) {acc} = {self.combine(op.kind, acc, other, ct)};")
+        it_o = iter(outer)
+        at = tuple("0" if k in op.axes else next(it_o) for k in range(len(shape))) if op.keepdims else outer
+        result = f"{acc} / {count}.0f" if op.kind is ReduceKind.MEAN else acc
+        self.emit(f"if (threadIdx.x % {WARP} == 0) {buf.at(at)} = {self.finish(result, ct, r.ttype.dtype)};")
+        self.indent -= 1
+        self.emit("}")
+        self.end_phase()
+        self.buffers[r] = buf
+        return buf
 
     def emit_scan(self, op: ScanOp) -> None:
         """Each thread scans whole lines along the axis, in order."""

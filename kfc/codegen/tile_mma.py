@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from ..ir.core import Value
 from ..ir.tile_ops import DotOp
+from .errors import CodegenError
+from .tile_plan import THREADS
 
 MMA_M, MMA_N, MMA_K = 16, 8, 8
+WARPS = THREADS // 32
 DEFERRED_MMA = object()  # a pending product: written where it is first read (TileKernelEmitter.flush_for)
 
 
@@ -93,10 +96,11 @@ class TileMma:
         tiles_n = n // MMA_N
         self.emit(f"const int {g} = (threadIdx.x & 31) >> 2, {t} = threadIdx.x & 3;")
         self.emit(f"for (int {tile} = threadIdx.x >> 5; {tile} < {(m // MMA_M) * tiles_n}; "
-                  f"{tile} += blockDim.x >> 5) {{")
+                  f"{tile} += {WARPS}) {{")
         self.indent += 1
         self.emit(f"const int {i0} = {tile} / {tiles_n} * {MMA_M}, {j0} = {tile} % {tiles_n} * {MMA_N};")
         self.emit(f"float {acc}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};")
+        self.emit("#pragma unroll 4")
         self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_K}) {{")
         self.indent += 1
 
@@ -129,4 +133,4 @@ class TileMma:
 
     @staticmethod
     def misread(r: Value):
-        raise AssertionError(f"a product written into its reader is read at another element: {r}")
+        raise CodegenError(f"internal: a product written into its reader is read at another element: {r}", None)

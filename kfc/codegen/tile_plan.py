@@ -23,6 +23,8 @@ CHEAP_UNARY = {"neg", "abs", "not"}
 REPEAT_READERS = (DotOp, TriInvOp)
 MAX_BUFFER_RANK = 2  # a rank-3 tile (KDA's [C, C, K] decay) is only ever written where it is read
 ALIGN = 128
+THREADS = 256  # a tile kernel's CTA (kfc.codegen.tile_emitter), eight warps
+WARP = 32
 BANKS = 32
 
 
@@ -32,6 +34,18 @@ def row_major(idx, dims) -> str:
     for i, d in zip(idx, dims):
         text = f"({i})" if not text else f"({text} * {d} + ({i}))"
     return text or "0"
+
+
+def warp_reduction(op: Op) -> bool:
+    """Whether a reduction is written a warp an output (kfc.codegen.tile_loops): fewer outputs
+    than the CTA has threads, each over at least a warp's width of elements (KDA's row norms: 16
+    outputs of 128 terms, 16 threads busy otherwise). Such a reduction always has a buffer."""
+    if not isinstance(op, ReduceOp) or op.operands[0].ttype.dtype.is_bool:
+        return False
+    x, count = op.operands[0], 1
+    for k in op.axes:
+        count *= x.ttype.shape[k]
+    return isinstance(count, int) and op.result.ttype.numel() < THREADS and count >= WARP and op.result.ttype.rank > 0
 
 
 class TilePlan:
@@ -110,7 +124,7 @@ class TilePlan:
 
     def wants_buffer(self, op: Op) -> bool:
         r = op.result
-        return self.storable(r) and self.is_costly(op) and self.reread(r)
+        return self.storable(r) and (warp_reduction(op) or self.is_costly(op) and self.reread(r))
 
 
 @attrs.define(eq=False)

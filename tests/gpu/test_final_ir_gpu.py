@@ -102,7 +102,26 @@ check {
   shapes = [{B: 300}, {B: 1}]
 }
 """
-WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8", "u8")}, "tile_mix": TILE_MIX}
+# reductions of a tile program with fewer outputs than threads, over a warp's width or more: a
+# warp an output (floats and integers, keepdims, a mean); one with many short outputs stays a
+# thread an output
+TILE_REDUCE = """
+op tile_reduce(x: f32[B, 4, 96], i: i32[B, 40, 3]) -> (a: f32[B, 4], m: f32[B, 4, 1], n: f32[B, 96], c: i32[B, 3]) {
+  parallel b in 0..B {
+    xt = x[b, :, :]
+    a[b, :] = sum(xt * xt, axis=1)
+    m[b, :, :] = max(xt, axis=1, keepdims=true) - mean(xt, axis=1, keepdims=true)
+    n[b, :] = min(xt, axis=0)
+    c[b, :] = sum(i[b, :, :], axis=0)
+  }
+}
+check {
+  inputs = {i: randint(-1000, 1000)}
+  shapes = [{B: 300}, {B: 1}]
+}
+"""
+WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8", "u8")}, "tile_mix": TILE_MIX,
+           "tile_reduce": TILE_REDUCE}
 
 
 @pytest.mark.parametrize("path", OPS + [Path(f"{name}.kfc") for name in WRITTEN], ids=lambda p: p.stem)
