@@ -464,7 +464,7 @@ def cmd_warm(args) -> int:
 
 def cmd_passes(args) -> int:
     from .passes import (  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
-        MATMUL_PIPELINE, PASSES, ROW_PIPELINE, SKINNY_MATMUL_PIPELINE, SKINNY_ROWS)
+        MATMUL_PIPELINE, PASSES, ROW_PIPELINE, SKINNY_MATMUL_PIPELINE, SKINNY_ROWS, TILE_PIPELINE)
 
     for name, cls in sorted(PASSES.items()):
         needs = f"  [needs {', '.join(sorted(cls.REQUIRES))}]" if cls.REQUIRES else ""
@@ -475,6 +475,8 @@ def cmd_passes(args) -> int:
     print(f"\ndefault pipeline for row ops: {ROW_PIPELINE}")
     print(f"default pipeline for matrix products: {MATMUL_PIPELINE}")
     print(f"  ... of at most {SKINNY_ROWS} rows on wgmma (sm_90a): {SKINNY_MATMUL_PIPELINE}")
+    print(f"default pipeline for other tile programs: {TILE_PIPELINE} (without tf32-dots where its products "
+          "would not fit in shared memory)")
     return 0
 
 

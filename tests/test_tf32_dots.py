@@ -174,3 +174,10 @@ def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp
     report = json.loads((tmp_path / "c16" / "report.json").read_text())
     assert report["pipeline"].endswith("tf32-dots") and report["kernels"][0]["smem_dynamic_bytes"] <= 232448
     assert (tmp_path / "c16" / "kda_fwd_flashkda.cu").read_text().count("kfc_mma_tf32(kfc_c") == 5
+
+
+def test_kfc_passes_names_the_tile_programs_default(capsys):
+    assert main(["passes"]) == 0
+    out = capsys.readouterr().out
+    assert "default pipeline for other tile programs: canonicalize,cse,dce,tf32-dots" in out
+    assert any(line.startswith("tf32-dots ") for line in out.splitlines())

@@ -14,6 +14,7 @@ lists every test passed, failed (with the first line of why) or skipped (with it
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +38,28 @@ from kfc.nn.kda import flash_kda_fwd as fwd  # noqa: F401
 '''
 
 
+# each test's outcome as it ends, a JSON line, so that a run stopped at its limit keeps what it ran
+OUTCOME_LOG = '''
+
+def pytest_runtest_logreport(report):
+    import json
+    import os
+
+    if report.when != "call" and report.passed:
+        return
+    why = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        why = str(report.longrepr[2])
+    elif not report.passed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        why = crash.message if crash is not None else str(report.longrepr)
+    outcome = "skipped" if report.skipped else "passed" if report.passed else "failed" if report.when == "call" else "error"
+    with open(os.environ["KFC_UPSTREAM_LOG"], "a") as f:
+        f.write(json.dumps({"test": report.nodeid, "outcome": outcome, "seconds": round(report.duration, 3),
+                            "why": why.strip().splitlines()[0][:300] if why.strip() else ""}) + "\\n")
+'''
+
+
 def prepare(suite: str, tests: Path, where: Path) -> tuple[Path, dict]:
     """The directory to run pytest in, and the environment it needs."""
     env = dict(os.environ)
@@ -45,14 +68,21 @@ def prepare(suite: str, tests: Path, where: Path) -> tuple[Path, dict]:
         (where / "tests" / "ops").mkdir(parents=True)
         shutil.copy(tests / "conftest.py", where / "tests" / "conftest.py")
         shutil.copy(tests / "test_kda.py", where / "tests" / "ops" / "test_kda.py")
-        (where / "conftest.py").write_text(FLA_ADAPTER)
+        (where / "conftest.py").write_text(FLA_ADAPTER + OUTCOME_LOG)
     else:
         shutil.copytree(tests, where / "tests")
         (where / "shim" / "flash_kda").mkdir(parents=True)
         (where / "shim" / "flash_kda" / "__init__.py").write_text(FLASHKDA_SHIM)
+        (where / "conftest.py").write_text(OUTCOME_LOG)
         paths.insert(0, str(where / "shim"))
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    env["KFC_UPSTREAM_LOG"] = str(where / "outcomes.jsonl")
     return where, env
+
+
+def logged(log: Path) -> list[dict]:
+    """The outcomes the run logged as each test ended (a setup that failed or skipped, a call)."""
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
 
 
 def outcomes(junit: Path) -> list[dict]:
@@ -91,9 +121,13 @@ def main(argv=None) -> int:
         rc = subprocess.run(cmd, cwd=where, env=env, timeout=args.timeout).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
-    rows = outcomes(junit) if junit.exists() else []
+    # the junit report where pytest finished; else what it logged before it was stopped
+    rows = outcomes(junit) if junit.exists() else logged(where / "outcomes.jsonl")
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "error", "skipped")}
-    print(f"\n{args.suite}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f" (pytest exit {rc})")
+    stopped = f"; stopped at its {args.timeout} s limit, the tests after these not reached" if rc == "timeout" else ""
+    print(f"\n{args.suite}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f" (pytest exit {rc}{stopped})")
+    slowest = sorted(rows, key=lambda r: -r.get("seconds", 0))[:5]
+    print("slowest: " + ", ".join(f"{r['test'].split('::')[-1]} {r.get('seconds', 0):.1f} s" for r in slowest))
     for r in rows:
         if r["outcome"] != "passed":
             print(f"  {r['outcome']:7} {r['test']}: {r.get('why', '')}")
