@@ -11,8 +11,8 @@ the final IR agree up to the order of the f32 sums.
 
 A buffer that a product reads as A or as a transposed B (its rows across a fragment's groups g,
 its columns across t) is padded to a pitch of 4 words past a multiple of 32, one read as B or as
-a transposed A (rows across t, columns across g) to 8 past: the 32 lanes of a fragment load then fall in 32
-distinct banks.
+a transposed A (rows across t, columns across g) to 8 past: the 32 lanes of a fragment load then
+fall in 32 distinct banks.
 
 A product is written where it is first needed. Where that is the next value of a carried tile
 that reads it only at the element it writes (S = exp(Gend) * S + dot(...), KDA's state update),
