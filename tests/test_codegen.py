@@ -339,3 +339,13 @@ def test_iota_of_a_dim_compiles_in_a_row_program(tmp_path, target):
         assert result.kernel.report.spills == 0, (n, dtype)
         assert "(int)(" in result.kernel.cu and "kfc_g" in result.kernel.cu
         assert ("cp.async.bulk" in result.kernel.cu) == (n == 65536), (n, dtype)  # 128 KB, three stretches
+
+
+def test_a_kernel_includes_the_half_precision_headers_only_where_it_names_their_types():
+    from kfc.codegen.cuda import includes
+
+    f32 = compile_op(load_kfc("examples/linear_attention.kfc"), parse_target("sm_90a"))
+    assert "#include" not in f32.kernel.cu  # f32 alone: nvcc skips parsing them
+    f16 = compile_op(load_kfc("kernels/rmsnorm.kfc", {"T": "f16"}), parse_target("sm_90a"), shape={"N": 512})
+    assert "#include <cuda_fp16.h>" in f16.kernel.cu and "cuda_bf16.h" not in f16.kernel.cu
+    assert includes("__nv_bfloat16 x;") == "#include <cuda_bf16.h>\n" and includes("float x;") == ""
