@@ -24,20 +24,18 @@ from __future__ import annotations
 
 from ..ir.core import Value
 from ..ir.tile_ops import DotOp
+from ..passes.tf32_dots import MMA_K, MMA_M, MMA_N, fits_tf32_mma
 from .errors import CodegenError
-from .tile_plan import THREADS
+from .tile_plan import THREADS, WARP
 
-MMA_M, MMA_N, MMA_K = 16, 8, 8
-WARPS = THREADS // 32
+WARPS = THREADS // WARP
 DEFERRED_MMA = object()  # a pending product: written where it is first read (TileKernelEmitter.flush_for)
 
 
 def mma_dot(op) -> bool:
-    """Whether the tile emitter writes this product on tensor cores."""
-    if not isinstance(op, DotOp) or op.precision != "tf32":
-        return False
-    m, n, k, _ = DotOp.mnk(*(v.ttype for v in op.operands), op.trans_a, op.trans_b)
-    return m % MMA_M == 0 and n % MMA_N == 0 and k % MMA_K == 0
+    """Whether the tile emitter writes this product on tensor cores: tf32-dots marked it, and it
+    is whole m16n8k8 tiles (a user's pipeline may give precision tf32 to any f32 product)."""
+    return isinstance(op, DotOp) and op.precision == "tf32" and fits_tf32_mma(op)
 
 
 def fragment_skew(v: Value, readers) -> int | None:
