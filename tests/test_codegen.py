@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kfc.cli import main
-from kfc.codegen import ptx
+from kfc.codegen import float16, ptx
 from kfc.codegen.toolchain import find_toolchain, parse_ptxas_report
 from kfc.compile import compile_op
 from kfc.diagnostics import KfcError
@@ -144,7 +144,7 @@ def test_a_kernel_defines_the_device_functions_it_calls_and_no_others(compiled):
     for cu in (rms, soft):
         assert "kfc_shfl_up_f32" not in cu and "kfc_floordiv" not in cu
         defined = re.findall(r"__forceinline__ [\w ]+? (kfc_\w+)\(", cu)
-        called = set(re.findall(r"(kfc_\w+)\(", cu.split("__global__")[1])) & set(ptx.DEVICE_FUNCTIONS)
+        called = set(re.findall(r"(kfc_\w+)\(", cu.split("__global__")[1])) & {*ptx.DEVICE_FUNCTIONS, *float16.FUNCTIONS}
         assert len(defined) == len(set(defined)) and set(defined) == called
 
 
@@ -339,13 +339,3 @@ def test_iota_of_a_dim_compiles_in_a_row_program(tmp_path, target):
         assert result.kernel.report.spills == 0, (n, dtype)
         assert "(int)(" in result.kernel.cu and "kfc_g" in result.kernel.cu
         assert ("cp.async.bulk" in result.kernel.cu) == (n == 65536), (n, dtype)  # 128 KB, three stretches
-
-
-def test_a_kernel_includes_the_half_precision_headers_only_where_it_names_their_types():
-    from kfc.codegen.cuda import includes
-
-    f32 = compile_op(load_kfc("examples/linear_attention.kfc"), parse_target("sm_90a"))
-    assert "#include" not in f32.kernel.cu  # f32 alone: nvcc skips parsing them
-    f16 = compile_op(load_kfc("kernels/rmsnorm.kfc", {"T": "f16"}), parse_target("sm_90a"), shape={"N": 512})
-    assert "#include <cuda_fp16.h>" in f16.kernel.cu and "cuda_bf16.h" not in f16.kernel.cu
-    assert includes("__nv_bfloat16 x;") == "#include <cuda_bf16.h>\n" and includes("float x;") == ""

@@ -53,8 +53,8 @@ def test_what_a_tensor_map_cannot_take_is_refused_by_name(dtype, shape, strides,
 def test_the_contract_lists_box_and_swizzle_for_tensor_maps_only():
     p = KernelParam("a", "tensor_map", "kfc_tensor_map", "bf16", box=(128, 64), swizzle=128)
     assert p.contract() == MAP
-    assert KernelParam("a", "tensor", "const __nv_bfloat16*", "bf16").contract() == \
-        {"name": "a", "kind": "tensor", "ctype": "const __nv_bfloat16*", "dtype": "bf16", "optional": False,
+    assert KernelParam("a", "tensor", "const kfc_bf16*", "bf16").contract() == \
+        {"name": "a", "kind": "tensor", "ctype": "const kfc_bf16*", "dtype": "bf16", "optional": False,
          "is_output": False}
     assert "box" not in KernelParam("kfc_ws0", "workspace", "float*", "f32", shape=("M",)).contract()
     kernel = {"name": "k", "grid": ["1", "1", "1"], "params": [dict(MAP, name="a"), {"name": "a", "kind": "tensor"}]}

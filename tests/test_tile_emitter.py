@@ -72,7 +72,7 @@ def test_the_plan_stores_what_is_reread_and_costly_and_inlines_the_rest():
     # kc = f32(k[...]) feeds products and the [C, C, K] decay sums: read many times, so its
     # bf16 load is stored (half the bytes of f32) and the cast written where kc is read
     load = emitter.plan.owner[named["kc"]].operands[0]
-    assert named["kc"] in emitter.inline and emitter.buffers[load].ctype == "__nv_bfloat16"
+    assert named["kc"] in emitter.inline and emitter.buffers[load].ctype == "kfc_bf16"
     # the [C, C, K] decay is never a buffer (rank 3), however often it is read
     assert named["decay"] in emitter.inline and not emitter.plan.storable(named["decay"])
     # a product read once, by the subtraction that builds W, is written where it is read;
@@ -101,7 +101,7 @@ def test_buffers_share_bytes_only_when_their_lives_do_not_overlap():
 def test_rows_of_an_even_number_of_words_are_padded_by_one_word():
     arena = SharedArena()
     f32 = arena.new("f", "float", (64, 128), 1)
-    bf16 = arena.new("h", "__nv_bfloat16", (64, 128), 1)
+    bf16 = arena.new("h", "kfc_bf16", (64, 128), 1)
     odd = arena.new("o", "float", (64, 33), 1)
     vec = arena.new("v", "float", (128,), 1)
     assert (f32.pitch, bf16.pitch, odd.pitch, vec.pitch) == (129, 130, 33, 128)
@@ -150,7 +150,7 @@ op cond(x: f32[B, 8, 8]) -> (y: f32[B, 8, 8]) {
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 12), st.integers(0, 6),
-                          st.sampled_from(["float", "__nv_bfloat16", "bool"])), min_size=1, max_size=12))
+                          st.sampled_from(["float", "kfc_bf16", "bool"])), min_size=1, max_size=12))
 def test_buffers_live_at_once_never_share_a_byte(specs):
     arena = SharedArena()
     bufs = []

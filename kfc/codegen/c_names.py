@@ -12,16 +12,17 @@ import numpy as np
 
 from ..ir.dtypes import DType, convert
 from ..ir.types import MemSpace
+from . import float16
 
 C_TYPES = {
-    DType.F32: "float", DType.F64: "double", DType.BF16: "__nv_bfloat16", DType.F16: "__half",
+    DType.F32: "float", DType.F64: "double", DType.BF16: float16.TYPE[DType.BF16], DType.F16: float16.TYPE[DType.F16],
     DType.E4M3: "unsigned char", DType.E5M2: "unsigned char",  # fp8 travels as its bits
     DType.I8: "signed char", DType.U8: "unsigned char", DType.I32: "int", DType.I64: "long long", DType.INDEX: "long long",
     DType.BOOL: "bool",
 }
 # 16-bit floats travel through registers as raw bits
-BITS_TO = {DType.BF16: "__ushort_as_bfloat16", DType.F16: "__ushort_as_half"}
-TO_BITS = {DType.BF16: "__bfloat16_as_ushort", DType.F16: "__half_as_ushort"}
+BITS_TO = float16.FROM_BITS
+TO_BITS = float16.TO_BITS
 
 
 # Every name in the emitted C++ lives in one of these namespaces, so none can collide with another,
@@ -105,10 +106,8 @@ F32_TO_FP8 = {DType.E4M3: "kfc_f32_to_e4m3", DType.E5M2: "kfc_f32_to_e5m2"}
 
 def as_float(expr: str, dtype: DType) -> str:
     """A 16-bit or 8-bit float as f32 (other dtypes as they are)."""
-    if dtype is DType.BF16:
-        return f"__bfloat162float({expr})"
-    if dtype is DType.F16:
-        return f"__half2float({expr})"
+    if dtype in float16.TO_F32:
+        return f"{float16.TO_F32[dtype]}({expr})"
     if dtype in FP8_TO_F32:
         return f"{FP8_TO_F32[dtype]}({expr})"
     return expr
@@ -116,10 +115,8 @@ def as_float(expr: str, dtype: DType) -> str:
 
 def from_float(expr: str, dtype: DType) -> str:
     """An f32 rounded to a 16-bit or 8-bit float (other dtypes as they are)."""
-    if dtype is DType.BF16:
-        return f"__float2bfloat16_rn({expr})"
-    if dtype is DType.F16:
-        return f"__float2half_rn({expr})"
+    if dtype in float16.FROM_F32:
+        return f"{float16.FROM_F32[dtype]}({expr})"
     if dtype in F32_TO_FP8:
         return f"{F32_TO_FP8[dtype]}({expr})"
     return expr

@@ -16,7 +16,7 @@ from ..ir.mma_ops import MbarrierArrayOp, MbarrierArriveOp, MbarrierWaitParityOp
 from ..ir.mma_ops.roles import REGISTER_FILE
 from ..ir.mma_ops import LoadColumnsOp, SingleThreadOp, StagesAllocOp, StoreTileOp, TensorMapOp, TmaLoadOp
 from ..ir.mma_ops import WgmmaOp, WgmmaWaitOp
-from . import ptx
+from . import float16, ptx
 from .c_names import C_TYPES, c_dim, c_tensor_map
 from .errors import CodegenError
 from .rules import rule
@@ -303,7 +303,7 @@ def emit_store_tile(em, op: StoreTileOp) -> None:
     p = em.name(tensor)
     r0, c0 = em.name(row0), em.name(col0)
     paired = isinstance(n_cols, int) and n_cols % 2 == 0 and dt in (DType.BF16, DType.F16, DType.F32)
-    pair_t = {DType.BF16: "__nv_bfloat162", DType.F16: "__half2", DType.F32: "float2"}.get(dt)
+    pair_t = {**float16.PAIR, DType.F32: "float2"}.get(dt)
     em.emit("#pragma unroll")
     em.emit(f"for (int i = 0; i < {em.EV}; i += 2) {{")
     em.emit(f"  const long long r = {r0} + {frag.row_c('i', 'kfc_tid')};")

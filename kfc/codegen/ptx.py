@@ -284,10 +284,10 @@ static __device__ __forceinline__ unsigned kfc_cvt_pack_f16(float hi, float lo) 
 }
 static __device__ __forceinline__ float kfc_e4m3_to_f32(unsigned char b) {
   unsigned w; asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(w) : "h"((unsigned short)b));
-  return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+  return kfc_f16_to_f32(kfc_f16_of_bits((unsigned short)(w & 0xffffu)));
 }
 static __device__ __forceinline__ float kfc_e5m2_to_f32(unsigned char b) {
-  return __half2float(__ushort_as_half((unsigned short)(b << 8)));
+  return kfc_f16_to_f32(kfc_f16_of_bits((unsigned short)(b << 8)));
 }
 static __device__ __forceinline__ unsigned char kfc_f32_to_e4m3(float x) {
   unsigned short h; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(x));

@@ -14,6 +14,7 @@ import attrs
 from ..ir.core import Op, Value
 from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotOp, ExpandDimsOp, LoadOp,
                            ReduceOp, ReshapeOp, ScanOp, TransposeOp, TriInvOp, UnaryOp, WhereOp)
+from . import float16
 from .c_names import C_TYPES
 
 VIEW_OPS = (BroadcastOp, ExpandDimsOp, ReshapeOp, TransposeOp)  # index maps: never a buffer of their own
@@ -166,7 +167,7 @@ class Buffer:
         return f"{self.name}[{row_major(idx, self.shape[:-1] + (self.pitch,))}]"
 
 
-C_SIZES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "unsigned char": 1, "signed char": 1,
+C_SIZES = {"float": 4, "double": 8, **{t: 2 for t in float16.TYPE.values()}, "unsigned char": 1, "signed char": 1,
            "int": 4, "long long": 8, "bool": 1}
 assert set(C_TYPES.values()) <= set(C_SIZES)
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 from ..ir import layouts
 from ..ir.dtypes import DType
 from ..ir.mma_ops import CHUNK_BYTES, STORE_ROWS, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
-from . import ptx
+from . import float16, ptx
 from .errors import CodegenError
 from .mma_rules import stage_bytes
 from .rules import rule
 
 WARPGROUP_THREADS = 128
 # a pair of adjacent columns as one shared-memory store: (C type of the pair, asm store of it)
-PAIRS = {DType.BF16: ("__nv_bfloat162", "st.shared.b32", "r", "unsigned"),
-         DType.F16: ("__half2", "st.shared.b32", "r", "unsigned"),
+PAIRS = {DType.BF16: (float16.PAIR[DType.BF16], "st.shared.b32", "r", "unsigned"),
+         DType.F16: (float16.PAIR[DType.F16], "st.shared.b32", "r", "unsigned"),
          DType.F32: ("float2", "st.shared.v2.f32", None, None)}
 
 
