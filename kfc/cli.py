@@ -246,7 +246,7 @@ def cmd_check(args) -> int:
     from .check.runner import DEFAULT_BUDGET, check_op  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .frontend import instances as spec_instances, load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .ir.specialize import check_dims  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
-    from .proof import lower_stages  # lazy: kfc.compile, kfc.passes ~2 s; off kfc --help
+    from .proof import stages_by_shape  # lazy: kfc.compile, kfc.passes ~2 s; off kfc --help
 
     spec = load_kfc(args.file, args.dtype)
     if spec.check is None:
@@ -283,8 +283,10 @@ def cmd_check(args) -> int:
     not_compiled: dict[str, str] = {}  # instance -> why it has no final IR (kfc compile refuses it)
 
     def stages_for(inst):
+        lowered = stages_by_shape(inst, target, args.pipeline)
+
         def at(dims):
-            got = lower_stages(inst, target, args.pipeline, dims)
+            got = lowered(dims)
             if hasattr(got, "reason"):
                 not_compiled.setdefault(inst.instance_name, got.reason)
             return got

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from .compile import lower_op
+from .compile import fixed_dims, lower_op
 from .diagnostics import InternalError, KfcError
 from .ir.func import FuncOp
 from .model.spec import OpSpec
@@ -43,3 +43,16 @@ def lower_stages(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[
         return NotCompiled(e.message)
     return Stages(str(lowering.pipeline), tuple(ctx.stages) or (("(no pass)", lowering.func),))
 
+
+def stages_by_shape(spec: OpSpec, target: Target, pipeline: str | None):
+    """lower_stages as a function of the dims, lowering once for each set of fixed dims: the
+    pipeline fixes every dim but the row count, so check cases that differ only in their rows
+    (or scaled down only in them) run the same IR."""
+    lowered: dict[tuple, Stages | NotCompiled] = {}
+
+    def at(dims: dict[str, int]) -> Stages | NotCompiled:
+        key = tuple(sorted(fixed_dims(spec.func, dims).items()))
+        if key not in lowered:
+            lowered[key] = lower_stages(spec, target, pipeline, dims)
+        return lowered[key]
+    return at

@@ -125,3 +125,19 @@ def test_the_gates_device_generator_draws_reset_gates_as_the_check_does():
     gen = torch.Generator().manual_seed(0)
     x = _draw("logsigmoid_resets", (3, 1, 0.25, -1e5), (4000,), torch.float32, {}, gen, 1.0, "cpu")
     assert x.dtype == torch.float32 and (x <= 0).all() and 0.2 < float((x == -1e5).float().mean()) < 0.3
+
+
+def test_check_cases_that_differ_only_in_rows_share_one_lowering(monkeypatch):
+    import kfc.proof as proof
+    from kfc.model.target import parse_target
+
+    lowered = []
+    real = proof.lower_stages
+    monkeypatch.setattr(proof, "lower_stages", lambda spec, t, p, dims: lowered.append(dict(dims)) or real(spec, t, p, dims))
+    spec = _spec()
+    at = proof.stages_by_shape(spec, parse_target("sm_90a"), None)
+    shapes = [{"M": 3, "N": 70}, {"M": 1, "N": 70}, {"M": 300, "N": 70}, {"M": 3, "N": 8}]
+    results = check_op(spec, seeds=[0], shapes=shapes, stages_at=at)
+    assert lowered == [{"M": 3, "N": 70}, {"M": 3, "N": 8}]  # the rows are the run-time dim
+    assert len(results) == 2 * len(shapes) and all(r.ok for r in results)  # the source's and the final IR's
+    assert at({"M": 5, "N": 70}) is at({"M": 3, "N": 70})
