@@ -103,3 +103,16 @@ def test_output_file_not_left_half_written_on_error(tmp_path):
     r = run_cli("opt", str(f), "-o", str(out))
     assert r.returncode == 2 and not out.exists()
     assert list(tmp_path.iterdir()) == [f]
+
+
+def test_main_called_again_parses_afresh(capsys, tmp_path):
+    """One parser serves every call in a process: an option given once is given once each time,
+    and one given twice is refused each time."""
+    from kfc import cli
+
+    for _ in range(2):
+        assert main(["opt", "kernels/rmsnorm.kfc", "--dtype", "T=f16", "-o", str(tmp_path / "a.kir")]) == 0
+        assert main(["opt", "kernels/rmsnorm.kfc", "-o", str(tmp_path / "b.kir"), "-o", str(tmp_path / "c.kir")]) == 2
+        assert "given twice" in capsys.readouterr().err
+    assert cli._parser() is cli._parser()
+    assert "f16" in (tmp_path / "a.kir").read_text() and not (tmp_path / "b.kir").exists()

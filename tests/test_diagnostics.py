@@ -176,3 +176,19 @@ def test_a_size_type_parameter_is_refused_clearly(header, bound, message):
     from kfc.frontend import parse_kfc
     with pytest.raises(KfcError, match=re.escape(message)):
         parse_kfc(SIZED.replace("<C: 4 | 2>", header), "sized.kfc", bound)
+
+
+def test_a_text_parsed_again_reuses_its_tree_and_an_error_stays_an_error():
+    from kfc.frontend.spec import parse_kfc, syntax_tree
+    from kfc.ir.printer import print_ir
+
+    text = Path("kernels/rmsnorm.kfc").read_text()
+    first = parse_kfc(text, "rmsnorm.kfc", {"T": "bf16"})
+    hits = syntax_tree.cache_info().hits
+    again = parse_kfc(text, "rmsnorm.kfc", {"T": "f16"})  # another binding of the same text
+    assert syntax_tree.cache_info().hits == hits + 1
+    assert "bf16" in print_ir(first.func) and "f16" in print_ir(again.func) and "bf16" not in print_ir(again.func)
+    deep = "op f(x: f32[N]) -> (y: f32[N]) {\n  y[:] = " + "(" * 300 + "x[:]" + ")" * 300 + "\n}\n"
+    for _ in range(2):  # refused each time, never served from the cache
+        with pytest.raises(KfcError, match="nests more than"):
+            parse_kfc(deep, "deep.kfc")

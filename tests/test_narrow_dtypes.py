@@ -155,3 +155,12 @@ def test_the_check_block_names_the_authority_for_exact_outputs():
     with pytest.raises(KfcError) as e:
         parse_kfc(op + "  exact_reference = \"gpu\"\n}", "t.kfc")
     assert str(e.value.span).startswith("t.kfc:4:") and "cpu" in e.value.message
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16, DType.I32, DType.E4M3])
+def test_converting_to_the_dtype_an_array_has_is_a_copy_of_it(dtype):
+    a = convert(np.array([1.5, -2.0, 448.0, 0.25], dtype=np.float32), dtype)
+    b = convert(a, dtype)
+    assert b is not a and b.dtype == a.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    b[0] = 0  # the caller owns what it gets
+    assert a[0] != 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import itertools
 import re
 from pathlib import Path
@@ -52,8 +53,11 @@ def instances(spec: OpSpec) -> list[OpSpec]:
             for combo in itertools.product(*(opts for _, opts in dtyped))]
 
 
-def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = None) -> OpSpec:
-    register_source(file, text)
+@functools.lru_cache(maxsize=64)
+def syntax_tree(text: str, file: str) -> lark.Tree:
+    """The parse tree of a .kfc text, its nesting checked and its parentheses gone. Kept for the
+    texts parsed last: an op is parsed again for each binding of its type parameters, and the
+    lowering only reads the tree."""
     parser = lalr_parser(GRAMMAR)
     try:
         tree = parser.parse(text)
@@ -62,8 +66,12 @@ def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = No
     except lark.exceptions.VisitError as e:  # pragma: no cover - no callbacks are registered
         raise KfcError(str(e.orig_exc), None) from None
     check_nesting(tree, file, NESTING_CHAINS, free=NESTING_FREE)
-    tree = without(tree, "paren")
-    op_node, *sections = tree.children
+    return without(tree, "paren")
+
+
+def parse_kfc(text: str, file: str = "<kfc>", dtypes: dict[str, str] | None = None) -> OpSpec:
+    register_source(file, text)
+    op_node, *sections = syntax_tree(text, file).children
     lowerer = Lowerer(file, text, dtypes)
     func = lowerer.lower_op(op_node)
     spec = _Sections(file, func, dict(lowerer.size_vars)).build(sections)

@@ -31,7 +31,7 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.I8, DType.U8, DType.I32, DType.I64, DType.INDEX)
+        return self in _INTS
 
     @property
     def is_bool(self) -> bool:
@@ -85,6 +85,7 @@ class DType(enum.Enum):
 
 _NARROW_FLOATS = (np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
 _FLOATS = frozenset({DType.BF16, DType.F16, DType.F32, DType.F64, DType.E4M3, DType.E5M2})
+_INTS = frozenset({DType.I8, DType.U8, DType.I32, DType.I64, DType.INDEX})
 _BITS = {
     DType.BF16: 16, DType.F16: 16, DType.F32: 32, DType.F64: 64, DType.E4M3: 8,
     DType.E5M2: 8, DType.I8: 8, DType.U8: 8, DType.I32: 32, DType.I64: 64, DType.INDEX: 64, DType.BOOL: 1,
@@ -117,6 +118,8 @@ def convert(x, dtype: DType) -> np.ndarray:
     (the GPU's cvt.rzi; torch wraps out-of-range values on the CPU, a result C++ leaves undefined)."""
     a = np.asarray(x)
     src = a.dtype
+    if src == _NUMPY[dtype]:  # nothing to round: the interpreter's common case, kept cheap
+        return a.copy()
     if dtype.is_int and (np.issubdtype(src, np.floating) or src in _NARROW_FLOATS):
         f = a.astype(np.float64)
         info = np.iinfo(dtype.np)

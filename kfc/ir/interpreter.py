@@ -194,12 +194,13 @@ class Interpreter:
         plan = self.gather_plan(op, t, index, idx_values, arr.shape)
         gather = [np.where(valid, pos, 0) for _, pos, valid in plan]
         vals = arr[np.ix_(*gather)] if gather else arr[()]
-        mask = np.ones(vals.shape, dtype=bool)
-        for axis, (_, _, valid) in enumerate(plan):
-            shape = [1] * len(plan)
-            shape[axis] = len(valid)
-            mask &= valid.reshape(shape)
-        vals = np.where(mask, vals, np.asarray(other).astype(np_dtype))
+        if not all(valid.all() for _, _, valid in plan):  # else nothing lies outside: no mask to apply
+            mask = np.ones(vals.shape, dtype=bool)
+            for axis, (_, _, valid) in enumerate(plan):
+                shape = [1] * len(plan)
+                shape[axis] = len(valid)
+                mask &= valid.reshape(shape)
+            vals = np.where(mask, vals, np.asarray(other).astype(np_dtype))
         return np.asarray(vals).reshape(out_shape).astype(np_dtype)
 
     def readable(self, op: Op, arr):
