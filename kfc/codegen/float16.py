@@ -23,8 +23,9 @@ FROM_F32 = {DType.BF16: "kfc_f32_to_bf16", DType.F16: "kfc_f32_to_f16"}
 FROM_BITS = {DType.BF16: "kfc_bf16_of_bits", DType.F16: "kfc_f16_of_bits"}
 TO_BITS = {DType.BF16: "kfc_bf16_bits", DType.F16: "kfc_f16_bits"}
 
-# the conversions' asm, character for character as the CUDA headers write it: cicc weighs an asm
-# statement by its text when it decides what to unroll, so the same text gives the same PTX
+# the conversions' asm, character for character as the CUDA headers write it: the same text gives
+# the same PTX, while `cvt...;` without the braces changed cicc's unrolling of kda_fwd at C = 32
+# (7289 PTX lines against 7758)
 _ROUND = {DType.BF16: r"{  cvt.rn.bf16.f32 %0, %1;}\n", DType.F16: r"{  cvt.rn.f16.f32 %0, %1;}\n"}
 _WIDEN = {DType.BF16: r"{ cvt.f32.bf16 %0, %1;}\n", DType.F16: r"{  cvt.f32.f16 %0, %1;}\n"}
 
