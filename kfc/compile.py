@@ -159,6 +159,7 @@ class Lowering:
     fixed: dict[str, int]
     dynamic: list[str]
     ctx: PassContext
+    generated: tuple | None = None  # generate_cuda(func), where lowering already ran it
 
 
 def lower_op(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int], ctx: PassContext) -> Lowering:
@@ -179,8 +180,9 @@ def lower_op(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str,
         parse_pipeline(default_pipeline(kind, tma_product_rows(special) if kind == "matmul" else None, target))
     before = (len(ctx.notes), len(ctx.approximations), None if ctx.stages is None else len(ctx.stages))
     lowered = PassManager(pipe, ctx).run(special)
+    generated = None
     if pipeline is None and kind == "tile":
-        pipe, lowered = tile_products_that_fit(special, pipe, lowered, target, ctx, before)
+        pipe, lowered, generated = tile_products_that_fit(special, pipe, lowered, target, ctx, before)
     if kind not in ("row", "matmul", "tile"):
         # why the rank-2 tiles the row passes refuse stayed
         reports = [r for r in ctx.stats.values() if isinstance(r, SplitReport)]
@@ -191,7 +193,7 @@ def lower_op(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str,
                        "and lowers it; code generation covers row ops such as rmsnorm, layernorm and softmax")
     if kind != "tile":
         check_lowered(lowered, pipe)
-    return Lowering(lowered, pipe, fixed, dynamic, ctx)
+    return Lowering(lowered, pipe, fixed, dynamic, ctx, generated)
 
 
 def build_advised(advice, build):
@@ -225,7 +227,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         t0 = time.perf_counter()
         lowering = lower_op(spec, target, pipeline_text, dims, ctx)
         t_passes = time.perf_counter() - t0
-        code, plan = generate_cuda(lowering.func)
+        code, plan = lowering.generated or generate_cuda(lowering.func)
         arch, arch_note = build_arch(target, kernel_features(lowering.func))
         if arch_note:
             ctx.notes.append(("backend", arch_note))
@@ -293,19 +295,22 @@ def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Targe
     """The default tile pipeline and its IR, or, where the products it puts on tensor cores keep
     results in shared memory the target does not have, the same pipeline without tf32-dots (the
     products as f32 loops, their results never stored whole) when that needs fewer bytes. Decided
-    here, before the final IR is anyone's, so that what kfc check interprets is what is built."""
+    here, before the final IR is anyone's, so that what kfc check interprets is what is built.
+    Third, the kept IR's generate_cuda where this ran it (kfc compile then reuses it), else None."""
     kept = [p for p in pipe if not isinstance(p, Tf32Dots)]
     if len(kept) == len(pipe):
-        return pipe, lowered
-    needed = generate_cuda(lowered)[1].smem_dynamic
+        return pipe, lowered, None
+    generated = generate_cuda(lowered)
+    needed = generated[1].smem_dynamic
     if needed <= target.smem_per_block:
-        return pipe, lowered
+        return pipe, lowered, generated
     plain = parse_pipeline(",".join(map(str, kept)))
     other = attrs.evolve(ctx, notes=[], approximations=[], stages=None if ctx.stages is None else [], stats={},
                          timings=[])
     plain_ir = PassManager(plain, other).run(special)
-    if generate_cuda(plain_ir)[1].smem_dynamic >= needed:
-        return pipe, lowered
+    plain_generated = generate_cuda(plain_ir)
+    if plain_generated[1].smem_dynamic >= needed:
+        return pipe, lowered, generated
     # the run that is kept replaces the other's records
     notes, approximations, stages = before
     ctx.notes[notes:] = other.notes + [("compile", f"the products on tensor cores needed {needed} bytes of shared "
@@ -314,7 +319,7 @@ def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Targe
     if stages is not None:
         ctx.stages[stages:] = other.stages
     ctx.stats.update(other.stats)
-    return plain, plain_ir
+    return plain, plain_ir, plain_generated
 
 
 def single_role(lowering: Lowering) -> str | None:

@@ -9,7 +9,7 @@ from ..ir.tile_ops import DotOp, ReduceKind, ReduceOp, ScanOp, TriInvOp
 from ..ir.tile_ops.reductions import identity
 from . import ptx
 from .c_names import C_TYPES, as_float, from_float, literal
-from .tile_plan import THREADS, WARP
+from .tile_plan import THREADS, WARP, reduced_count
 
 
 class TileLoops:
@@ -90,11 +90,7 @@ class TileLoops:
         ct = self.acc_type(d)
         kept = [n for k, n in enumerate(shape) if k not in op.axes]
         reduced = [n for k, n in enumerate(shape) if k in op.axes]
-        outputs, count = 1, 1
-        for n in kept:
-            outputs *= n
-        for n in reduced:
-            count *= n
+        outputs, count = r.ttype.numel(), reduced_count(op)
         buf = self.new_buffer(r)
         self.begin_phase()
         self.arena.touch(buf, self.step)

@@ -43,10 +43,16 @@ def warp_reduction(op: Op) -> bool:
     outputs of 128 terms, 16 threads busy otherwise). Such a reduction always has a buffer."""
     if not isinstance(op, ReduceOp) or op.operands[0].ttype.dtype.is_bool:
         return False
-    x, count = op.operands[0], 1
-    for k in op.axes:
-        count *= x.ttype.shape[k]
+    count = reduced_count(op)
     return isinstance(count, int) and op.result.ttype.numel() < THREADS and count >= WARP and op.result.ttype.rank > 0
+
+
+def reduced_count(op: ReduceOp):
+    """How many elements each output of a reduction combines (symbolic where a reduced dim is)."""
+    count = 1
+    for k in op.axes:
+        count *= op.operands[0].ttype.shape[k]
+    return count
 
 
 class TilePlan:

@@ -52,7 +52,8 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
     beta [B, T, HV] probabilities, or logits with use_beta_sigmoid_in_kernel. initial_state in f32
     or bf16, [N, HV, K, V] ([N, HV, V, K] with state_v_first); the final state has its dtype (f32
     without one). chunk_size, as fla's, 32 or 64 (a ValueError otherwise, fla's); left out, kfc
-    takes its fastest, 16. It changes the speed, not the result. disable_recompute and cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused."""
+    takes its fastest, 16. It changes the speed, not the result. disable_recompute and
+    cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused."""
     what = "chunk_kda"
     if chunk_size is not None and chunk_size not in FLA_CHUNKS:
         raise ValueError(f"`chunk_size` must be either 32 or 64, got {chunk_size} (kfc.nn.kda.chunk_kda takes fla's "
