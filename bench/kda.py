@@ -1,15 +1,15 @@
 """Kimi Delta Attention's forward: kfc against FlashKDA and fla, in one run on one GPU.
 
     python -m bench.kda [--cases T=8192:H=96,varlen=1300+547+2048:H=96,...] [--chunks 16,32,64]
-                        [--state none|f32|bf16] [--out FILE]
+                        [--state none|f32|bf16] [--one-kernel] [--out FILE]
 
 FlashKDA's interface (its benchmark's): B = 1, K = V = 128, bf16 q, k, v, raw gates and beta
 logits, the gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound -5, q and k
 L2-normalised in the kernel, states V-first. Contenders: `flashkda` (flash_kda.fwd, where it
 imports: build it with ../shared/peers/flashkda.sh), `fla` (fla's chunk_kda with
 use_gate_in_kernel, safe_gate, use_qk_l2norm_in_kernel and use_beta_sigmoid_in_kernel, its state
-[K, V]-first) and `kfc[C=..]` (kfc.nn.kda.flash_kda_fwd, kernels/kda_fwd_flashkda.kfc at each
-chunk). Every contender's o (and final state) is first checked against the float64 recurrence
+[K, V]-first) and `kfc[C=..]` (kfc.nn.kda.flash_kda_fwd at each chunk: the prepare kernel and the
+recurrence; with --one-kernel also `kfc[C=..,one kernel]`, kernels/kda_fwd_flashkda.kfc alone). Every contender's o (and final state) is first checked against the float64 recurrence
 (kfc.reference.kda.kda_flashkda): relative RMSE within 2e-2, a wrong contender is not timed and
 the run exits non-zero; the error is recorded. Timing: eager, triton.testing.do_bench median with
 the L2 flushed before each call (the headline); CUDA graph, do_bench_cudagraph median, beside it.
@@ -64,7 +64,7 @@ def inputs(lengths: list[int], H: int, state: str, seed: int = 0):
     return x
 
 
-def contenders(x: dict, chunks: list[int]) -> dict:
+def contenders(x: dict, chunks: list[int], one_kernel: bool = False) -> dict:
     """name -> a call returning (o, final state V-first or None), or a string saying why it is absent."""
     import torch
 
@@ -75,18 +75,18 @@ def contenders(x: dict, chunks: list[int]) -> dict:
     final = None if x["h0"] is None else torch.empty_like(x["h0"])
     calls: dict = {}
 
-    for c in chunks:
-        def kfc_call(c=c):
+    for c, split in itertools.product(chunks, (True, False) if one_kernel else (True,)):
+        def kfc_call(c=c, split=split):
             kfc_out = torch.empty_like(x["v"])
             kfc_final = None if x["h0"] is None else torch.empty_like(x["h0"])
 
             def call():
                 kda.flash_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, kfc_out, x["A_log"], x["dt_bias"],
                                   LOWER_BOUND, initial_state=x["h0"], final_state=kfc_final,
-                                  cu_seqlens=x["cu_seqlens"], chunk_size=c)
+                                  cu_seqlens=x["cu_seqlens"], chunk_size=c, split=split)
                 return kfc_out, kfc_final
             return call
-        calls[f"kfc[C={c}]"] = harness.safe(kfc_call)
+        calls[f"kfc[C={c}]" if split else f"kfc[C={c},one kernel]"] = harness.safe(kfc_call)
 
     def flashkda():
         import flash_kda
@@ -115,7 +115,8 @@ def contenders(x: dict, chunks: list[int]) -> dict:
     return calls
 
 
-def run(cases: list[str], chunks: list[int], state: str, progress=None) -> tuple[list[dict], list[str]]:
+def run(cases: list[str], chunks: list[int], state: str, progress=None,
+        one_kernel: bool = False) -> tuple[list[dict], list[str]]:
     """Each case's row (contenders checked, then timed) and the failures; `progress(rows,
     failures)` after each case, so a run stopped part-way keeps what it measured."""
     import torch
@@ -131,7 +132,7 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None) -> tuple
             want_o, want_ht = kda_flashkda(x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"],
                                            x["cu_seqlens"], h0=x["h0"], scale=K ** -0.5, lower_bound=LOWER_BOUND)
         row: dict = {"case": case, "T": sum(lengths), "H": H, "sequences": len(lengths), "state": state}
-        for name, call in contenders(x, chunks).items():
+        for name, call in contenders(x, chunks, one_kernel).items():
             if isinstance(call, str):
                 row[name] = {"ok": False, "error": call}
                 continue
@@ -196,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", default="16,32,64", help="kfc's chunk sizes to time, each a contender (default 16,32,64)")
     ap.add_argument("--state", choices=["none", "f32", "bf16"], default="none",
                     help="the initial and final state: absent (the default, FlashKDA's headline) or in this dtype")
+    ap.add_argument("--one-kernel", action="store_true",
+                    help="also time kfc's single kernel per (sequence, head) at each chunk, beside the split pair")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
     cases = args.cases.split(",") if args.cases else CASES
@@ -214,7 +217,7 @@ def main(argv=None) -> int:
     def progress(rows, failures):
         if args.out:
             Path(args.out).write_text(json.dumps({"partial": True, **payload(rows, failures)}, indent=2, default=str))
-    rows, failures = run(cases, chunks, args.state, progress)
+    rows, failures = run(cases, chunks, args.state, progress, args.one_kernel)
     path = save("kda", payload(rows, failures), also=args.out)
     print(f"saved {path}")
     names = [k for k in rows[0] if isinstance(rows[0][k], dict)] if rows else []

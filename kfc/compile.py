@@ -72,10 +72,18 @@ def row_dims(func: FuncOp) -> list[str]:
         return []
     defs = {r: op for op in func.body.ops for r in op.results}
     out = []
-    for v in loops[0].operands:
+
+    def dims_of(v) -> None:  # a bound may be an expression of dims: (T + C - 1) // C + N
         d = defs.get(v)
-        if isinstance(d, DimOp) and d.sym not in out:
-            out.append(d.sym)
+        if isinstance(d, DimOp):
+            if d.sym not in out:
+                out.append(d.sym)
+        elif d is not None and not d.regions:
+            for x in d.operands:
+                dims_of(x)
+
+    for v in loops[0].operands:
+        dims_of(v)
     return out
 
 

@@ -159,3 +159,40 @@ def test_f32_inputs_are_refused_with_the_dtypes_the_kernel_takes():
     q, k, v, raw, beta, _ = draw(1, 9, 1, 1, 8, 8, dtype=torch.float32)
     with pytest.raises(KfcError, match="all bfloat16 or all float16"):
         kda.chunk_kda(q, k, v, raw, beta)
+
+
+def test_flash_kda_fwd_split_matches_the_recurrence_and_the_one_kernel():
+    """The split pair (prepare for every chunk at once, then the recurrence) on varlen sequences
+    (one empty, one shorter than a chunk) with an f32 state, gates near lower_bound = -5 (the
+    decays' factors at their bound): as the float64 recurrence, and as the one kernel."""
+    lengths = [37, 0, 5, 70]
+    T = sum(lengths)
+    q, k, v, raw, beta, _ = draw(1, T, 2, 2, 16, 8, seed=3)
+    raw = raw * 4 + 2  # sigmoid near 1 for most: gates near lower_bound
+    A_log, dt_bias = torch.randn(2) * 0.5, torch.randn(2, 16)
+    cu = torch.tensor([0, 37, 37, 42, 112])
+    h0 = torch.randn(4, 2, 8, 16)
+    want_o, want_ht = kda_flashkda(q, k, v, raw.bfloat16(), beta.bfloat16(), A_log, dt_bias, cu, h0=h0, scale=0.25)
+    got = {}
+    for split in (True, False):
+        out, final = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
+        kda.flash_kda_fwd(q, k, v, raw.bfloat16(), beta.bfloat16(), 0.25, out, A_log, dt_bias, -5.0,
+                          initial_state=h0, final_state=final, cu_seqlens=cu, split=split)
+        close(f"out, split={split}", out, want_o)
+        close(f"final_state, split={split}", final, want_ht)
+        got[split] = out
+    close("split against one kernel", got[True], got[False])
+
+
+def test_flash_kda_fwd_takes_one_kernel_where_the_split_pair_does_not_hold(monkeypatch):
+    """Chunk 32 or 64, or a lower_bound below FlashKDA's -5, runs the one kernel (the prepare kernel's
+    decay factors would leave f32's range); FlashKDA's own cases run the pair."""
+    launched = []
+    monkeypatch.setattr(kda, "run", lambda name, bind, given, outs: (launched.append(name), interpreted(name, bind, given, outs)))
+    q, k, v, raw, beta, _ = draw(1, 20, 1, 1, 8, 8)
+    args = (q, k, v, raw.bfloat16(), beta.bfloat16(), 0.3, torch.empty_like(v), torch.zeros(1), torch.zeros(1, 8))
+    for chunk, lower_bound, names in ((16, -5.0, ["kda_prepare_flashkda", "kda_recurrence"]),
+                                      (64, -5.0, ["kda_fwd_flashkda"]), (16, -8.0, ["kda_fwd_flashkda"])):
+        launched.clear()
+        kda.flash_kda_fwd(*args, lower_bound, chunk_size=chunk)
+        assert launched == names, (chunk, lower_bound)

@@ -161,14 +161,14 @@ def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp
     assert main(["compile", "kernels/kda_fwd_flashkda.kfc", "--dtype", "C=64", "--shape", "T=4096,K=128,V=128",
                  "-o", str(tmp_path / "c64")]) == 0
     report = json.loads((tmp_path / "c64" / "report.json").read_text())
-    assert report["pipeline"] == "canonicalize,cse,dce" and not report["approximations"]
+    assert report["pipeline"] == "canonicalize,cse,dce,hoist-loads" and not report["approximations"]
     assert any("products on tensor cores needed" in n for n in report["pass_notes"])
     # and the final IR kfc check interprets (and tests/gpu compares the GPU with) is that one
     spec = load_kfc("kernels/kda_fwd_flashkda.kfc", {"C": "64"})
     stages = lower_stages(spec, parse_target("sm_90a"), None, {"N": 2, "T": 160, "H": 1, "K": 128, "V": 128})
-    assert stages.pipeline == "canonicalize,cse,dce" and "tf32" not in print_ir(stages.stages[-1][1])
+    assert stages.pipeline == "canonicalize,cse,dce,hoist-loads" and "tf32" not in print_ir(stages.stages[-1][1])
     names = [name for name, _ in stages.stages]
-    assert names[-3:] == ["canonicalize", "cse", "dce"] and "tf32-dots" not in names and names.count("dce") == 1
+    assert names[-4:] == ["canonicalize", "cse", "dce", "hoist-loads"] and "tf32-dots" not in names and names.count("dce") == 1
     assert main(["compile", "kernels/kda_fwd_flashkda.kfc", "--dtype", "C=16", "--shape", "T=4096,K=128,V=128",
                  "-o", str(tmp_path / "c16")]) == 0
     report = json.loads((tmp_path / "c16" / "report.json").read_text())
@@ -179,5 +179,5 @@ def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp
 def test_kfc_passes_names_the_tile_programs_default(capsys):
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
-    assert "default pipeline for other tile programs: canonicalize,cse,dce,tf32-dots" in out
+    assert "default pipeline for other tile programs: canonicalize,cse,dce,hoist-loads,tf32-dots" in out
     assert any(line.startswith("tf32-dots ") for line in out.splitlines())

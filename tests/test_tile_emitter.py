@@ -222,3 +222,21 @@ def test_a_reduction_of_few_long_lines_is_a_warp_a_line():
     # min over 4 (96 lines) stays a thread a line
     assert cu.count("__shfl_xor_sync(0xffffffffu") == 4
     assert cu.count("threadIdx.x / 32") == 4 and "long long kfc_a" in cu
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_kda_split_pair_compiles_with_its_products_on_tensor_cores(target):
+    """kernels/kda_prepare_flashkda.kfc: a CTA per (chunk, head), its decayed products and the
+    solve's on tensor cores; kernels/kda_recurrence.kfc: a CTA per (sequence, head), its four
+    products with the state on tensor cores, each step's six loads stored in one phase."""
+    shape = {"T": 4096, "K": 128, "V": 128}
+    prep = compile_op(load_kfc("kernels/kda_prepare_flashkda.kfc"), parse_target(target), shape=shape)
+    rec = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"SD": "bf16"}), parse_target(target), shape=shape)
+    # a CTA per chunk: ceil(T / 16) + N covers every sequence's, T and N left to the run
+    assert prep.report["kernels"][0]["grid"] == ["(((((T + 16) - 1) // 16) + N) * H)", "1", "1"]
+    assert rec.report["kernels"][0]["grid"] == ["(N * H)", "1", "1"]
+    assert prep.kernel.cu.count("kfc_mma_tf32(kfc_c") == 4 and rec.kernel.cu.count("kfc_mma_tf32(kfc_c") == 4
+    for r in (prep, rec):
+        assert not r.kernel.report.spills
+    step = rec.kernel.cu.split("for (long long", 1)[1]
+    assert step.count("__syncthreads();") == 8

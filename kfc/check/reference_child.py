@@ -20,6 +20,7 @@ import sysconfig
 import pickle
 import math
 import importlib
+import inspect
 
 from .descendants import become_subreaper, kill_descendants
 from .wire import WireClosed, recv, send
@@ -89,7 +90,12 @@ def _reference(req: dict):
         fn = getattr(mod, fn_name, None)
         if not callable(fn):
             raise _Refused("import", f"module {mod_name!r} has no function {fn_name!r}")
-        return lambda inputs, dims: fn(**inputs)
+        # besides the inputs, the dims and size parameters (C of kda<C: 16 | 32>) it names
+        try:
+            named = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a callable without a signature Python can read: the inputs only
+            named = {}
+        return lambda inputs, dims: fn(**inputs, **{k: v for k, v in dims.items() if k in named and k not in inputs})
     code = compile(text, "<reference>", "eval")
     return lambda inputs, dims: eval(code, {"torch": torch, "F": F, "math": math, **dims, **inputs})  # noqa: S307
 

@@ -20,6 +20,7 @@ from ..ir.tile_ops import (BinaryOp, BroadcastOp, CastOp, ConstOp, DimOp, DotOp,
                            IotaOp, LoadOp, ParallelOp, ReduceOp, ScanOp, StoreOp, TransposeOp, TriInvOp,
                            TriOp, YieldOp)
 from ..ir.types import MemSpace
+from ..passes.hoist_loads import written_tensors
 from . import elementwise_rules  # noqa: F401  (registers the rules RULE_OPS are written by)
 from .c_names import C_TYPES, argument_params, as_float, c_extent, c_param, dim_params, from_float, literal
 from .errors import CodegenError
@@ -68,7 +69,7 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
     from_float = staticmethod(from_float)
     chunk_local = None
 
-    def __init__(self, func: FuncOp, kernel_name: str) -> None:
+    def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -87,6 +88,8 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
         self.step = 0          # the CTA-wide phases written so far
         self.in_phase = False  # inside one: its reads are of this step; between two, of the next
         self.unsynced_reads = False  # a scalar read a shared tile since the last barrier
+        self.group_loads = group_loads  # store the pending loads together (flush_for)
+        self.written = written_tensors(func)
 
     # --- what the elementwise rules write through -----------------------------------------------
     def kind(self, v: Value) -> str:
@@ -181,12 +184,27 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
                 continue
             needed.add(v)
             stack.extend(self.plan.owner[v].operands)
-        for v in [v for v in self.pending if v in needed and v not in keep]:
+        todo = [v for v in self.pending if v in needed and v not in keep]
+        if todo and self.group_loads:
+            # every load waiting to be stored, needed now or later, in this one phase: one wait
+            # for memory and one barrier for them all (hoist-loads puts an iteration's loads first)
+            loads = [v for v in self.pending if self.plain_load(v) and v not in keep]
+            if len(loads) > 1:
+                self.store_tiles({v: self.pending.pop(v) for v in loads})
+                todo = [v for v in todo if v not in loads]
+        for v in todo:
             expr = self.pending.pop(v)
             if expr is DEFERRED_MMA:
                 self.emit_mma_dot(self.plan.owner[v])
             else:
                 self.store_tile(v, expr)
+
+    def plain_load(self, v: Value) -> bool:
+        """Whether pending tile v is a load of a tensor the kernel never writes, at indices that
+        are scalars: storing it reads no shared memory and depends on no other phase."""
+        op = self.plan.owner.get(v)
+        return (isinstance(op, LoadOp) and self.pending.get(v) is not DEFERRED_MMA
+                and op.operands[0] not in self.written and all(x.ttype.rank == 0 for x in op.operands[1:]))
 
     def new_buffer(self, v: Value) -> Buffer:
         owner = self.plan.owner.get(v)
@@ -233,6 +251,22 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
         body(e)
         self.indent -= 1
         self.emit("}")
+
+    def store_tiles(self, exprs: dict) -> None:
+        """Materialise several tiles that read no shared memory into new buffers, in one phase."""
+        bufs = {v: self.new_buffer(v) for v in exprs}
+        self.begin_phase()
+        for v, expr_of_idx in exprs.items():
+            buf = bufs[v]
+            self.arena.touch(buf, self.step)
+
+            def write(e, buf=buf, expr_of_idx=expr_of_idx):
+                idx = self.unflatten(e, buf.shape)
+                self.emit(f"{buf.at(idx)} = {expr_of_idx(idx)};")
+
+            self.cta_loop(v.ttype.numel(), write)
+            self.buffers[v] = buf
+        self.end_phase()
 
     def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None) -> Buffer:
         """Materialise v (its elements from expr_of_idx) into buf, else a new buffer (a

@@ -7,8 +7,11 @@
 chunk_kda takes fla's `chunk_kda` arguments with their meanings and runs kernels/kda_fwd_fla.kfc,
 whose run-time switches carry fla's options (the gate given or computed in the kernel, its
 lower-bound form, q/k L2 norm, beta as logits), so one compiled kernel serves every call.
-flash_kda_fwd takes FlashKDA's `fwd` arguments and runs kernels/kda_fwd_flashkda.kfc, writing
-`out` and `final_state` in place.
+flash_kda_fwd takes FlashKDA's `fwd` arguments and writes `out` and `final_state` in place, by
+two kernels: kernels/kda_prepare_flashkda.kfc does every chunk's state-independent work for all
+(chunk, head) at once into f32 workspaces, then kernels/kda_recurrence.kfc carries the state
+across each sequence's chunks; at chunk 32 or 64, a lower_bound below -5 or with `split=False`,
+the one kernel kernels/kda_fwd_flashkda.kfc, a CTA per (sequence, head), does both.
 
 A batch B > 1 without cu_seqlens runs as B packed sequences of T (a view and an offsets tensor).
 Inputs the kernels take in one dtype are converted first: g and beta to f32 for chunk_kda (fla's
@@ -33,6 +36,8 @@ DEFAULT_CHUNK = 16      # FlashKDA's chunk, and the least shared memory per CTA 
 FLA_CHUNKS = (32, 64)   # the chunk sizes fla's chunk_kda accepts when one is given
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
+SPLIT_CHUNKS = (16,)  # kernels/kda_prepare_flashkda.kfc's chunk
+SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound it is exact for (FlashKDA's range)
 GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
 
 
@@ -116,11 +121,14 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
 def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, out: Tensor,
                   A_log: Tensor, dt_bias: Tensor, lower_bound: float, initial_state: Optional[Tensor] = None,
                   final_state: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
-                  chunk_size: Optional[int] = None) -> None:
+                  chunk_size: Optional[int] = None, split: bool = True) -> None:
     """FlashKDA's `fwd`: writes o into `out` [B, T, H, V] and, when given, the final state into
     `final_state`. q, k, v, g (raw gates), beta (logits) in bf16 [B, T, H, ...]; A_log [H] and
     dt_bias [H, K] in f32; states V-first, [N, H, V, K], in bf16 or f32; cu_seqlens int32 or int64
-    with B = 1. Any K and V the shared memory holds (FlashKDA's own: 128)."""
+    with B = 1. Any K and V the shared memory holds (FlashKDA's own: 128). `split` (kfc's own,
+    default on): the chunks' state-independent work as a parallel kernel of its own before the
+    recurrence, where the chunk is 16 and lower_bound in [-5, 0] (FlashKDA's, within which that
+    kernel's decays stay in f32's range); else, or with split=False, one kernel."""
     what = "flash_kda_fwd"
     chunk = _chunk(what, chunk_size)
     B, T, H, K, _, V = _shapes(what, q, k, v, g, beta, gate_heads=False)
@@ -143,12 +151,19 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
         torch.empty(N, H, V, K, dtype=sd, device=q.device)
     o = out if out.is_contiguous() and out.data_ptr() % 16 == 0 else torch.empty_like(out, memory_format=torch.contiguous_format)
     given = dict(q=_packed(q), k=_packed(k), v=_packed(v), g=_packed(g), beta=_packed(beta),
-                 A_log=_vector(what, "A_log", A_log, (H,)), dt_bias=_vector(what, "dt_bias", dt_bias, (H, K)),
-                 cu_seqlens=offsets)
-    if state is not None:
-        given["h0"] = state
-    given.update(scale=float(scale), lower_bound=float(lower_bound))
-    run("kda_fwd_flashkda", dict(C=chunk, SD=_kfc_dtype(sd)), given, (o.view(1, B * T, H, V), ht))
+                 A_log=_vector(what, "A_log", A_log, (H,)), dt_bias=_vector(what, "dt_bias", dt_bias, (H, K)))
+    state_in = {} if state is None else {"h0": state}
+    o_ht = (o.view(1, B * T, H, V), ht)
+    if not (split and chunk in SPLIT_CHUNKS and SPLIT_LOWER_BOUND <= lower_bound <= 0):
+        run("kda_fwd_flashkda", dict(C=chunk, SD=_kfc_dtype(sd)),
+            dict(given, cu_seqlens=offsets, **state_in, scale=float(scale), lower_bound=float(lower_bound)), o_ht)
+    else:
+        rows = (1, B * T, H)
+        work = {n: torch.empty(*rows, d, dtype=torch.float32, device=q.device)
+                for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", chunk), ("gend", K))}
+        run("kda_prepare_flashkda", dict(C=chunk),
+            dict(given, cu_seqlens=offsets, scale=float(scale), lower_bound=float(lower_bound)), tuple(work.values()))
+        run("kda_recurrence", dict(C=chunk, SD=_kfc_dtype(sd)), dict(work, cu_seqlens=offsets, **state_in), o_ht)
     if o is not out:
         out.copy_(o)
     if final_state is not None and ht is not final_state:

@@ -1,7 +1,7 @@
 """Passes over the IR: one module per pass, registered by name for pipeline strings."""
 
 from . import (  # noqa: F401 - registration
-    accelerate_matmul, canonicalize, chunk_rows, cse, dce, flatten_branches, linearize, lower_ptx, lower_reductions,
+    accelerate_matmul, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads, linearize, lower_ptx, lower_reductions,
     lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tf32_dots, tile,
 )
 from .base import PASSES, Pass, PassError, register_pass
@@ -18,9 +18,9 @@ MATMUL_PIPELINE = "canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inf
 SKINNY_ROWS = 64
 SKINNY_MATMUL_PIPELINE = ("canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1,store=auto,bm=64,"
                           "bn=128,stages=6},canonicalize,cse,dce")
-# another tile program (kfc.codegen.tile_emitter): its f32 products of whole 16x8x8 tiles on
-# tensor cores in TF32
-TILE_PIPELINE = "canonicalize,cse,dce,tf32-dots"
+# another tile program (kfc.codegen.tile_emitter): each iteration's loads first (stored in one
+# phase), its f32 products of whole 16x8x8 tiles on tensor cores in TF32
+TILE_PIPELINE = "canonicalize,cse,dce,hoist-loads,tf32-dots"
 
 
 def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["kda_recurrent", "kda_flashkda", "kda_fla_gated"]
+__all__ = ["kda_recurrent", "kda_flashkda", "kda_fla_gated", "kda_prepare_flashkda", "kda_recurrence"]
 
 L2NORM_EPS = 1e-6  # fla's and FlashKDA's in-kernel q/k normalisation: x / sqrt(sum(x^2) + eps)
 
@@ -122,6 +122,62 @@ def kda_fla_gated(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=N
     if qk_l2norm:
         q, k = _l2norm(q), _l2norm(k)
     return kda_recurrent(q, k, v, gate, b, cu_seqlens, h0, scale)
+
+
+def kda_prepare_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=None, lower_bound=-5.0, *, C):
+    """The state-independent work of each chunk of C tokens (kernels/kda_prepare_flashkda.kfc),
+    in float64. Inputs as kda_flashkda's. With G the chunk's cumulative gate, Akk and Aqk its
+    decayed key-key and query-key products and Ainv = (I + diag(beta) strict(Akk))^-1, returns per
+    token row: w = Ainv diag(beta) (k e^G), u = Ainv diag(beta) v, qg = q e^G (q scaled),
+    kg = k e^(Gend - G), aqk = causal Aqk [.., C] and gend = e^Gend on every row of the chunk."""
+    f = torch.float64
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    gate = lower_bound * torch.sigmoid(A_log.to(f).exp()[None, None, :, None] * (g.to(f) + dt_bias.to(f)[None, None]))
+    qn, kn, vf, b, gate = _l2norm(q)[0] * scale, _l2norm(k)[0], v.to(f)[0], torch.sigmoid(beta.to(f))[0], gate[0]
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    out = {n: torch.zeros(T, H, d, dtype=f, device=q.device)
+           for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", C), ("gend", K))}
+    for a, e in ((t, min(t + C, end)) for bos, end in zip(bounds, bounds[1:]) for t in range(bos, end, C)):
+        G = gate[a:e].cumsum(0).transpose(0, 1)                     # [H, L, K]
+        kc, qc, vc, bc = (x[a:e].transpose(0, 1) for x in (kn, qn, vf, b))   # [H, L, ...], bc [H, L]
+        decay = (G[:, :, None, :] - G[:, None, :, :]).clamp(max=0.0).exp()   # [H, L, L, K]; j > i masked below
+        L = e - a
+        strict, causal = (torch.ones(L, L, dtype=torch.bool, device=q.device).tril(d) for d in (-1, 0))
+        Akk = torch.einsum("hik,hjk,hijk->hij", kc, kc, decay) * strict
+        Aqk = torch.einsum("hik,hjk,hijk->hij", qc, kc, decay) * causal
+        Ainv = torch.linalg.inv(torch.eye(L, dtype=f, device=q.device) + bc[:, :, None] * Akk)
+        Gend = G[:, -1, :]                                           # [H, K]
+        put = {"w": Ainv @ (bc[:, :, None] * kc * G.exp()), "u": Ainv @ (bc[:, :, None] * vc),
+               "qg": qc * G.exp(), "kg": kc * (Gend[:, None, :] - G).exp(),
+               "gend": Gend.exp()[:, None, :].expand(H, L, K)}
+        for n, x in put.items():
+            out[n][a:e] = x.transpose(0, 1)
+        out["aqk"][a:e, :, :L] = Aqk.transpose(0, 1)
+    return tuple(out[n][None].float() for n in ("w", "u", "qg", "kg", "aqk", "gend"))
+
+
+def kda_recurrence(w, u, qg, kg, aqk, gend, cu_seqlens, h0=None):
+    """The state carried across each sequence's chunks (kernels/kda_recurrence.kfc), in float64:
+    per chunk of C = aqk's last dim tokens from the sequence's start, U = u - w S,
+    o = qg S + aqk U, S = gend[first row] * S + kg^T U. States V-first, [N, H, V, K]."""
+    f = torch.float64
+    _, T, H, K = w.shape
+    V, C = u.shape[-1], aqk.shape[-1]
+    w, u, qg, kg, aqk, gend = (x.to(f)[0] for x in (w, u, qg, kg, aqk, gend))
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    N = len(bounds) - 1
+    S = torch.zeros(N, H, K, V, dtype=f, device=w.device) if h0 is None else h0.to(f).transpose(-1, -2).clone()
+    o = torch.zeros(T, H, V, dtype=f, device=w.device)
+    for n in range(N):
+        for t in range(bounds[n], bounds[n + 1], C):
+            e = min(t + C, bounds[n + 1])
+            rows = lambda x: x[t:e].transpose(0, 1)                  # noqa: E731 - [H, L, ...]
+            U = rows(u) - rows(w) @ S[n]
+            o[t:e] = (rows(qg) @ S[n] + rows(aqk)[:, :, : e - t] @ U).transpose(0, 1)
+            S[n] = gend[t][:, :, None] * S[n] + rows(kg).transpose(1, 2) @ U
+    return o[None].float(), S.transpose(-1, -2).contiguous().float()
 
 
 def _l2norm(x):
