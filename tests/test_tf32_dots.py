@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kfc.cli import main
+from kfc.codegen.tile_mma import MAX_BLOCK_TILES, WARPS, mma_block
 from kfc.codegen.tile_plan import Buffer
 from kfc.codegen.toolchain import disassemble
 from kfc.compile import compile_op
@@ -119,7 +120,7 @@ def test_precision_is_printed_parsed_and_verified():
 def test_the_tile_emitter_writes_marked_products_as_mma_sync_phases(target):
     r = compile_op(parse_kfc(PRODUCTS), parse_target(target), shape={"B": 4})
     cu = r.kernel.cu
-    assert cu.count("kfc_mma_tf32(kfc_c") == 2 and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in cu
+    assert cu.count("][4] = {};") == 2 and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in cu
     assert "kfc_tf32_bits(" in cu and "kfc_round_tf32" not in cu
     assert "tf32-dots" in r.report["pipeline"] and not r.kernel.report.spills
     assert "HMMA.1688.F32.TF32" in disassemble(r.kernel.cubin)
@@ -129,7 +130,7 @@ def test_a_product_summed_into_a_carried_tile_is_written_from_its_accumulators()
     spec = load_kfc("examples/linear_attention.kfc")
     r = compile_op(spec, parse_target("sm_90a"))
     cu = r.kernel.cu
-    assert cu.count("kfc_mma_tf32(kfc_c") == 4
+    assert cu.count("][4] = {};") == 4  # a product phase an accumulator block
     # S = S + dot(kc, vc, trans_a): each accumulator read by S's update, in place, no buffer
     update = [line for line in cu.splitlines() if "+ kfc_c" in line and "] = (" in line]
     assert len(update) == 4 and all(line.split("] = (")[0].split("[")[0].strip() + "[" in line.split("] = (")[1] for line in update)
@@ -173,7 +174,7 @@ def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp
                  "-o", str(tmp_path / "c16")]) == 0
     report = json.loads((tmp_path / "c16" / "report.json").read_text())
     assert report["pipeline"].endswith("tf32-dots") and report["kernels"][0]["smem_dynamic_bytes"] <= 232448
-    assert (tmp_path / "c16" / "kda_fwd_flashkda.cu").read_text().count("kfc_mma_tf32(kfc_c") == 5
+    assert (tmp_path / "c16" / "kda_fwd_flashkda.cu").read_text().count("][4] = {};") == 5
 
 
 def test_kfc_passes_names_the_tile_programs_default(capsys):
@@ -181,3 +182,17 @@ def test_kfc_passes_names_the_tile_programs_default(capsys):
     out = capsys.readouterr().out
     assert "default pipeline for other tile programs: canonicalize,cse,dce,hoist-loads,tf32-dots" in out
     assert any(line.startswith("tf32-dots ") for line in out.splitlines())
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n, block", [
+    (1, 16, (1, 2)),    # a 16-row product over 128 columns: two tiles a warp, one A fragment for both
+    (8, 16, (2, 8)),    # KDA's state update: 16 tiles a warp, 2 A and 8 B fragments a step
+    (2, 2, (1, 1)),     # fewer tiles than warps: one each
+    (16, 16, (2, 8)),   # more than a block's worth a warp: the block stays at 16 tiles
+    (3, 5, (1, 1)),
+])
+def test_a_warp_takes_a_block_of_tiles_that_keeps_every_warp_busy(tiles_m, tiles_n, block):
+    bm, bn = mma_block(tiles_m, tiles_n)
+    assert (bm, bn) == block
+    assert tiles_m % bm == 0 and tiles_n % bn == 0 and bm * bn <= MAX_BLOCK_TILES
+    assert (tiles_m // bm) * (tiles_n // bn) >= min(WARPS, tiles_m * tiles_n)

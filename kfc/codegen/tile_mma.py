@@ -1,6 +1,6 @@
 """The tile emitter's products on tensor cores (kfc.codegen.tile_emitter): a tile.dot of
 precision tf32 (the tf32-dots pass) made of whole m16n8k8 tiles is one CTA-wide phase in which
-each warp takes 16 x 8 tiles of the result in turn, sums them over the contraction eight at a
+each warp takes blocks of 16 x 8 result tiles in turn, sums them over the contraction eight at a
 time with `mma.sync.m16n8k8.f32.tf32`, and writes them into a shared buffer.
 
 Fragments, from the PTX ISA (g = lane / 4, t = lane % 4): A's four registers hold rows g, g + 8
@@ -13,6 +13,10 @@ A buffer that a product reads as A or as a transposed B (its rows across a fragm
 its columns across t) is padded to a pitch of 4 words past a multiple of 32, one read as B or as
 a transposed A (rows across t, columns across g) to 8 past: the 32 lanes of a fragment load then
 fall in 32 distinct banks.
+
+Each warp takes a block of result tiles at a time (mma_block): the A fragments of the block's
+rows and the B fragments of its columns are loaded once a step of the contraction and each used
+by every product of the block, not loaded again per tile.
 
 A product is written where it is first needed. Where that is the next value of a carried tile
 that reads it only at the element it writes (S = exp(Gend) * S + dot(...), KDA's state update),
@@ -29,6 +33,7 @@ from .errors import CodegenError
 from .tile_plan import THREADS, WARP
 
 WARPS = THREADS // WARP
+MAX_BLOCK_TILES = 16  # result tiles a warp holds at once: 64 accumulator registers
 DEFERRED_MMA = object()  # a pending product: written where it is first read (TileKernelEmitter.flush_for)
 
 
@@ -36,6 +41,17 @@ def mma_dot(op) -> bool:
     """Whether the tile emitter writes this product on tensor cores: tf32-dots marked it, and it
     is whole m16n8k8 tiles (a user's pipeline may give precision tf32 to any f32 product)."""
     return isinstance(op, DotOp) and op.precision == "tf32" and fits_tf32_mma(op)
+
+
+def mma_block(tiles_m: int, tiles_n: int) -> tuple[int, int]:
+    """The bm x bn result tiles a warp takes at once: as many as keep every warp busy (tiles /
+    WARPS of them), at most MAX_BLOCK_TILES (their accumulators are 4 registers a tile), shaped
+    to load the fewest fragment registers a step (4 bm for A, 2 bn for B). bm and bn divide the
+    tile counts."""
+    cap = min(max(1, (tiles_m * tiles_n) // WARPS), MAX_BLOCK_TILES)
+    shapes = [(bm, bn) for bm in range(1, tiles_m + 1) if tiles_m % bm == 0
+              for bn in range(1, tiles_n + 1) if tiles_n % bn == 0 and bm * bn <= cap]
+    return max(shapes, key=lambda s: (s[0] * s[1], -(4 * s[0] + 2 * s[1])))
 
 
 def fragment_skew(v: Value, readers) -> int | None:
@@ -82,22 +98,25 @@ class TileMma:
 
     def emit_mma_dot(self, op: DotOp, into=None) -> None:
         """The product into a new shared buffer, or `into` = (a carried tile's buffer, its next
-        value's expression), that expression reading the product at each accumulator."""
+        value's expression), that expression reading the product at each accumulator. Each warp
+        takes blocks of bm x bn result tiles (mma_block): per step of the contraction it loads bm
+        A fragments and bn B fragments and issues bm * bn products."""
         a, b = op.operands
         m, n, k, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
         r = op.result
         buf = into[0] if into else self.new_buffer(r)
         self.begin_phase()
         self.arena.touch(buf, self.step)
-        g, t, tile, kk, acc = (self.fresh(h) for h in ("kfc_g", "kfc_t", "kfc_m", "kfc_k", "kfc_c"))
+        g, t, blk, kk, acc, fa, fb = (self.fresh(h) for h in ("kfc_g", "kfc_t", "kfc_m", "kfc_k", "kfc_c", "kfc_a",
+                                                               "kfc_b"))
         i0, j0 = self.fresh("kfc_i"), self.fresh("kfc_j")
-        tiles_n = n // MMA_N
+        bm, bn = mma_block(m // MMA_M, n // MMA_N)
+        blocks_n = n // MMA_N // bn
         self.emit(f"const int {g} = (threadIdx.x & 31) >> 2, {t} = threadIdx.x & 3;")
-        self.emit(f"for (int {tile} = threadIdx.x >> 5; {tile} < {(m // MMA_M) * tiles_n}; "
-                  f"{tile} += {WARPS}) {{")
+        self.emit(f"for (int {blk} = threadIdx.x >> 5; {blk} < {(m // MMA_M // bm) * blocks_n}; {blk} += {WARPS}) {{")
         self.indent += 1
-        self.emit(f"const int {i0} = {tile} / {tiles_n} * {MMA_M}, {j0} = {tile} % {tiles_n} * {MMA_N};")
-        self.emit(f"float {acc}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};")
+        self.emit(f"const int {i0} = {blk} / {blocks_n} * {bm * MMA_M}, {j0} = {blk} % {blocks_n} * {bn * MMA_N};")
+        self.emit(f"float {acc}[{bm * bn}][4] = {{}};")
         self.emit("#pragma unroll 4")
         self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_K}) {{")
         self.indent += 1
@@ -108,20 +127,31 @@ class TileMma:
         def at_b(c, j):
             return f"kfc_tf32_bits({self.elem(b, (j, c) if op.trans_b else (c, j))})"
 
-        rows = (f"{i0} + {g}", f"{i0} + {g} + 8")
         cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
-        frags = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1]),
-                 at_b(cols[0], f"{j0} + {g}"), at_b(cols[1], f"{j0} + {g}")]
-        self.emit(f"kfc_mma_tf32({acc}, {', '.join(frags)});")
+        for u in range(bm):
+            rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
+            frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
+            self.emit(f"const unsigned {fa}{u}[4] = {{{', '.join(frag)}}};")
+        for v in range(bn):
+            col = f"{j0} + {v * MMA_N} + {g}"
+            self.emit(f"const unsigned {fb}{v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
+        for u in range(bm):
+            for v in range(bn):
+                self.emit(f"kfc_mma_tf32({acc}[{u * bn + v}], {fa}{u}[0], {fa}{u}[1], {fa}{u}[2], {fa}{u}[3], "
+                          f"{fb}{v}[0], {fb}{v}[1]);")
         self.indent -= 1
         self.emit("}")
-        for q, (i, j) in enumerate([(rows[0], f"{j0} + 2 * {t}"), (rows[0], f"{j0} + 2 * {t} + 1"),
-                                    (rows[1], f"{j0} + 2 * {t}"), (rows[1], f"{j0} + 2 * {t} + 1")]):
-            if into:
-                self.inline[r] = lambda idx, q=q, at=(i, j): f"{acc}[{q}]" if tuple(idx) == at else self.misread(r)
-                self.emit(f"{buf.at((i, j))} = {into[1]((i, j))};")
-            else:
-                self.emit(f"{buf.at((i, j))} = {acc}[{q}];")
+        for u in range(bm):
+            for v in range(bn):
+                i_lo, i_hi = f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8"
+                j = f"{j0} + {v * MMA_N} + 2 * {t}"
+                for q, (i, jj) in enumerate([(i_lo, j), (i_lo, f"{j} + 1"), (i_hi, j), (i_hi, f"{j} + 1")]):
+                    held = f"{acc}[{u * bn + v}][{q}]"
+                    if into:
+                        self.inline[r] = lambda idx, held=held, at=(i, jj): held if tuple(idx) == at else self.misread(r)
+                        self.emit(f"{buf.at((i, jj))} = {into[1]((i, jj))};")
+                    else:
+                        self.emit(f"{buf.at((i, jj))} = {held};")
         self.inline.pop(r, None)
         self.indent -= 1
         self.emit("}")
