@@ -45,6 +45,32 @@ def test_a_partly_written_output_fails_as_unwritten():
     assert all("unwritten" in r.note for r in results)
 
 
+SIZED = """
+op scaled<C: 4 | 8>(x: f32[N, M]) -> (y: f32[N, M]) {
+  y = x * f32(C)
+}
+check {
+  reference = "REF"
+  shapes = [{N: 3, M: 5}]
+  seeds = [0]
+}
+"""
+
+
+def scaled_by_chunk(x, *, C):
+    """A reference function naming the size parameter C besides its input."""
+    return x * C
+
+
+@pytest.mark.parametrize("ref", ["x * C", "tests.test_check_runner:scaled_by_chunk"])
+@pytest.mark.parametrize("size", ["4", "8"])
+def test_a_reference_sees_the_size_parameters_bound(ref, size):
+    """An expression names a bound size parameter as it names a dim; a function receives it
+    where its signature names it (kfc.reference.kda's per-chunk references take C so)."""
+    spec = parse_kfc(SIZED.replace("REF", ref), "t.kfc", {"C": size})
+    assert all(r.ok for r in check_op(spec))
+
+
 def test_compare_rules():
     ref = np.linspace(-2, 2, 101)
     assert compare(ref.astype(np.float32), ref, 1e-5)[2]

@@ -16,7 +16,8 @@ from kfc.passes import PassContext, PassManager, parse_pipeline
 # a carried state read by two products a step, its other operands loaded after the first product;
 # `acc` is written and read back, so its load must stay where it is
 CARRY = """
-op carry(a: f32[N, 16, 32], b: f32[N, 16, 32], c: f32[N, 16, 32], s0: f32[32, 32]) -> (y: f32[N, 16, 32], s: f32[32, 32], acc: f32[16, 32]) {
+op carry(a: f32[N, 16, 32], b: f32[N, 16, 32], c: f32[N, 16, 32], s0: f32[32, 32])
+        -> (y: f32[N, 16, 32], s: f32[32, 32], acc: f32[16, 32]) {
   parallel p in 0..1 {
     S = s0[:, :]
     for n in 0..N carry (S) {
@@ -62,8 +63,8 @@ def test_loads_of_tensors_never_written_move_to_the_top_of_their_block_in_order(
 
 def test_hoisting_changes_no_result():
     rng = np.random.default_rng(0)
-    args = dict(a=rng.standard_normal((3, 16, 32), dtype=np.float32), b=rng.standard_normal((3, 16, 32), dtype=np.float32) * 0.1,
-                c=rng.standard_normal((3, 16, 32), dtype=np.float32) * 0.1, s0=rng.standard_normal((32, 32), dtype=np.float32))
+    draw = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+    args = dict(a=draw(3, 16, 32), b=draw(3, 16, 32) * 0.1, c=draw(3, 16, 32) * 0.1, s0=draw(32, 32))
     outs = [run(lowered(p), dict(args)) for p in ("canonicalize,cse,dce", "canonicalize,cse,dce,hoist-loads")]
     for name in ("y", "s", "acc"):
         np.testing.assert_array_equal(outs[0][name], outs[1][name])

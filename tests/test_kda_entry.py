@@ -188,7 +188,11 @@ def test_flash_kda_fwd_takes_one_kernel_where_the_split_pair_does_not_hold(monke
     """Chunk 32 or 64, or a lower_bound below FlashKDA's -5, runs the one kernel (the prepare kernel's
     decay factors would leave f32's range); FlashKDA's own cases run the pair."""
     launched = []
-    monkeypatch.setattr(kda, "run", lambda name, bind, given, outs: (launched.append(name), interpreted(name, bind, given, outs)))
+    def recorded(name, bind, given, outs):
+        launched.append(name)
+        interpreted(name, bind, given, outs)
+
+    monkeypatch.setattr(kda, "run", recorded)
     q, k, v, raw, beta, _ = draw(1, 20, 1, 1, 8, 8)
     args = (q, k, v, raw.bfloat16(), beta.bfloat16(), 0.3, torch.empty_like(v), torch.zeros(1), torch.zeros(1, 8))
     for chunk, lower_bound, names in ((16, -5.0, ["kda_prepare_flashkda", "kda_recurrence"]),

@@ -148,7 +148,8 @@ class TileMma:
                 for q, (i, jj) in enumerate([(i_lo, j), (i_lo, f"{j} + 1"), (i_hi, j), (i_hi, f"{j} + 1")]):
                     held = f"{acc}[{u * bn + v}][{q}]"
                     if into:
-                        self.inline[r] = lambda idx, held=held, at=(i, jj): held if tuple(idx) == at else self.misread(r)
+                        self.inline[r] = (lambda idx, held=held, at=(i, jj):
+                                          held if tuple(idx) == at else self.misread(r))
                         self.emit(f"{buf.at((i, jj))} = {into[1]((i, jj))};")
                     else:
                         self.emit(f"{buf.at((i, jj))} = {held};")

@@ -6,7 +6,8 @@ after the ops that define its operands (in a loop body, the first ops of the ite
     %o = tile.dot %qg, %S                         %o = tile.dot %qg, %S
 
 Nothing the op writes can change what such a load reads, so it reads the same values wherever it
-stands; the interpreter computes the same results before and after. For the tile emitter
+stands; the interpreter computes the same results before and after. (That an output is not an
+input's memory is the kernels' contract already: their pointers are `__restrict__`.) For the tile emitter
 (kfc.codegen.tile_emitter) the loads of an iteration then stand together before the work that
 reads them, so it stores them into shared memory in one phase (one wait for memory and one
 barrier, not one of each per tile). Loads keep their order among themselves; other ops do not move.
