@@ -5,6 +5,7 @@ GPU machine (tests/gpu/test_final_ir_gpu.py runs examples/linear_attention.kfc a
 kernels)."""
 
 import json
+import re
 
 import ml_dtypes
 import numpy as np
@@ -121,7 +122,8 @@ def test_the_tile_emitter_writes_marked_products_as_mma_sync_phases(target):
     r = compile_op(parse_kfc(PRODUCTS), parse_target(target), shape={"B": 4})
     cu = r.kernel.cu
     assert cu.count("][4] = {};") == 2 and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in cu
-    assert "kfc_tf32_bits(" in cu and "kfc_round_tf32" not in cu
+    # rounded at fragment loads (or once where a buffer only products read is stored), never in a scalar loop
+    assert "kfc_tf32_bits(" in cu and "fmaf(kfc_round_tf32" not in cu
     assert "tf32-dots" in r.report["pipeline"] and not r.kernel.report.spills
     assert "HMMA.1688.F32.TF32" in disassemble(r.kernel.cubin)
 
@@ -196,3 +198,20 @@ def test_a_warp_takes_a_block_of_tiles_that_keeps_every_warp_busy(tiles_m, tiles
     assert (bm, bn) == block
     assert tiles_m % bm == 0 and tiles_n % bn == 0 and bm * bn <= MAX_BLOCK_TILES
     assert (tiles_m // bm) * (tiles_n // bn) >= min(WARPS, tiles_m * tiles_n)
+
+
+def test_a_buffer_only_products_read_is_stored_rounded_and_loaded_without_rounding_again():
+    """KDA's recurrence: w, qg, kg and aqk (loaded) and U (u - w S) are read by products alone, so
+    each is rounded to TF32 once as it is stored and its fragments are loaded as they are; the
+    state S, also read elementwise by its update and carried, keeps its values and is rounded at
+    each fragment load. Rounding twice gives the bits rounding once does, so what the GPU
+    computes does not change."""
+    r = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16"}), parse_target("sm_90a"),
+                   shape={"T": 4096, "K": 128, "V": 128})
+    cu = r.kernel.cu
+    rounded = set(re.findall(r"(kfc_s\d+)\[[^;]*\] = kfc_round_tf32\(", cu))
+    held = set(re.findall(r"__float_as_uint\((kfc_s\d+)\[", cu))
+    again = set(re.findall(r"kfc_tf32_bits\((kfc_s\d+)\[", cu))
+    assert len(rounded) == 5 and held == rounded
+    state = re.search(r"p_ht\[[^;]*\] = (kfc_s\d+)\[", cu).group(1)
+    assert again == {state} and state not in rounded

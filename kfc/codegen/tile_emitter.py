@@ -212,6 +212,7 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
         return self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), self.step + 1,
                               f"{label + ' ' if label else ''}{v.type}", fragment_skew(v, self.plan.uses.get(v, ())))
 
+
     def begin_phase(self) -> None:
         self.sync_scalar_reads()
         self.step += 1
@@ -254,7 +255,7 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
 
     def store_tiles(self, exprs: dict) -> None:
         """Materialise several tiles that read no shared memory into new buffers, in one phase."""
-        bufs = {v: self.new_buffer(v) for v in exprs}
+        bufs = {v: self.rounded_buffer(v) for v in exprs}
         self.begin_phase()
         for v, expr_of_idx in exprs.items():
             buf = bufs[v]
@@ -262,7 +263,7 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
 
             def write(e, buf=buf, expr_of_idx=expr_of_idx):
                 idx = self.unflatten(e, buf.shape)
-                self.emit(f"{buf.at(idx)} = {expr_of_idx(idx)};")
+                self.emit(f"{buf.at(idx)} = {self.stored(buf, expr_of_idx(idx))};")
 
             self.cta_loop(v.ttype.numel(), write)
             self.buffers[v] = buf
@@ -274,14 +275,14 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
         op = self.plan.owner.get(v)
         if buf is None and op is not None and op.results == (v,) and warp_reduction(op):
             return self.emit_warp_reduce(op)
-        buf = buf or self.new_buffer(v)
+        buf = buf or self.rounded_buffer(v)
         self.begin_phase()
         self.arena.touch(buf, self.step)
         shape = buf.shape
 
         def write(e):
             idx = self.unflatten(e, shape)
-            self.emit(f"{buf.at(idx)} = {expr_of_idx(idx)};")
+            self.emit(f"{buf.at(idx)} = {self.stored(buf, expr_of_idx(idx))};")
 
         self.cta_loop(v.ttype.numel(), write)
         self.end_phase()

@@ -16,7 +16,9 @@ fall in 32 distinct banks.
 
 Each warp takes a block of result tiles at a time (mma_block): the A fragments of the block's
 rows and the B fragments of its columns are loaded once a step of the contraction and each used
-by every product of the block, not loaded again per tile.
+by every product of the block, not loaded again per tile. A tile that only products read is
+stored rounded to TF32 (rounded_buffer, stored) and its fragments loaded as they are: rounding
+twice gives the bits rounding once does.
 
 A product is written where it is first needed. Where that is the next value of a carried tile
 that reads it only at the element it writes (S = exp(Gend) * S + dot(...), KDA's state update),
@@ -54,6 +56,13 @@ def mma_block(tiles_m: int, tiles_n: int) -> tuple[int, int]:
     return max(shapes, key=lambda s: (s[0] * s[1], -(4 * s[0] + 2 * s[1])))
 
 
+def read_by_tf32_products_only(v: Value, readers) -> bool:
+    """Whether every op that reads v is a product on tensor cores taking it as an operand: a
+    buffer of v may then hold it rounded to TF32 (rounding twice gives the same bits)."""
+    return (v.ttype.dtype.itemsize == 4 and v.ttype.dtype.is_float and bool(readers)
+            and all(mma_dot(op) and v in op.operands for op in readers))
+
+
 def fragment_skew(v: Value, readers) -> int | None:
     """The pitch (in 4-byte words, modulo the banks) at which the tensor-core products among
     `readers` load v's fragments without bank conflicts: 4 where every one reads it as A or as a
@@ -72,7 +81,20 @@ def fragment_skew(v: Value, readers) -> int | None:
 
 class TileMma:
     """Mixed into TileKernelEmitter: written through its elem, fresh, emit, new_buffer and
-    phases."""
+    phases; its stores through `stored`."""
+
+    def rounded_buffer(self, v: Value):
+        """A new buffer for op result v, written through `stored`: it holds v rounded to TF32
+        where only tensor-core products read v."""
+        buf = self.new_buffer(v)
+        buf.tf32 = v in self.plan.owner and read_by_tf32_products_only(v, self.plan.uses.get(v, ()))
+        return buf
+
+    @staticmethod
+    def stored(buf, expr: str) -> str:
+        """What a phase writes into buf: the value, rounded to TF32 once here where only
+        tensor-core products read it (they would round it at every fragment load)."""
+        return f"kfc_round_tf32({expr})" if buf.tf32 else expr
 
     def mma_into_carried(self, yield_op, args, carried) -> dict:
         """The carried tiles whose next value is written in place from a pending product's
@@ -104,7 +126,7 @@ class TileMma:
         a, b = op.operands
         m, n, k, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
         r = op.result
-        buf = into[0] if into else self.new_buffer(r)
+        buf = into[0] if into else self.rounded_buffer(r)
         self.begin_phase()
         self.arena.touch(buf, self.step)
         g, t, blk, kk, acc, fa, fb = (self.fresh(h) for h in ("kfc_g", "kfc_t", "kfc_m", "kfc_k", "kfc_c", "kfc_a",
@@ -121,11 +143,15 @@ class TileMma:
         self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_K}) {{")
         self.indent += 1
 
+        def bits(v, idx):  # an operand's element as TF32 bits: rounded here unless its buffer holds it so
+            held = v not in self.inline and v in self.buffers and self.buffers[v].tf32
+            return f"__float_as_uint({self.elem(v, idx)})" if held else f"kfc_tf32_bits({self.elem(v, idx)})"
+
         def at_a(i, c):  # A's element (row i, contraction c)
-            return f"kfc_tf32_bits({self.elem(a, (c, i) if op.trans_a else (i, c))})"
+            return bits(a, (c, i) if op.trans_a else (i, c))
 
         def at_b(c, j):
-            return f"kfc_tf32_bits({self.elem(b, (j, c) if op.trans_b else (c, j))})"
+            return bits(b, (j, c) if op.trans_b else (c, j))
 
         cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
         for u in range(bm):
@@ -152,7 +178,7 @@ class TileMma:
                                           held if tuple(idx) == at else self.misread(r))
                         self.emit(f"{buf.at((i, jj))} = {into[1]((i, jj))};")
                     else:
-                        self.emit(f"{buf.at((i, jj))} = {held};")
+                        self.emit(f"{buf.at((i, jj))} = {self.stored(buf, held)};")
         self.inline.pop(r, None)
         self.indent -= 1
         self.emit("}")

@@ -147,6 +147,7 @@ class Buffer:
     offset: int = -1
     what: str = ""  # the tile it holds, as a message names it: "G f32[64, 128]"
     skew: int | None = None  # rows this many words past a multiple of the 32 banks (kfc.codegen.tile_mma)
+    tf32: bool = False  # holds its values rounded to TF32: only tensor-core products read it
 
     @property
     def pitch(self) -> int:
