@@ -150,9 +150,8 @@ def run_reference(spec: OpSpec, args: dict[str, Any], dims: dict[str, int], limi
     check = spec.check
     inputs, outputs = reference_call(spec, args, dims)
     box = sandbox or shared_sandbox(limits, "cpu")
-    sizes = {name: int(v) for name, v in spec.dtypes.items() if str(v).isdigit()}  # bound size parameters
-    return box.call(check.reference, check.reference_is_function, check.reference_span, inputs, {**sizes, **dims},
-                    outputs)
+    return box.call(check.reference, check.reference_is_function, check.reference_span, inputs,
+                    {**spec.sizes, **dims}, outputs)
 
 
 def scalar_default(spec: OpSpec, name: str, dims: dict[str, int]):

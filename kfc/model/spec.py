@@ -68,6 +68,11 @@ class OpSpec:
         return self.func.sym_name
 
     @property
+    def sizes(self) -> dict[str, int]:
+        """The size type parameters this instance binds (C of kda<C: 64 | 32 | 16>), by name."""
+        return {n: int(self.dtypes[n]) for n, opts in self.type_params if opts[0].isdigit() and n in self.dtypes}
+
+    @property
     def instance_name(self) -> str:
         """The op's name with its type arguments, e.g. rmsnorm_f16."""
         return "_".join([self.name] + [self.dtypes[n] for n, _ in self.type_params])

@@ -11,6 +11,8 @@ import attrs
 
 from ..diagnostics import KfcError
 
+SMEM_PER_BLOCK = 227 * 1024  # the dynamic shared memory a CTA may have on sm_90 and sm_100
+
 # feature -> (minimum sm, needs the arch-specific 'a' variant, exact sm families that have it)
 _FEATURES = {
     "mbarrier": (80, False, None),
@@ -57,7 +59,7 @@ class Target:
 
     @property
     def smem_per_block(self) -> int:
-        return 227 * 1024
+        return SMEM_PER_BLOCK
 
     @property
     def regs_per_sm(self) -> int:

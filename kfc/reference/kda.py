@@ -93,7 +93,7 @@ def kda_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=No
     activated as lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h])), q and k L2-normalised
     along K, beta given as logits, states V-first ([N, H, V, K]). Returns (o, ht), ht V-first."""
     f = torch.float64
-    gate = lower_bound * torch.sigmoid(A_log.to(f).exp()[None, None, :, None] * (g.to(f) + dt_bias.to(f)[None, None]))
+    gate = _flashkda_gate(g, A_log, dt_bias, lower_bound)
 
     state = None if h0 is None else h0.to(f).transpose(-1, -2)
     o, ht = kda_recurrent(_l2norm(q), _l2norm(k), v, gate, torch.sigmoid(beta.to(f)), cu_seqlens, state, scale)
@@ -134,7 +134,7 @@ def kda_prepare_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=Non
     _, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
-    gate = lower_bound * torch.sigmoid(A_log.to(f).exp()[None, None, :, None] * (g.to(f) + dt_bias.to(f)[None, None]))
+    gate = _flashkda_gate(g, A_log, dt_bias, lower_bound)
     qn, kn, vf, b, gate = _l2norm(q)[0] * scale, _l2norm(k)[0], v.to(f)[0], torch.sigmoid(beta.to(f))[0], gate[0]
     bounds = [int(x) for x in cu_seqlens.tolist()]
     out = {n: torch.zeros(T, H, d, dtype=f, device=q.device)
@@ -178,6 +178,13 @@ def kda_recurrence(w, u, qg, kg, aqk, gend, cu_seqlens, h0=None):
             o[t:e] = (rows(qg) @ S[n] + rows(aqk)[:, :, : e - t] @ U).transpose(0, 1)
             S[n] = gend[t][:, :, None] * S[n] + rows(kg).transpose(1, 2) @ U
     return o[None].float(), S.transpose(-1, -2).contiguous().float()
+
+
+def _flashkda_gate(g, A_log, dt_bias, lower_bound):
+    """FlashKDA's log-space gate from its raw values, in float64:
+    lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))."""
+    f = torch.float64
+    return lower_bound * torch.sigmoid(A_log.to(f).exp()[None, None, :, None] * (g.to(f) + dt_bias.to(f)[None, None]))
 
 
 def _l2norm(x):
