@@ -27,10 +27,10 @@ from .errors import CodegenError
 from .grid_emitter import GridPlan
 from .tile_loops import TileLoops
 from .tile_mma import DEFERRED_MMA, TileMma, fragment_skew, mma_dot
-from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major, warp_reduction
+from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major
+from .tile_writes import TileWrites
 from .writer import CodeWriter
 
-UNROLL = 8  # iterations of a CTA-wide loop unrolled at most (a [16, 128] tile: 8 a thread)
 RULE_OPS = (ConstOp, DimOp) + POINTWISE_OPS  # written by their registered rules (elementwise_rules)
 BODY_OPS = RULE_OPS + VIEW_OPS + (IotaOp, TriOp, LoadOp, StoreOp, ReduceOp, ScanOp, DotOp, TriInvOp, ForOp, IfOp, YieldOp)
 GRID_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "//", "rem": "%"}
@@ -62,7 +62,7 @@ def tile_program_problem(func: FuncOp) -> str | None:
     return None
 
 
-class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
+class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
     """Writes one tile program's kernel: `generate()` gives its CUDA C++ and launch plan."""
 
     as_float = staticmethod(as_float)
@@ -230,65 +230,6 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
             self.emit("__syncthreads();")
             self.unsynced_reads = False
 
-    def unflatten(self, e: str, shape) -> tuple[str, ...]:
-        """Declare the indices of flat element e of a tile of this shape; their names."""
-        idx, stride = [], 1
-        for d in reversed(shape):
-            n = self.fresh("kfc_i")
-            self.emit(f"const int {n} = ({e} / {stride}) % {d};" if stride > 1 else f"const int {n} = {e} % {d};")
-            idx.append(n)
-            stride *= d
-        return tuple(reversed(idx))
-
-    def cta_loop(self, count: int, body) -> None:
-        """body(element indices...) for each of `count` elements, spread over the CTA's threads.
-        The stride is the launch's THREADS, a constant, so that the compiler unrolls the few
-        iterations a thread has and issues their loads together."""
-        e = self.fresh("kfc_e")
-        if count > THREADS:
-            self.emit(f"#pragma unroll {min(-(-count // THREADS), UNROLL)}")
-        self.emit(f"for (int {e} = threadIdx.x; {e} < {count}; {e} += {THREADS}) {{")
-        self.indent += 1
-        body(e)
-        self.indent -= 1
-        self.emit("}")
-
-    def store_tiles(self, exprs: dict) -> None:
-        """Materialise several tiles that read no shared memory into new buffers, in one phase."""
-        bufs = {v: self.rounded_buffer(v) for v in exprs}
-        self.begin_phase()
-        for v, expr_of_idx in exprs.items():
-            buf = bufs[v]
-            self.arena.touch(buf, self.step)
-
-            def write(e, buf=buf, expr_of_idx=expr_of_idx):
-                idx = self.unflatten(e, buf.shape)
-                self.emit(f"{buf.at(idx)} = {self.stored(buf, expr_of_idx(idx))};")
-
-            self.cta_loop(v.ttype.numel(), write)
-            self.buffers[v] = buf
-        self.end_phase()
-
-    def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None) -> Buffer:
-        """Materialise v (its elements from expr_of_idx) into buf, else a new buffer (a
-        reduction with few outputs a warp an output)."""
-        op = self.plan.owner.get(v)
-        if buf is None and op is not None and op.results == (v,) and warp_reduction(op):
-            return self.emit_warp_reduce(op)
-        buf = buf or self.rounded_buffer(v)
-        self.begin_phase()
-        self.arena.touch(buf, self.step)
-        shape = buf.shape
-
-        def write(e):
-            idx = self.unflatten(e, shape)
-            self.emit(f"{buf.at(idx)} = {self.stored(buf, expr_of_idx(idx))};")
-
-        self.cta_loop(v.ttype.numel(), write)
-        self.end_phase()
-        self.buffers[v] = buf
-        return buf
-
     # --- the kernel -----------------------------------------------------------------------------
     def generate(self) -> tuple[str, GridPlan]:
         params = argument_params(self.func) + dim_params(self.func)
@@ -445,6 +386,9 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
         other = literal(op.other, r.ttype.dtype)
 
         def expr(idx):
+            lane = self.lane_load(op, tensor, idx, other)
+            if lane:
+                return lane
             offset, conds = self.access(op, tensor, op.operands[1:], idx)
             value = f"{self.name(tensor)}[{offset}]"
             return f"(({' && '.join(conds)}) ? {value} : {other})" if conds else value
@@ -456,25 +400,11 @@ class TileKernelEmitter(TileLoops, TileMma, CodeWriter):
 
     def emit_store(self, op: StoreOp) -> None:
         value, tensor = op.operands[0], op.operands[1]
-        ptr = self.name(tensor)
         if tensor.ttype.optional:
-            self.emit(f"if ({ptr} != nullptr) {{")
+            self.emit(f"if ({self.name(tensor)} != nullptr) {{")
             self.indent += 1
         self.begin_phase()
-
-        def write(e):
-            idx = self.unflatten(e, value.ttype.shape) if value.ttype.rank else ()
-            offset, conds = self.access(op, tensor, op.operands[2:], idx)
-            conds = [c for c in conds if c != f"{ptr} != nullptr"]
-            store = f"{ptr}[{offset}] = {self.elem(value, idx)};"
-            self.emit(f"if ({' && '.join(conds)}) {store}" if conds else store)
-
-        if value.ttype.rank:
-            self.cta_loop(value.ttype.numel(), write)
-        else:
-            self.emit("if (threadIdx.x == 0) {")
-            write(None)
-            self.emit("}")
+        self.write_tensor(op, tensor, value)
         if tensor.ttype.optional:
             self.indent -= 1
             self.emit("}")

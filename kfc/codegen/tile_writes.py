@@ -1,0 +1,181 @@
+"""How a phase of a tile kernel (kfc.codegen.tile_emitter) writes a tile: a CTA-wide loop over
+its elements, into a shared buffer or a tensor.
+
+Where a tile's last axis splits into groups of LANES elements, a thread takes a group at a time:
+each load of a tensor at those elements is one access of up to 16 bytes (its bounds tested and
+its address computed once for the group, not once an element), the group goes into shared
+memory in one store, and a store into a tensor is one access too. The runtime passes every
+tensor contiguous and 16-byte aligned (kfc.runtime.calls), so a group along a tensor's whole
+last axis, of a static extent that LANES divides, is aligned.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Op, Value
+from .c_names import C_TYPES
+from .tile_plan import C_SIZES, THREADS, Buffer, warp_reduction
+
+UNROLL = 8  # iterations of a CTA-wide loop unrolled at most (a [16, 128] tile: 8 a thread)
+LANES = 4  # consecutive elements a thread takes at once along a tile's last axis
+ACCESS_TYPES = {4: "unsigned", 8: "uint2", 16: "uint4"}  # one access of this many bytes
+
+
+def lane_bytes(ctype: str) -> str | None:
+    """The C type of one access to LANES elements of this C type, or None."""
+    return ACCESS_TYPES.get(C_SIZES.get(ctype, 0) * LANES)
+
+
+class TileWrites:
+    """Mixed into TileKernelEmitter: written through its fresh, emit, elem, access, stored,
+    arena and phases."""
+
+    lanes: dict = {}        # the lane index tuples of the group being written -> lane number
+    lane_loads: dict = {}   # load op -> the C array its group's access filled
+
+    def unflatten(self, e: str, shape) -> tuple[str, ...]:
+        """Declare the indices of flat element e of a tile of this shape; their names."""
+        idx, stride = [], 1
+        for d in reversed(shape):
+            n = self.fresh("kfc_i")
+            self.emit(f"const int {n} = ({e} / {stride}) % {d};" if stride > 1 else f"const int {n} = {e} % {d};")
+            idx.append(n)
+            stride *= d
+        return tuple(reversed(idx))
+
+    def cta_loop(self, count: int, body) -> None:
+        """body(element indices...) for each of `count` elements, spread over the CTA's threads.
+        The stride is the launch's THREADS, a constant, so that the compiler unrolls the few
+        iterations a thread has and issues their loads together."""
+        e = self.fresh("kfc_e")
+        if count > THREADS:
+            self.emit(f"#pragma unroll {min(-(-count // THREADS), UNROLL)}")
+        self.emit(f"for (int {e} = threadIdx.x; {e} < {count}; {e} += {THREADS}) {{")
+        self.indent += 1
+        body(e)
+        self.indent -= 1
+        self.emit("}")
+
+    def cta_groups(self, shape, body) -> None:
+        """body(index tuples) for every element of a tile of this shape, spread over the CTA's
+        threads: LANES consecutive elements along the last axis at a time where they divide it
+        (their loads of tensors then one access each, kfc.codegen.tile_writes.lane_load), else one."""
+        shape = tuple(shape)
+        if not shape:
+            body([()])
+            return
+        n = LANES if shape[-1] % LANES == 0 else 1
+        count = 1
+        for d in shape:
+            count *= d
+
+        def group(e):
+            idx = self.unflatten(e, shape[:-1] + (shape[-1] // n,))
+            if n == 1:
+                body([idx])
+                return
+            c = self.fresh("kfc_l")
+            self.emit(f"const int {c} = {idx[-1]} * {n};")
+            lanes = [idx[:-1] + (c if k == 0 else f"({c} + {k})",) for k in range(n)]
+            self.lanes, self.lane_loads = {lane: k for k, lane in enumerate(lanes)}, {}
+            try:
+                body(lanes)
+            finally:
+                self.lanes, self.lane_loads = {}, {}
+
+        self.cta_loop(count // n, group)
+
+    def lane_load(self, op: Op, tensor: Value, idx, other: str) -> str | None:
+        """Element idx of a load as one lane of its group's access, or None where idx is no lane
+        of the group being written or the access is not along the tensor's whole last axis."""
+        lane = self.lanes.get(tuple(idx)) if idx else None
+        t = tensor.ttype
+        ext, ctype = t.shape[-1] if t.rank else None, C_TYPES[t.dtype]
+        access = lane_bytes(ctype)
+        if lane is None or op.index[-1].kind != "all" or not isinstance(ext, int) or ext % LANES or access is None:
+            return None
+        name = self.lane_loads.get(op)
+        if name is None:
+            name = self.fresh("kfc_v")
+            first = next(x for x, k in self.lanes.items() if k == 0)
+            offset, conds = self.access(op, tensor, op.operands[1:], first)
+            self.emit(f"alignas(16) {ctype} {name}[{LANES}] = {{{', '.join([other] * LANES)}}};")
+            load = f"*reinterpret_cast<{access}*>({name}) = *reinterpret_cast<const {access}*>({self.name(tensor)} + {offset});"
+            self.emit(f"if ({' && '.join(conds)}) {load}" if conds else load)
+            self.lane_loads[op] = name
+        return f"{name}[{lane}]"
+
+    def group_store(self, target: str, ctype: str, values, aligned: bool) -> str | None:
+        """The statement writing a group's values from C lvalue `target` (its first element) on
+        as one access, or None where the group is not `aligned` or its bytes make no access."""
+        access = lane_bytes(ctype)
+        if len(values) == LANES and aligned and access:
+            tmp = self.fresh("kfc_w")
+            self.emit(f"alignas(16) {ctype} {tmp}[{LANES}] = {{{', '.join(values)}}};")
+            return f"*reinterpret_cast<{access}*>(&{target}) = *reinterpret_cast<const {access}*>({tmp});"
+        return None
+
+    def store_tiles(self, exprs: dict) -> None:
+        """Materialise several tiles that read no shared memory into new buffers, in one phase."""
+        bufs = {v: self.rounded_buffer(v) for v in exprs}
+        self.begin_phase()
+        for v, expr_of_idx in exprs.items():
+            self.arena.touch(bufs[v], self.step)
+            self.write_buffer(bufs[v], expr_of_idx)
+            self.buffers[v] = bufs[v]
+        self.end_phase()
+
+    def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None) -> Buffer:
+        """Materialise v (its elements from expr_of_idx) into buf, else a new buffer (a
+        reduction with few outputs a warp an output)."""
+        op = self.plan.owner.get(v)
+        if buf is None and op is not None and op.results == (v,) and warp_reduction(op):
+            return self.emit_warp_reduce(op)
+        buf = buf or self.rounded_buffer(v)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+        self.write_buffer(buf, expr_of_idx)
+        self.end_phase()
+        self.buffers[v] = buf
+        return buf
+
+    def write_buffer(self, buf: Buffer, expr_of_idx) -> None:
+        """A CTA-wide loop writing every element of buf from expr_of_idx (inside a phase)."""
+        def body(lanes):
+            values = [self.stored(buf, expr_of_idx(idx)) for idx in lanes]
+            group = self.group_store(buf.at(lanes[0]), buf.ctype, values, buf.pitch % LANES == 0)
+            if group:
+                self.emit(group)
+                return
+            for idx, value in zip(lanes, values):
+                self.emit(f"{buf.at(idx)} = {value};")
+
+        self.cta_groups(buf.shape, body)
+
+    def write_tensor(self, op: Op, tensor: Value, value: Value) -> None:
+        """A CTA-wide loop storing every element of tile `value` into the tensor (inside a
+        phase; an optional tensor's pointer tested around it)."""
+        ptr = self.name(tensor)
+        t = tensor.ttype
+        whole_rows = value.ttype.rank and op.index[-1].kind == "all" and isinstance(t.shape[-1], int) \
+            and t.shape[-1] % LANES == 0
+
+        def body(lanes):
+            values = [self.elem(value, idx) for idx in lanes]
+            offset, conds = self.access(op, tensor, op.operands[2:], lanes[0])
+            conds = [c for c in conds if c != f"{ptr} != nullptr"]
+            guard = f"if ({' && '.join(conds)}) " if conds else ""
+            group = self.group_store(f"{ptr}[{offset}]", C_TYPES[t.dtype], values, whole_rows)
+            if group:
+                self.emit(guard + group)
+                return
+            for idx, v in zip(lanes, values):
+                offset, conds = self.access(op, tensor, op.operands[2:], idx)
+                conds = [c for c in conds if c != f"{ptr} != nullptr"]
+                self.emit(f"if ({' && '.join(conds)}) {ptr}[{offset}] = {v};" if conds else f"{ptr}[{offset}] = {v};")
+
+        if value.ttype.rank:
+            self.cta_groups(value.ttype.shape, body)
+        else:
+            self.emit("if (threadIdx.x == 0) {")
+            body([()])
+            self.emit("}")
