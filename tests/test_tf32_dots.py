@@ -134,8 +134,12 @@ def test_a_product_summed_into_a_carried_tile_is_written_from_its_accumulators()
     cu = r.kernel.cu
     assert cu.count("][4] = {};") == 4  # a product phase an accumulator block
     # S = S + dot(kc, vc, trans_a): each accumulator read by S's update, in place, no buffer
-    update = [line for line in cu.splitlines() if "+ kfc_c" in line and "] = (" in line]
-    assert len(update) == 4 and all(line.split("] = (")[0].split("[")[0].strip() + "[" in line.split("] = (")[1] for line in update)
+    # (every value computed before any is stored, a pair of columns in one 8-byte store)
+    update = re.findall(r"const float (kfc_x\d+) = \((kfc_s\d+)\[[^;]*\] \+ kfc_c\d+\[0\]\[\d\]\);", cu)
+    assert len(update) == 4 and len({buf for _, buf in update}) == 1
+    (state,) = {buf for _, buf in update}
+    stores = re.findall(r"reinterpret_cast<float2\*>\(&(kfc_s\d+)\[[^;]*make_float2\((kfc_x\d+), (kfc_x\d+)\)", cu)
+    assert {x for _, *pair in stores for x in pair} >= {x for x, _ in update} and {b for b, *_ in stores} == {state}
 
 
 def test_a_tf32_product_off_tensor_cores_rounds_its_operands_as_they_would():
@@ -222,3 +226,17 @@ def _groups_inlined(cu: str) -> str:
     as `target) = {values...}`, its temporary array replaced by the values it holds."""
     temps = dict(re.findall(r"alignas\(16\) \w+ (kfc_w\d+)\[\d+\] = (\{.*\});", cu))
     return re.sub(r"\*reinterpret_cast<const \w+\*>\((kfc_w\d+)\);", lambda m: temps[m.group(1)] + ";", cu)
+
+
+def test_products_sharing_their_b_are_written_in_one_phase_from_the_same_fragments():
+    """KDA's recurrence: U = u - w S and o = qg S + aqk U read S's fragments alike; w S's phase
+    writes qg S too (qg is stored by then), one accumulator block each, B's fragments loaded once
+    a step for both. Each product still sums its own terms in the same order: the same results."""
+    r = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16"}), parse_target("sm_90a"),
+                   shape={"T": 4096, "K": 128, "V": 128})
+    cu = r.kernel.cu
+    assert len(re.findall(r"float kfc_c\d+\[(\d+)\]\[4\] = \{\};", cu)) == 3  # S's two products, aqk U, kg^T U
+    phase = cu.split("[4][4] = {};", 1)[1].split("__syncthreads();", 1)[0]
+    assert phase.count("kfc_tf32_bits(") == 4 and phase.count("kfc_mma_tf32(") == 4  # B of 2 tiles, 2 products
+    assert len(set(re.findall(r"\n\s+(kfc_s\d+)\[[^\n]*\] = kfc_", phase))) == 2  # into two buffers
+    assert not r.kernel.report.spills

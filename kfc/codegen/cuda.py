@@ -64,10 +64,15 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None) -> tuple[str, La
     elif any(isinstance(op, LaunchOp) for op in func.body.ops):
         code, plan = KernelEmitter(func, name).generate()
     else:
-        code, plan = TileKernelEmitter(func, name).generate()
-        if plan.smem_dynamic > SMEM_PER_BLOCK:
-            # loads stored together live longer: where that overflows, the smaller of the two
-            code, plan = min((code, plan), TileKernelEmitter(func, name, group_loads=False).generate(),
-                             key=lambda cp: cp[1].smem_dynamic)
+        # loads stored together, and products written beside one sharing their B, live longer:
+        # the first of these that fits in shared memory, else the smallest
+        tries = []
+        for group_loads, share_b in ((True, True), (True, False), (False, False)):
+            code, plan = TileKernelEmitter(func, name, group_loads, share_b).generate()
+            tries.append((code, plan))
+            if plan.smem_dynamic <= SMEM_PER_BLOCK:
+                break
+        else:
+            code, plan = min(tries, key=lambda cp: cp[1].smem_dynamic)
     body = types + ptx.device_functions_used(code, functions) + "\n" + code
     return HEADER + float16.types_used(body) + "\n" + body, plan

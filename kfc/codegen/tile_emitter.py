@@ -69,7 +69,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
     from_float = staticmethod(from_float)
     chunk_local = None
 
-    def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True) -> None:
+    def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -90,6 +90,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
         self.unsynced_reads = False  # a scalar read a shared tile since the last barrier
         self.group_loads = group_loads  # store the pending loads together (flush_for)
         self.written = written_tensors(func)
+        self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
+        self.early: set[Op] = set()  # products written so, beside an earlier one
 
     # --- what the elementwise rules write through -----------------------------------------------
     def kind(self, v: Value) -> str:
@@ -314,7 +316,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
         elif isinstance(op, ReduceOp):
             self.assign(op, lambda idx: self.reduce_expr(op, idx))
         elif mma_dot(op):
-            self.pending[op.result] = DEFERRED_MMA  # written where first read, perhaps into its reader's store
+            if op not in self.early:  # else written already, beside a product sharing its B
+                self.pending[op.result] = DEFERRED_MMA  # written where first read, perhaps into its reader's store
         elif isinstance(op, DotOp):
             self.define(op, lambda idx: self.dot_expr(op, idx))
         elif isinstance(op, ScanOp):
@@ -421,7 +424,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
                 self.emit(f"{C_TYPES[arg.ttype.dtype]} {n} = {self.name(init)};")
                 self.names[arg] = self.names[res] = n
             else:
-                buf = self.store_tile(arg, lambda idx, init=init: self.elem(init, idx))
+                buf = self.store_tile(arg, lambda idx, init=init: self.elem(init, idx), source=init)
                 carried[arg] = buf
         iv = self.name(op.body.args[0])
         self.emit(f"for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
@@ -458,7 +461,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
             self.flush_for(region.ops[-1].operands)
             for r, y in zip(op.results, region.ops[-1].operands):
                 if r in outs:
-                    self.store_tile(r, lambda idx, y=y: self.elem(y, idx), outs[r])
+                    self.store_tile(r, lambda idx, y=y: self.elem(y, idx), outs[r], y)
                 else:
                     self.emit(f"{self.names[r]} = {self.name(y)};")
             self.sync_scalar_reads()
@@ -492,7 +495,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
                 self.emit_mma_dot(self.plan.owner[fused[a]], into=(carried[a], self.inline[y]))
                 self.buffers[a] = carried[a]
             elif self.in_place(y, a, changing):
-                self.store_tile(a, self.inline[y], carried[a])
+                self.store_tile(a, self.inline[y], carried[a], y)
             else:
                 if y in self.inline:
                     self.store_tile(y, self.inline[y])

@@ -118,27 +118,55 @@ class TileMma:
         return bool(users) and all(
             u.result is y or (u.results and u.result in self.inline and self.feeds_only(u.result, y)) for u in users)
 
+    def sharing_b(self, op: DotOp) -> list[DotOp]:
+        """The other products of op's block, later in it or pending, that read the same B the
+        same way at the same shapes, with an A already stored: written in op's phase, B's
+        fragments loaded once for all (KDA's w S and qg S), as many as a warp holds the
+        accumulators of."""
+        a, b = op.operands
+        m, n, _, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
+        bm, bn = mma_block(m // MMA_M, n // MMA_N)
+        block = self.plan.block_of.get(op) if self.share_b else None
+        found = []
+        for q in (block.ops if block is not None else ()):
+            if (len(found) + 2) * bm * bn > MAX_BLOCK_TILES:  # a warp's accumulators for them all
+                break
+            if q is op or not mma_dot(q) or q in self.early or q.operands[1] is not b:
+                continue
+            if self.plan.order[q] < self.plan.order[op] and self.pending.get(q.result) is not DEFERRED_MMA:
+                continue
+            same = (q.trans_a, q.trans_b, q.operands[0].ttype.shape) == (op.trans_a, op.trans_b, a.ttype.shape)
+            if same and q.operands[0] in self.buffers:
+                found.append(q)
+        return found
+
     def emit_mma_dot(self, op: DotOp, into=None) -> None:
         """The product into a new shared buffer, or `into` = (a carried tile's buffer, its next
         value's expression), that expression reading the product at each accumulator. Each warp
         takes blocks of bm x bn result tiles (mma_block): per step of the contraction it loads bm
-        A fragments and bn B fragments and issues bm * bn products."""
+        A fragments and bn B fragments and issues bm * bn products. The products sharing its B
+        (sharing_b) are written in the same phase from the same B fragments."""
+        ops = [op] + ([] if into else self.sharing_b(op))
+        for q in ops[1:]:
+            self.early.add(q)
+            self.pending.pop(q.result, None)
         a, b = op.operands
         m, n, k, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
-        r = op.result
-        buf = into[0] if into else self.rounded_buffer(r)
+        bufs = [into[0]] if into else [self.rounded_buffer(q.result) for q in ops]
         self.begin_phase()
-        self.arena.touch(buf, self.step)
+        for buf in bufs:
+            self.arena.touch(buf, self.step)
         g, t, blk, kk, acc, fa, fb = (self.fresh(h) for h in ("kfc_g", "kfc_t", "kfc_m", "kfc_k", "kfc_c", "kfc_a",
                                                                "kfc_b"))
         i0, j0 = self.fresh("kfc_i"), self.fresh("kfc_j")
         bm, bn = mma_block(m // MMA_M, n // MMA_N)
         blocks_n = n // MMA_N // bn
+        tiles = bm * bn
         self.emit(f"const int {g} = (threadIdx.x & 31) >> 2, {t} = threadIdx.x & 3;")
         self.emit(f"for (int {blk} = threadIdx.x >> 5; {blk} < {(m // MMA_M // bm) * blocks_n}; {blk} += {WARPS}) {{")
         self.indent += 1
         self.emit(f"const int {i0} = {blk} / {blocks_n} * {bm * MMA_M}, {j0} = {blk} % {blocks_n} * {bn * MMA_N};")
-        self.emit(f"float {acc}[{bm * bn}][4] = {{}};")
+        self.emit(f"float {acc}[{len(ops) * tiles}][4] = {{}};")
         self.emit("#pragma unroll 4")
         self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_K}) {{")
         self.indent += 1
@@ -147,44 +175,65 @@ class TileMma:
             held = v not in self.inline and v in self.buffers and self.buffers[v].tf32
             return f"__float_as_uint({self.elem(v, idx)})" if held else f"kfc_tf32_bits({self.elem(v, idx)})"
 
-        def at_a(i, c):  # A's element (row i, contraction c)
-            return bits(a, (c, i) if op.trans_a else (i, c))
-
-        def at_b(c, j):
-            return bits(b, (j, c) if op.trans_b else (c, j))
-
         cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
-        for u in range(bm):
-            rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
-            frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
-            self.emit(f"const unsigned {fa}{u}[4] = {{{', '.join(frag)}}};")
+        for p, q in enumerate(ops):
+            x = q.operands[0]
+            at_a = lambda i, c, x=x: bits(x, (c, i) if op.trans_a else (i, c))  # A's element (row i, contraction c)
+            for u in range(bm):
+                rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
+                frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
+                self.emit(f"const unsigned {fa}{p * bm + u}[4] = {{{', '.join(frag)}}};")
         for v in range(bn):
             col = f"{j0} + {v * MMA_N} + {g}"
+            at_b = lambda c, j: bits(b, (j, c) if op.trans_b else (c, j))
             self.emit(f"const unsigned {fb}{v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
-        for u in range(bm):
-            for v in range(bn):
-                self.emit(f"kfc_mma_tf32({acc}[{u * bn + v}], {fa}{u}[0], {fa}{u}[1], {fa}{u}[2], {fa}{u}[3], "
-                          f"{fb}{v}[0], {fb}{v}[1]);")
+        for p in range(len(ops)):
+            for u in range(bm):
+                for v in range(bn):
+                    f = f"{fa}{p * bm + u}"
+                    self.emit(f"kfc_mma_tf32({acc}[{p * tiles + u * bn + v}], {f}[0], {f}[1], {f}[2], {f}[3], "
+                              f"{fb}{v}[0], {fb}{v}[1]);")
         self.indent -= 1
         self.emit("}")
-        for u in range(bm):
-            for v in range(bn):
-                i_lo, i_hi = f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8"
-                j = f"{j0} + {v * MMA_N} + 2 * {t}"
-                for q, (i, jj) in enumerate([(i_lo, j), (i_lo, f"{j} + 1"), (i_hi, j), (i_hi, f"{j} + 1")]):
-                    held = f"{acc}[{u * bn + v}][{q}]"
-                    if into:
-                        self.inline[r] = (lambda idx, held=held, at=(i, jj):
-                                          held if tuple(idx) == at else self.misread(r))
-                        self.emit(f"{buf.at((i, jj))} = {into[1]((i, jj))};")
-                    else:
-                        self.emit(f"{buf.at((i, jj))} = {self.stored(buf, held)};")
-        self.inline.pop(r, None)
+        for p, (q, buf) in enumerate(zip(ops, bufs)):
+            self.write_accumulators(q.result, buf, acc, p * tiles, (bm, bn, i0, j0, g, t), into)
         self.indent -= 1
         self.emit("}")
         self.end_phase()
         if not into:
-            self.buffers[r] = buf
+            for q, buf in zip(ops, bufs):
+                self.buffers[q.result] = buf
+
+    def write_accumulators(self, r: Value, buf, acc: str, first: int, block, into) -> None:
+        """A warp's accumulators acc[first:] of product r into buf, or through into's expression.
+        Every value first, then the stores: the loads the values make (a carried tile, its
+        decay) are not ordered after stores the compiler must assume alias them."""
+        bm, bn, i0, j0, g, t = block
+        pairs = []
+        for u in range(bm):
+            for v in range(bn):
+                i_lo, i_hi = f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8"
+                j = f"{j0} + {v * MMA_N} + 2 * {t}"
+                for q, i in ((0, i_lo), (2, i_hi)):
+                    values = []
+                    for jj, held in ((j, f"{acc}[{first + u * bn + v}][{q}]"), (f"{j} + 1", f"{acc}[{first + u * bn + v}][{q + 1}]")):
+                        if into:
+                            self.inline[r] = (lambda idx, held=held, at=(i, jj):
+                                              held if tuple(idx) == at else self.misread(r))
+                        value = into[1]((i, jj)) if into else self.stored(buf, held)
+                        if value != held:
+                            x = self.fresh("kfc_x")
+                            self.emit(f"const float {x} = {value};")
+                            value = x
+                        values.append(value)
+                    pairs.append(((i, j), (i, f"{j} + 1"), values))
+        self.inline.pop(r, None)
+        for first_at, second_at, (x0, x1) in pairs:
+            if buf.ctype == "float" and buf.pitch % 2 == 0:  # the pair's columns 2t, 2t + 1: 8 bytes, aligned
+                self.emit(f"*reinterpret_cast<float2*>(&{buf.at(first_at)}) = make_float2({x0}, {x1});")
+            else:
+                self.emit(f"{buf.at(first_at)} = {x0};")
+                self.emit(f"{buf.at(second_at)} = {x1};")
 
     @staticmethod
     def misread(r: Value):

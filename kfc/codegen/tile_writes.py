@@ -12,7 +12,9 @@ last axis, of a static extent that LANES divides, is aligned.
 from __future__ import annotations
 
 from ..ir.core import Op, Value
+from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp
 from .c_names import C_TYPES
+from .tile_mma import mma_dot
 from .tile_plan import C_SIZES, THREADS, Buffer, warp_reduction
 
 UNROLL = 8  # iterations of a CTA-wide loop unrolled at most (a [16, 128] tile: 8 a thread)
@@ -42,28 +44,50 @@ class TileWrites:
             stride *= d
         return tuple(reversed(idx))
 
-    def cta_loop(self, count: int, body) -> None:
+    def cta_loop(self, count: int, body, unroll: int = UNROLL) -> None:
         """body(element indices...) for each of `count` elements, spread over the CTA's threads.
         The stride is the launch's THREADS, a constant, so that the compiler unrolls the few
-        iterations a thread has and issues their loads together."""
+        iterations a thread has (`unroll` at most) and issues their loads together."""
         e = self.fresh("kfc_e")
+        if count % THREADS == 0 and count // THREADS <= unroll:
+            # every thread the same few iterations: a count the compiler knows, no remainder
+            j = self.fresh("kfc_j")
+            self.emit("#pragma unroll")
+            self.emit(f"for (int {j} = 0; {j} < {count // THREADS}; ++{j}) {{")
+            self.indent += 1
+            self.emit(f"const int {e} = threadIdx.x + {j} * {THREADS};")
+            body(e)
+            self.indent -= 1
+            self.emit("}")
+            return
         if count > THREADS:
-            self.emit(f"#pragma unroll {min(-(-count // THREADS), UNROLL)}")
+            self.emit(f"#pragma unroll {min(-(-count // THREADS), unroll)}")
         self.emit(f"for (int {e} = threadIdx.x; {e} < {count}; {e} += {THREADS}) {{")
         self.indent += 1
         body(e)
         self.indent -= 1
         self.emit("}")
 
-    def cta_groups(self, shape, body) -> None:
+    def loops_inline(self, v: Value, top: bool = True) -> bool:
+        """Whether tile v's expression holds a loop (a reduction, a product off tensor cores),
+        itself or in the tiles it reads written inline: four side by side take the registers of
+        four, so such a tile goes one element at a time."""
+        op = self.plan.owner.get(v)
+        if op is None or (not top and v not in self.inline):
+            return False
+        if isinstance(op, (ReduceOp, ScanOp, TriInvOp)) or (isinstance(op, DotOp) and not mma_dot(op)):
+            return True
+        return any(self.loops_inline(x, False) for x in op.operands)
+
+    def cta_groups(self, shape, body, grouped: bool = True) -> None:
         """body(index tuples) for every element of a tile of this shape, spread over the CTA's
         threads: LANES consecutive elements along the last axis at a time where they divide it
-        (their loads of tensors then one access each, kfc.codegen.tile_writes.lane_load), else one."""
+        and `grouped` (their loads of tensors then one access each, lane_load), else one."""
         shape = tuple(shape)
         if not shape:
             body([()])
             return
-        n = LANES if shape[-1] % LANES == 0 else 1
+        n = LANES if shape[-1] % LANES == 0 and grouped else 1
         count = 1
         for d in shape:
             count *= d
@@ -82,7 +106,8 @@ class TileWrites:
             finally:
                 self.lanes, self.lane_loads = {}, {}
 
-        self.cta_loop(count // n, group)
+        # as many elements unrolled a thread as one at a time: registers and code stay as they were
+        self.cta_loop(count // n, group, max(1, UNROLL // n))
 
     def lane_load(self, op: Op, tensor: Value, idx, other: str) -> str | None:
         """Element idx of a load as one lane of its group's access, or None where idx is no lane
@@ -120,26 +145,27 @@ class TileWrites:
         self.begin_phase()
         for v, expr_of_idx in exprs.items():
             self.arena.touch(bufs[v], self.step)
-            self.write_buffer(bufs[v], expr_of_idx)
+            self.write_buffer(bufs[v], expr_of_idx, v)
             self.buffers[v] = bufs[v]
         self.end_phase()
 
-    def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None) -> Buffer:
-        """Materialise v (its elements from expr_of_idx) into buf, else a new buffer (a
-        reduction with few outputs a warp an output)."""
+    def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None, source: Value | None = None) -> Buffer:
+        """Materialise v (its elements from expr_of_idx, the expression of tile `source`, else
+        of v) into buf, else a new buffer (a reduction with few outputs a warp an output)."""
         op = self.plan.owner.get(v)
         if buf is None and op is not None and op.results == (v,) and warp_reduction(op):
             return self.emit_warp_reduce(op)
         buf = buf or self.rounded_buffer(v)
         self.begin_phase()
         self.arena.touch(buf, self.step)
-        self.write_buffer(buf, expr_of_idx)
+        self.write_buffer(buf, expr_of_idx, source or v)
         self.end_phase()
         self.buffers[v] = buf
         return buf
 
-    def write_buffer(self, buf: Buffer, expr_of_idx) -> None:
-        """A CTA-wide loop writing every element of buf from expr_of_idx (inside a phase)."""
+    def write_buffer(self, buf: Buffer, expr_of_idx, v: Value) -> None:
+        """A CTA-wide loop writing every element of buf with tile v, from expr_of_idx (inside a
+        phase)."""
         def body(lanes):
             values = [self.stored(buf, expr_of_idx(idx)) for idx in lanes]
             group = self.group_store(buf.at(lanes[0]), buf.ctype, values, buf.pitch % LANES == 0)
@@ -149,7 +175,7 @@ class TileWrites:
             for idx, value in zip(lanes, values):
                 self.emit(f"{buf.at(idx)} = {value};")
 
-        self.cta_groups(buf.shape, body)
+        self.cta_groups(buf.shape, body, not self.loops_inline(v))
 
     def write_tensor(self, op: Op, tensor: Value, value: Value) -> None:
         """A CTA-wide loop storing every element of tile `value` into the tensor (inside a
@@ -174,7 +200,7 @@ class TileWrites:
                 self.emit(f"if ({' && '.join(conds)}) {ptr}[{offset}] = {v};" if conds else f"{ptr}[{offset}] = {v};")
 
         if value.ttype.rank:
-            self.cta_groups(value.ttype.shape, body)
+            self.cta_groups(value.ttype.shape, body, not self.loops_inline(value))
         else:
             self.emit("if (threadIdx.x == 0) {")
             body([()])
