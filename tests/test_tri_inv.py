@@ -65,3 +65,38 @@ def test_the_kda_kernels_pass_verify_each_through_the_lowering(kernel, tmp_path,
     assert main(["opt", f"kernels/{kernel}.kfc", "-p", "lower-tri-inv", "--verify-each", "-o", str(out)]) == 0
     text = out.read_text()
     assert "tile.tri_inv" not in text and text.count("tile.for") == 2
+
+
+@pytest.mark.parametrize("c", [2, 8, 16, 32])
+def test_by_doubling_it_is_the_same_inverse_up_to_rounding(c):
+    """tri-inv-doubling: (I + N)(I + N^2)(I + N^4)... with N = -tril(x, -1), log2(C) - 1
+    squarings and as many products, no tri_inv left."""
+    spec = _spec(c)
+    ctx = PassContext(target=parse_target("sm_90a"))
+    low = PassManager(parse_pipeline("tri-inv-doubling"), ctx).run(spec.func)
+    assert not any(isinstance(op, TriInvOp) for op in low.walk())
+    assert sum(op.NAME == "tile.dot" for op in low.walk()) == 2 * (c.bit_length() - 2)
+    x = (0.3 * np.random.default_rng(c).standard_normal((c, c))).astype(np.float32)
+    want = np.linalg.inv(np.eye(c) + np.tril(x.astype(np.float64), -1))
+    np.testing.assert_allclose(run(low, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_by_doubling_a_size_no_power_of_two_is_left_as_it_is():
+    ctx = PassContext(target=parse_target("sm_90a"))
+    low = PassManager(parse_pipeline("tri-inv-doubling"), ctx).run(_spec(12).func)
+    assert any(isinstance(op, TriInvOp) for op in low.walk())
+    assert any("of a size no power of two left as they are" in message for _, message in ctx.notes)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_kdas_prepare_kernel_inverts_by_doubling_on_tensor_cores(target, tmp_path):
+    """Its 16 x 16 solve as six products that tf32-dots puts on tensor cores (beside the
+    kernel's own seven): the interpreter passes it through --verify-each, and the tile emitter
+    writes the squaring and the product sharing its B in one phase."""
+    pipeline = "canonicalize,cse,dce,tri-inv-doubling,canonicalize,cse,dce,hoist-loads,tf32-dots"
+    assert main(["opt", "kernels/kda_prepare_flashkda.kfc", "-p", pipeline, "--verify-each",
+                 "-o", str(tmp_path / "p.kir")]) == 0
+    assert main(["compile", "kernels/kda_prepare_flashkda.kfc", "--target", target, "-p", pipeline,
+                 "--shape", "T=4096,K=128,V=128", "-o", str(tmp_path / "c")]) == 0
+    cu = (tmp_path / "c" / "kda_prepare_flashkda.cu").read_text()
+    assert cu.count("kfc_mma_tf32(") == 13 and "tile.tri_inv" not in (tmp_path / "c" / "kda_prepare_flashkda.kir").read_text()

@@ -195,6 +195,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
                 self.store_tiles({v: self.pending.pop(v) for v in loads})
                 todo = [v for v in todo if v not in loads]
         for v in todo:
+            if v not in self.pending:  # written already, beside a product sharing its B
+                continue
             expr = self.pending.pop(v)
             if expr is DEFERRED_MMA:
                 self.emit_mma_dot(self.plan.owner[v])

@@ -3,6 +3,7 @@
 from . import (  # noqa: F401 - registration
     accelerate_matmul, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads, linearize, lower_ptx,
     lower_reductions, lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tf32_dots, tile,
+    tri_inv_doubling,
 )
 from .base import PASSES, Pass, PassError, register_pass
 from .context import PassContext, VerifyEach

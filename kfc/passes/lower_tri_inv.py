@@ -12,8 +12,8 @@ substitution on tile ops a code generator already knows:
 Row i of the result is e_i minus row i of the strict lower part times the rows above it; the
 rows above i are final when row i is built. The interpreter computes tile.tri_inv the same way
 (kfc.ir.tile_ops.matmul.TriInvOp), so the rewrite changes no result. KDA's chunk solve
-(kernels/kda_fwd.kfc) is the op's user; the factorisation a tensor-core kernel would use
-(blocks of 16 inverted, then combined by products) is a later rewrite of the same op.
+(kernels/kda_fwd.kfc) is the op's user; tri-inv-doubling (kfc/passes/tri_inv_doubling.py)
+writes a power-of-two tile's inverse as products instead.
 """
 
 from __future__ import annotations
