@@ -8,7 +8,7 @@ import os
 import platform
 from pathlib import Path
 
-from kfc.provenance import git_commit
+from kfc.provenance import git_commit, source_digest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -34,7 +34,8 @@ def save(name: str, payload: dict, also: str | Path | None = None) -> Path:
     same document, to `also`: a machine that keeps nothing can send it back from there)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    doc = {"benchmark": name, "utc": stamp, "kfc_commit": git_commit(), "machine": machine(), **payload}
+    doc = {"benchmark": name, "utc": stamp, "kfc_commit": git_commit(), "kfc_sources": source_digest(),
+           "machine": machine(), **payload}
     path = RESULTS / f"{name}-{stamp}.json"
     text = json.dumps(doc, indent=2, default=str) + "\n"
     for target in [path] + ([Path(also)] if also else []):
