@@ -182,22 +182,23 @@ class TileWrites:
         phase; an optional tensor's pointer tested around it)."""
         ptr = self.name(tensor)
         t = tensor.ttype
-        whole_rows = value.ttype.rank and op.index[-1].kind == "all" and isinstance(t.shape[-1], int) \
-            and t.shape[-1] % LANES == 0
+        whole_rows = bool(value.ttype.rank) and op.index[-1].kind == "all" and isinstance(t.shape[-1], int) \
+            and t.shape[-1] % LANES == 0 and lane_bytes(C_TYPES[t.dtype]) is not None
+
+        def at(idx):  # the element's offset, and its bounds but the pointer's (tested around the loop)
+            offset, conds = self.access(op, tensor, op.operands[2:], idx)
+            conds = [c for c in conds if c != f"{ptr} != nullptr"]
+            return offset, (f"if ({' && '.join(conds)}) " if conds else "")
 
         def body(lanes):
             values = [self.elem(value, idx) for idx in lanes]
-            offset, conds = self.access(op, tensor, op.operands[2:], lanes[0])
-            conds = [c for c in conds if c != f"{ptr} != nullptr"]
-            guard = f"if ({' && '.join(conds)}) " if conds else ""
-            group = self.group_store(f"{ptr}[{offset}]", C_TYPES[t.dtype], values, whole_rows)
-            if group:
-                self.emit(guard + group)
+            if whole_rows and len(lanes) == LANES:  # one bounds test for the group: its last axis is whole
+                offset, guard = at(lanes[0])
+                self.emit(guard + self.group_store(f"{ptr}[{offset}]", C_TYPES[t.dtype], values, True))
                 return
             for idx, v in zip(lanes, values):
-                offset, conds = self.access(op, tensor, op.operands[2:], idx)
-                conds = [c for c in conds if c != f"{ptr} != nullptr"]
-                self.emit(f"if ({' && '.join(conds)}) {ptr}[{offset}] = {v};" if conds else f"{ptr}[{offset}] = {v};")
+                offset, guard = at(idx)
+                self.emit(f"{guard}{ptr}[{offset}] = {v};")
 
         if value.ttype.rank:
             self.cta_groups(value.ttype.shape, body, not self.loops_inline(value))
