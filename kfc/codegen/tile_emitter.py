@@ -92,6 +92,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
         self.written = written_tensors(func)
         self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
         self.early: set[Op] = set()  # products written so, beside an earlier one
+        self.lanes: dict = {}       # the lane index tuples of the group being written -> lane (TileWrites)
+        self.lane_loads: dict = {}  # load op -> the C array its group's access filled
 
     # --- what the elementwise rules write through -----------------------------------------------
     def kind(self, v: Value) -> str:
@@ -215,7 +217,6 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
         label = v.name or (f"{owner.operands[0].name}[...]" if isinstance(owner, LoadOp) else "")
         return self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), self.step + 1,
                               f"{label + ' ' if label else ''}{v.type}", fragment_skew(v, self.plan.uses.get(v, ())))
-
 
     def begin_phase(self) -> None:
         self.sync_scalar_reads()

@@ -27,12 +27,20 @@ def lane_bytes(ctype: str) -> str | None:
     return ACCESS_TYPES.get(C_SIZES.get(ctype, 0) * LANES)
 
 
+def whole_last_axis(op: Op, tensor: Value) -> bool:
+    """Whether a load or store takes the tensor's whole last axis, of a static extent LANES
+    divides, in elements a group makes one access of: each group is then aligned."""
+    t = tensor.ttype
+    return (t.rank > 0 and op.index[-1].kind == "all" and isinstance(t.shape[-1], int) and t.shape[-1] % LANES == 0
+            and lane_bytes(C_TYPES[t.dtype]) is not None)
+
+
 class TileWrites:
     """Mixed into TileKernelEmitter: written through its fresh, emit, elem, access, stored,
     arena and phases."""
 
-    lanes: dict = {}        # the lane index tuples of the group being written -> lane number
-    lane_loads: dict = {}   # load op -> the C array its group's access filled
+    lanes: dict        # the lane index tuples of the group being written -> lane number
+    lane_loads: dict   # load op -> the C array its group's access filled
 
     def unflatten(self, e: str, shape) -> tuple[str, ...]:
         """Declare the indices of flat element e of a tile of this shape; their names."""
@@ -113,11 +121,10 @@ class TileWrites:
         """Element idx of a load as one lane of its group's access, or None where idx is no lane
         of the group being written or the access is not along the tensor's whole last axis."""
         lane = self.lanes.get(tuple(idx)) if idx else None
-        t = tensor.ttype
-        ext, ctype = t.shape[-1] if t.rank else None, C_TYPES[t.dtype]
-        access = lane_bytes(ctype)
-        if lane is None or op.index[-1].kind != "all" or not isinstance(ext, int) or ext % LANES or access is None:
+        if lane is None or not whole_last_axis(op, tensor):
             return None
+        ctype = C_TYPES[tensor.ttype.dtype]
+        access = lane_bytes(ctype)
         name = self.lane_loads.get(op)
         if name is None:
             name = self.fresh("kfc_v")
@@ -182,8 +189,7 @@ class TileWrites:
         phase; an optional tensor's pointer tested around it)."""
         ptr = self.name(tensor)
         t = tensor.ttype
-        whole_rows = bool(value.ttype.rank) and op.index[-1].kind == "all" and isinstance(t.shape[-1], int) \
-            and t.shape[-1] % LANES == 0 and lane_bytes(C_TYPES[t.dtype]) is not None
+        whole_rows = bool(value.ttype.rank) and whole_last_axis(op, tensor)
 
         def at(idx):  # the element's offset, and its bounds but the pointer's (tested around the loop)
             offset, conds = self.access(op, tensor, op.operands[2:], idx)
