@@ -53,6 +53,7 @@ from kfc.passes import (
     parse_pipeline,
     register_pass,
 )
+import kfc.passes.manager as manager
 from kfc.passes.base import format_option, option_range
 from kfc.passes.rewriter import PatternRewriter, RewritePattern, RewriteStats, apply_patterns_greedily
 from kfc.passes.tile import choose
@@ -1019,6 +1020,25 @@ def test_verify_each_rejects_a_broken_pass(name, broken, where):
         good = run(m, dict(args))["y"].astype(np.float64)
         bad = run(specialize(g, {"M": 3}), dict(args))["y"].astype(np.float64)
         assert not np.allclose(good, bad, rtol=1e-2, atol=1e-2)
+
+
+def test_verify_each_interprets_each_function_once(monkeypatch):
+    """A pass's input is the previous pass's output: its results on the same inputs come from that
+    pass's check, so n passes cost n + 1 runs of the interpreter per seed, not 2n, and a broken
+    pass late in the pipeline is still caught against the results before it."""
+    spec, f = kernel("rmsnorm", 256)
+    runs = []
+    real = manager.run_tracked
+    monkeypatch.setattr(manager, "run_tracked", lambda func, *a, **k: runs.append(func) or real(func, *a, **k))
+    text = "canonicalize,cse,dce,tile,lower-reductions"
+    run_pipeline(f, text, check=spec.check, verify_each=VerifyEach({"N": 256, "M": 3}, spec.check, seeds=(0, 1)))
+    assert len(runs) == 2 * (len(text.split(",")) + 1)
+
+    p = make_pass("broken", _warp_sum_to_max)
+    runs.clear()
+    with registered(p), pytest.raises(PassError, match=f"pass {p.NAME} changed the results: output y differs"):
+        run_pipeline(f, f"{text},{p.NAME}", check=spec.check, verify_each=VerifyEach({"N": 256, "M": 3}, spec.check))
+    assert len(runs) == len(text.split(",")) + 2
 
 
 def test_verify_each_names_an_unwritten_element():
