@@ -183,9 +183,9 @@ class TileMma:
                 rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
                 frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
                 self.emit(f"const unsigned {fa}{p * bm + u}[4] = {{{', '.join(frag)}}};")
+        at_b = lambda c, j: bits(b, (j, c) if op.trans_b else (c, j))  # B's element (contraction c, column j)
         for v in range(bn):
             col = f"{j0} + {v * MMA_N} + {g}"
-            at_b = lambda c, j: bits(b, (j, c) if op.trans_b else (c, j))
             self.emit(f"const unsigned {fb}{v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
         for p in range(len(ops)):
             for u in range(bm):
