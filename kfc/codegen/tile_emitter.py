@@ -28,6 +28,7 @@ from .grid_emitter import GridPlan
 from .tile_loops import TileLoops
 from .tile_mma import DEFERRED_MMA, TileMma, fragment_skew, mma_dot
 from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major
+from .tile_prefetch import TilePrefetch
 from .tile_writes import TileWrites
 from .writer import CodeWriter
 
@@ -62,14 +63,15 @@ def tile_program_problem(func: FuncOp) -> str | None:
     return None
 
 
-class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
+class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter):
     """Writes one tile program's kernel: `generate()` gives its CUDA C++ and launch plan."""
 
     as_float = staticmethod(as_float)
     from_float = staticmethod(from_float)
     chunk_local = None
 
-    def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True) -> None:
+    def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True,
+                 prefetch: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -91,6 +93,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
         self.group_loads = group_loads  # store the pending loads together (flush_for)
         self.written = written_tensors(func)
         self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
+        self.prefetch = prefetch  # a loop's next loads issued before its work (TilePrefetch)
+        self.prefetched: set[Op] = set()  # loads stored from registers at their loop's head
         self.early: set[Op] = set()  # products written so, beside an earlier one
         self.lanes: dict = {}       # the lane index tuples of the group being written -> lane (TileWrites)
         self.lane_loads: dict = {}  # load op -> the C array its group's access filled
@@ -295,6 +299,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
             self.emit_body_op(op)
 
     def emit_body_op(self, op: Op) -> None:
+        if op in self.prefetched:  # its tile is in shared memory already, from registers
+            return
         # a loop or branch may read any pending tile in any of its phases: store them all first;
         # a pending product read elementwise stays pending (its reader may take its accumulators)
         keep = [v for v in op.operands if self.pending.get(v) is DEFERRED_MMA] \
@@ -430,9 +436,12 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, CodeWriter):
                 buf = self.store_tile(arg, lambda idx, init=init: self.elem(init, idx), source=init)
                 carried[arg] = buf
         iv = self.name(op.body.args[0])
+        loads, regs = self.begin_prefetched_loop(op)
+        self.prefetched.update(loads)
         self.emit(f"for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
         self.indent += 1
         start = self.step + 1
+        self.head_of_prefetched_iteration(op, loads, regs)
         for inner in op.body.ops[:-1]:
             self.emit_body_op(inner)
         fused = self.mma_into_carried(op.body.ops[-1], args, carried)

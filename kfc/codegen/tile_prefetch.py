@@ -1,0 +1,184 @@
+"""Loads of the next loop iteration issued before this one's work (kfc.codegen.tile_emitter).
+
+A `tile.for` whose iteration begins by loading tiles of tensors the kernel never writes, at
+indices that are the induction variable or values from outside the loop (KDA's recurrence:
+w, qg, aqk, gend and kg of chunk t), waits on memory at each iteration's start: the loads are
+stored into shared memory in one phase, and every thread waits there for its global reads.
+Here each such load of chunk t + step goes into registers right after chunk t's tiles are
+stored, before chunk t's products; the next iteration stores those registers. The reads are
+then in flight during the whole iteration's work.
+
+    before the loop:  registers <- the loads at t = lo
+    each iteration:   shared buffers <- registers (one phase)
+                      if t + step < hi: registers <- the loads at t + step
+                      ... the iteration's work reads the shared buffers
+
+The loads read the same elements as before (a tensor the kernel never writes reads alike at
+any time), so the kernel computes what it did; only loads whose groups of LANES elements make
+one access (a tensor's whole last axis) are taken, each thread a fixed set of groups, while
+their registers stay within PREFETCH_REGISTERS a thread.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Op, Value
+from ..ir.tile_ops import ForOp, LoadOp
+from .c_names import C_TYPES, literal
+from .tile_plan import C_SIZES, THREADS
+from .tile_writes import LANES, lane_bytes, whole_last_axis
+
+PREFETCH_REGISTERS = 64  # 4-byte registers a thread may hold for the next iteration's tiles
+
+
+class TilePrefetch:
+    """Mixed into TileKernelEmitter: written through its plan, written, names, access, stored,
+    arena and phases."""
+
+    prefetch: bool
+
+    def prefetched_loads(self, loop: ForOp) -> list[LoadOp]:
+        """The loads at the head of the loop's body that are stored into shared memory, if all
+        of them can be issued an iteration early and their registers fit in
+        PREFETCH_REGISTERS; else none (those left would be stored in a phase of their own, a
+        barrier more)."""
+        if not (self.prefetch and self.group_loads):
+            return []
+        iv = loop.body.args[0]
+        inside = {r for o in loop.body.ops for r in o.results} | set(loop.body.args)
+        taken, words = [], 0
+        for op in loop.body.ops:
+            if not isinstance(op, LoadOp):
+                break  # hoist-loads puts an iteration's loads first; what follows waits on others
+            tensor, r = op.operands[0], op.result
+            if r.ttype.rank == 0 or not self.plan.wants_buffer(op):
+                continue  # read where it is used, never stored
+            if (op.regions or tensor in self.written or not whole_last_axis(op, tensor)
+                    or any(x.ttype.rank != 0 or (x in inside and x is not iv) for x in op.operands[1:])):
+                return []
+            taken.append(op)
+            words += self.groups_per_thread(r) * LANES * C_SIZES[C_TYPES[r.ttype.dtype]] // 4
+        return taken if words <= PREFETCH_REGISTERS else []
+
+    @staticmethod
+    def group_count(v: Value) -> int:
+        n = 1
+        for d in v.ttype.shape:
+            n *= d
+        return n // LANES
+
+    def groups_per_thread(self, v: Value) -> int:
+        return -(-self.group_count(v) // THREADS)
+
+    def thread_groups(self, v: Value, body) -> None:
+        """body(j, first element's indices) for each group of LANES elements along tile v's
+        last axis this thread takes: its j-th, at element group threadIdx.x + j * THREADS. The
+        loop is unrolled whole, so that an array indexed by j stays in registers."""
+        count, per = self.group_count(v), self.groups_per_thread(v)
+        shape = tuple(v.ttype.shape)
+        j = self.fresh("kfc_j")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int {j} = 0; {j} < {per}; ++{j}) {{")
+        self.indent += 1
+        e = self.fresh("kfc_e")
+        self.emit(f"const int {e} = threadIdx.x + {j} * {THREADS};")
+        if count % THREADS:
+            self.emit(f"if ({e} < {count}) {{")
+            self.indent += 1
+        idx = self.unflatten(e, shape[:-1] + (shape[-1] // LANES,))
+        c = self.fresh("kfc_l")
+        self.emit(f"const int {c} = {idx[-1]} * {LANES};")
+        body(j, idx[:-1] + (c,))
+        if count % THREADS:
+            self.indent -= 1
+            self.emit("}")
+        self.indent -= 1
+        self.emit("}")
+
+    def declare_prefetch(self, loads: list[LoadOp]) -> dict[LoadOp, str]:
+        """Each load's registers: an array of its groups a thread, LANES elements each."""
+        regs = {}
+        for op in loads:
+            r = op.result
+            regs[op] = self.fresh("kfc_pf")
+            self.emit(f"alignas(16) {C_TYPES[r.ttype.dtype]} {regs[op]}[{self.groups_per_thread(r)}][{LANES}];")
+        return regs
+
+    def issue_prefetch(self, loads: list[LoadOp], regs: dict[LoadOp, str], iv: Value, at: str) -> None:
+        """Each load's groups into its registers, with the induction variable iv read as `at`;
+        an element outside the tensor or past a slice's limit is the load's `other`."""
+        saved = self.names.get(iv)
+        self.names[iv] = at
+        try:
+            for op in loads:
+                tensor, r = op.operands[0], op.result
+                ctype = C_TYPES[r.ttype.dtype]
+                other = literal(op.other, r.ttype.dtype)
+                reg = regs[op]
+
+                def body(j, first, op=op, tensor=tensor, ctype=ctype, other=other, reg=reg):
+                    offset, conds = self.access(op, tensor, op.operands[1:], first)
+                    access = lane_bytes(ctype)
+                    load = (f"*reinterpret_cast<{access}*>({reg}[{j}]) = "
+                            f"*reinterpret_cast<const {access}*>({self.name(tensor)} + {offset});")
+                    if not conds:
+                        self.emit(load)
+                        return
+                    self.emit(f"if ({' && '.join(conds)}) {load}")
+                    fill = " ".join(f"{reg}[{j}][{k}] = {other};" for k in range(LANES))
+                    self.emit(f"else {{ {fill} }}")
+
+                self.thread_groups(r, body)
+        finally:
+            if saved is None:
+                del self.names[iv]
+            else:
+                self.names[iv] = saved
+
+    def store_prefetched(self, loads: list[LoadOp], regs: dict[LoadOp, str]) -> None:
+        """The registers into new shared buffers, one phase for all (as the loads would have
+        been stored)."""
+        bufs = {op: self.rounded_buffer(op.result) for op in loads}
+        self.begin_phase()
+        for op in loads:
+            buf, reg = bufs[op], regs[op]
+            self.arena.touch(buf, self.step)
+
+            def body(j, first, buf=buf, reg=reg):
+                values = [self.stored(buf, f"{reg}[{j}][{k}]") for k in range(LANES)]
+                group = self.group_store(buf.at(first), buf.ctype, values, buf.pitch % LANES == 0)
+                if group:
+                    self.emit(group)
+                    return
+                for k, value in enumerate(values):
+                    self.emit(f"{buf.at(first[:-1] + (f'({first[-1]} + {k})',))} = {value};")
+
+            self.thread_groups(op.result, body)
+            self.buffers[op.result] = buf
+        self.end_phase()
+
+    def begin_prefetched_loop(self, loop: ForOp) -> tuple[list[Op], dict]:
+        """Before the loop's header: the registers, filled at the first iteration's index
+        (where the loop runs at all). The loads taken and their registers."""
+        loads = self.prefetched_loads(loop)
+        if not loads:
+            return [], {}
+        regs = self.declare_prefetch(loads)
+        lo, hi = (self.name(v) for v in loop.operands[:2])
+        self.emit(f"if ({lo} < {hi}) {{")
+        self.indent += 1
+        self.issue_prefetch(loads, regs, loop.body.args[0], lo)
+        self.indent -= 1
+        self.emit("}")
+        return loads, regs
+
+    def head_of_prefetched_iteration(self, loop: ForOp, loads, regs) -> None:
+        """At an iteration's start: store this iteration's registers, then issue the next's."""
+        if not loads:
+            return
+        self.store_prefetched(loads, regs)
+        iv, hi, step = (self.name(v) for v in (loop.body.args[0], loop.operands[1], loop.operands[2]))
+        self.emit(f"if ({iv} + {step} < {hi}) {{")
+        self.indent += 1
+        self.issue_prefetch(loads, regs, loop.body.args[0], f"({iv} + {step})")
+        self.indent -= 1
+        self.emit("}")
