@@ -16,7 +16,9 @@ then in flight during the whole iteration's work.
 The loads read the same elements as before (a tensor the kernel never writes reads alike at
 any time), so the kernel computes what it did; only loads whose groups of LANES elements make
 one access (a tensor's whole last axis) are taken, each thread a fixed set of groups, while
-their registers stay within PREFETCH_REGISTERS a thread.
+their registers stay within PREFETCH_REGISTERS a thread. A load otherwise read where it is used
+(never stored) is stored beside the others when registers allow: its read is then not waited
+on in the middle of the iteration.
 """
 
 from __future__ import annotations
@@ -37,27 +39,44 @@ class TilePrefetch:
     prefetch: bool
 
     def prefetched_loads(self, loop: ForOp) -> list[LoadOp]:
-        """The loads at the head of the loop's body that are stored into shared memory, if all
-        of them can be issued an iteration early and their registers fit in
-        PREFETCH_REGISTERS; else none (those left would be stored in a phase of their own, a
-        barrier more)."""
+        """The loads at the head of the loop's body to issue an iteration early. Those stored
+        into shared memory all, or none where one cannot be or their registers do not fit in
+        PREFETCH_REGISTERS (those left would be stored in a phase of their own, a barrier
+        more); then, as registers allow, those read where they are used, which then are stored
+        beside them (u in KDA's recurrence: read once, by U = u - w S, a global read waited on
+        in the middle of the iteration otherwise)."""
         if not (self.prefetch and self.group_loads):
             return []
-        iv = loop.body.args[0]
-        inside = {r for o in loop.body.ops for r in o.results} | set(loop.body.args)
-        taken, words = [], 0
+        heads = []
         for op in loop.body.ops:
             if not isinstance(op, LoadOp):
                 break  # hoist-loads puts an iteration's loads first; what follows waits on others
-            tensor, r = op.operands[0], op.result
-            if r.ttype.rank == 0 or not self.plan.wants_buffer(op):
-                continue  # read where it is used, never stored
-            if (op.regions or tensor in self.written or not whole_last_axis(op, tensor)
-                    or any(x.ttype.rank != 0 or (x in inside and x is not iv) for x in op.operands[1:])):
-                return []
-            taken.append(op)
-            words += self.groups_per_thread(r) * LANES * C_SIZES[C_TYPES[r.ttype.dtype]] // 4
-        return taken if words <= PREFETCH_REGISTERS else []
+            if op.result.ttype.rank:
+                heads.append(op)
+        stored = [op for op in heads if self.plan.wants_buffer(op)]
+        if not all(self.can_prefetch(loop, op) for op in stored):
+            return []
+        words = sum(self.prefetch_words(op) for op in stored)
+        if words > PREFETCH_REGISTERS:
+            return []
+        taken = list(stored)
+        for op in heads:
+            if op not in stored and self.can_prefetch(loop, op) and words + self.prefetch_words(op) <= PREFETCH_REGISTERS:
+                taken.append(op)
+                words += self.prefetch_words(op)
+        return sorted(taken, key=heads.index)
+
+    def can_prefetch(self, loop: ForOp, op: LoadOp) -> bool:
+        """Whether a load reads a tensor the kernel never writes, along its whole last axis, at
+        indices that are the loop's induction variable or values from outside the loop."""
+        iv, tensor = loop.body.args[0], op.operands[0]
+        inside = {r for o in loop.body.ops for r in o.results} | set(loop.body.args)
+        return (not op.regions and tensor not in self.written and whole_last_axis(op, tensor)
+                and all(x.ttype.rank == 0 and (x is iv or x not in inside) for x in op.operands[1:]))
+
+    def prefetch_words(self, op: LoadOp) -> int:
+        r = op.result
+        return self.groups_per_thread(r) * LANES * C_SIZES[C_TYPES[r.ttype.dtype]] // 4
 
     @staticmethod
     def group_count(v: Value) -> int:
