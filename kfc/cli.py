@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     o.add_argument("file", help="a .kfc file or IR text")
     o.add_argument("-o", "--output", metavar="PATH", help="write the IR here instead of to stdout")
-    o.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the op's type parameters: a dtype (T=f16) or a size (C=32)")
+    o.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help=cli_args.DTYPE_HELP)
     o.add_argument("--shape", type=cli_args.shape, metavar="M=..,N=..",
                    help="specialise: bind these dims to sizes (the others stay symbolic)")
     o.add_argument("-p", "--pipeline", metavar="PIPELINE",
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "else sm_90a")
     k.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: by kind of op)")
     k.add_argument("--shape", type=cli_args.shape, metavar="N=..", help="sizes for the dims (all but the row count)")
-    k.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help="bind the op's type parameters: a dtype (T=f16) or a size (C=32)")
+    k.add_argument("--dtype", type=cli_args.dtypes, metavar="T=f16", help=cli_args.DTYPE_HELP)
     k.add_argument("-o", "--output", metavar="DIR", help="output folder (default kfc-out/NAME-TARGET)")
     k.add_argument("--allow-spills", action="store_true", help="accept a kernel that spills registers")
     k.add_argument("--from-kb", action="store_true",

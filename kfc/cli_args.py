@@ -14,6 +14,8 @@ from .check.sandbox import Limits
 from .model.target import KNOWN
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DTYPE_HELP = "bind the op's type parameters, comma-separated: a dtype (T=f16) or a size (C=32), e.g. C=16,SD=bf16"
+LISTED_OPTIONS = ("--dtype", "--shape")  # each takes NAME=VALUE pairs, comma-separated
 MAX_SIZE = 2**62  # a dim's size; a tensor's bytes are checked against 64-bit offsets later
 
 
@@ -22,7 +24,9 @@ class _StoreOnce(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if self.dest in getattr(namespace, "_given", ()):
-            parser.error(f"argument {option_string}: given twice; give it once")
+            several = f" (several as one comma-separated list: {option_string} A=..,B=..)" \
+                if option_string in LISTED_OPTIONS else ""
+            parser.error(f"argument {option_string}: given twice; give it once{several}")
         namespace._given = getattr(namespace, "_given", set()) | {self.dest}
         setattr(namespace, self.dest, values)
 

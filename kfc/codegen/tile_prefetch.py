@@ -173,6 +173,10 @@ class TilePrefetch:
 
             self.thread_groups(op.result, body)
             self.buffers[op.result] = buf
+            if not self.plan.wants_buffer(op):
+                # read where used, it would have been a global read: what reads it stays stored
+                # as it was (U = u - w S), not recomputed from two buffers at each of its reads
+                self.plan.costly.add(op.result)
         self.end_phase()
 
     def begin_prefetched_loop(self, loop: ForOp) -> tuple[list[Op], dict]:

@@ -39,7 +39,7 @@ def add_tune_command(subparsers, parse_shape, parse_dtypes, add_reference_flags)
                    help="candidates per shape, the baseline not counted (1 to 100000; default 32)")
     t.add_argument("--shape", type=parse_shape, action="append", metavar="M=..,N=..",
                    help="a shape to tune at (repeatable; default: the check block's first shape)")
-    t.add_argument("--dtype", type=parse_dtypes, metavar="T=bf16", help="bind the op's type parameters: a dtype (T=f16) or a size (C=32)")
+    t.add_argument("--dtype", type=parse_dtypes, metavar="T=bf16", help=cli_args.DTYPE_HELP)
     t.add_argument("--policy", choices=["search", "claude"], default="search",
                    help="search: offline, the knowledge base as prior (default); claude: needs ANTHROPIC_API_KEY")
     t.add_argument("--kb", metavar="PATH|URL", help="the knowledge base: a file, or postgresql://... for one a team "

@@ -36,6 +36,7 @@ DEFAULT_CHUNK = 16      # FlashKDA's chunk, and the least shared memory per CTA 
 FLA_CHUNKS = (32, 64)   # the chunk sizes fla's chunk_kda accepts when one is given
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
+WORKSPACE = torch.float32  # the split pair's workspaces (kernels/kda_prepare_flashkda.kfc's WD)
 SPLIT_CHUNKS = (16,)  # kernels/kda_prepare_flashkda.kfc's chunk
 SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound it is exact for (FlashKDA's range)
 GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
@@ -159,11 +160,13 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
             dict(given, cu_seqlens=offsets, **state_in, scale=float(scale), lower_bound=float(lower_bound)), o_ht)
     else:
         rows = (1, B * T, H)
-        work = {n: torch.empty(*rows, d, dtype=torch.float32, device=q.device)
+        # the workspaces in bf16 (half the traffic between the kernels), the chunk's decay in f32
+        work = {n: torch.empty(*rows, d, dtype=torch.float32 if n == "gend" else WORKSPACE, device=q.device)
                 for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", chunk), ("gend", K))}
-        run("kda_prepare_flashkda", dict(C=chunk),
+        wd = _kfc_dtype(WORKSPACE)
+        run("kda_prepare_flashkda", dict(C=chunk, WD=wd),
             dict(given, cu_seqlens=offsets, scale=float(scale), lower_bound=float(lower_bound)), tuple(work.values()))
-        run("kda_recurrence", dict(C=chunk, SD=_kfc_dtype(sd)), dict(work, cu_seqlens=offsets, **state_in), o_ht)
+        run("kda_recurrence", dict(C=chunk, SD=_kfc_dtype(sd), WD=wd), dict(work, cu_seqlens=offsets, **state_in), o_ht)
     if o is not out:
         out.copy_(o)
     if final_state is not None and ht is not final_state:

@@ -124,14 +124,25 @@ WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8"
            "tile_reduce": TILE_REDUCE}
 
 
-@pytest.mark.parametrize("path", OPS + [Path(f"{name}.kfc") for name in WRITTEN], ids=lambda p: p.stem)
+# instances besides each op's first: KDA's recurrence where its loops prefetch (C = 16, 32) and
+# the pair's workspaces in each dtype
+BOUND = {"kda_recurrence_c16": ("kda_recurrence", {"C": "16"}), "kda_recurrence_c32": ("kda_recurrence", {"C": "32"}),
+         "kda_recurrence_c16_f32": ("kda_recurrence", {"C": "16", "WD": "f32"}),
+         "kda_prepare_flashkda_f32": ("kda_prepare_flashkda", {"WD": "f32"})}
+
+
+@pytest.mark.parametrize("path", OPS + [Path(f"{name}.kfc") for name in [*WRITTEN, *BOUND]], ids=lambda p: p.stem)
 def test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path):
     requires_gpu()
+    bind = None
     if path.stem in WRITTEN:
         text = WRITTEN[path.stem]
         path = tmp_path / path.name
         path.write_text(text)
-    spec = instances(load_kfc(path))[0]
+    elif path.stem in BOUND:
+        name, bind = BOUND[path.stem]
+        path = ROOT / "kernels" / f"{name}.kfc"
+    spec = instances(load_kfc(path, bind))[0]
     target = parse_target("sm_90a")
     kernel = KfcKernel(spec, target)
     checked = 0
