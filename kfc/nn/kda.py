@@ -160,7 +160,8 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
             dict(given, cu_seqlens=offsets, **state_in, scale=float(scale), lower_bound=float(lower_bound)), o_ht)
     else:
         rows = (1, B * T, H)
-        # the workspaces in bf16 (half the traffic between the kernels), the chunk's decay in f32
+        # the workspaces in WORKSPACE's dtype (bf16 would halve their traffic but slows the
+        # recurrence, which converts them at every fragment load: docs/kda.md), gend in f32
         work = {n: torch.empty(*rows, d, dtype=torch.float32 if n == "gend" else WORKSPACE, device=q.device)
                 for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", chunk), ("gend", K))}
         wd = _kfc_dtype(WORKSPACE)
