@@ -86,3 +86,15 @@ def test_a_load_at_an_index_computed_in_the_loop_is_not_prefetched():
         return compile_op(spec, parse_target("sm_90a"), shape={"T": 256, "D": 64}).kernel.cu
     assert "kfc_pf" in cu("t:t+16")
     assert "kfc_pf" not in cu("t+t%16:t+t%16+16")
+
+
+def test_narrow_loads_are_prefetched_in_their_own_width():
+    """bf16 workspaces: each group of four is one 8-byte access into registers of the load's
+    dtype, stored into a bf16 buffer (converted where a product reads it)."""
+    r = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": "bf16"}),
+                   parse_target("sm_90a"), shape=SHAPE)
+    cu = r.kernel.cu
+    regs = re.findall(r"alignas\(16\) kfc_bf16 (kfc_pf\d+)\[(\d)\]\[4\];", cu)
+    assert len(regs) == 5 and cu.count("alignas(16) float kfc_pf") == 1  # w, u, qg, kg, aqk; gend in f32
+    assert all(f"reinterpret_cast<uint2*>({name}[" in cu for name, _ in regs)
+    assert not r.kernel.report.spills
