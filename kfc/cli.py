@@ -387,6 +387,9 @@ def cmd_compile(args) -> int:
         print(f"  approx    {len(approx)}: " + "; ".join(f"{a['what']} at {a['at']}" for a in approx))
     print(f"  time      {result.report['seconds']['passes'] * 1e3:.1f} ms passes, "
           f"{result.report['seconds']['nvcc_ptxas']:.2f} s nvcc+ptxas")
+    ignored = [f"{k}={v}" for k, v in (args.shape or {}).items() if k in result.dynamic_dims]
+    if ignored:  # the row count, or a dim the parallel loop's bounds read: the launch sizes the grid by it
+        print(f"  note      --shape {','.join(ignored)} not fixed: a run-time dim, which each call passes")
     if target.sm == 100:
         print("  note      Blackwell output is proven by ptxas only unless run on a B200")
     for path in written:

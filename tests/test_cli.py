@@ -116,3 +116,13 @@ def test_main_called_again_parses_afresh(capsys, tmp_path):
         assert "given twice" in capsys.readouterr().err
     assert cli._parser() is cli._parser()
     assert "f16" in (tmp_path / "a.kir").read_text() and not (tmp_path / "b.kir").exists()
+
+
+def test_compile_says_when_a_shape_it_was_given_stays_a_run_time_dim(tmp_path, capsys):
+    """The row count (or a dim the parallel loop's bounds read) is never fixed at compile time:
+    a --shape that gives it is said to be left to each call, not dropped in silence."""
+    assert main(["compile", "kernels/rmsnorm.kfc", "--shape", "M=1024,N=4096", "-o", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "dims N=4096; run-time dims M" in out and "--shape M=1024 not fixed: a run-time dim" in out
+    assert main(["compile", "kernels/rmsnorm.kfc", "--shape", "N=4096", "-o", str(tmp_path / "b")]) == 0
+    assert "not fixed" not in capsys.readouterr().out
