@@ -27,7 +27,7 @@ from ..ir.core import Op, Value
 from ..ir.tile_ops import ForOp, LoadOp
 from .c_names import C_TYPES, literal
 from .tile_plan import C_SIZES, THREADS
-from .tile_writes import LANES, lane_bytes, whole_last_axis
+from .tile_writes import LANES, whole_last_axis
 
 PREFETCH_REGISTERS = 64  # 4-byte registers a thread may hold for the next iteration's tiles
 
@@ -130,15 +130,11 @@ class TilePrefetch:
         try:
             for op in loads:
                 tensor, r = op.operands[0], op.result
-                ctype = C_TYPES[r.ttype.dtype]
                 other = literal(op.other, r.ttype.dtype)
                 reg = regs[op]
 
-                def body(j, first, op=op, tensor=tensor, ctype=ctype, other=other, reg=reg):
-                    offset, conds = self.access(op, tensor, op.operands[1:], first)
-                    access = lane_bytes(ctype)
-                    load = (f"*reinterpret_cast<{access}*>({reg}[{j}]) = "
-                            f"*reinterpret_cast<const {access}*>({self.name(tensor)} + {offset});")
+                def body(j, first, op=op, tensor=tensor, other=other, reg=reg):
+                    load, conds = self.group_load(op, tensor, first, f"{reg}[{j}]")
                     if not conds:
                         self.emit(load)
                         return
@@ -163,13 +159,8 @@ class TilePrefetch:
             self.arena.touch(buf, self.step)
 
             def body(j, first, buf=buf, reg=reg):
-                values = [self.stored(buf, f"{reg}[{j}][{k}]") for k in range(LANES)]
-                group = self.group_store(buf.at(first), buf.ctype, values, buf.pitch % LANES == 0)
-                if group:
-                    self.emit(group)
-                    return
-                for k, value in enumerate(values):
-                    self.emit(f"{buf.at(first[:-1] + (f'({first[-1]} + {k})',))} = {value};")
+                lanes = [first[:-1] + (first[-1] if k == 0 else f"({first[-1]} + {k})",) for k in range(LANES)]
+                self.write_group(buf, lanes, [f"{reg}[{j}][{k}]" for k in range(LANES)])
 
             self.thread_groups(op.result, body)
             self.buffers[op.result] = buf

@@ -123,18 +123,24 @@ class TileWrites:
         lane = self.lanes.get(tuple(idx)) if idx else None
         if lane is None or not whole_last_axis(op, tensor):
             return None
-        ctype = C_TYPES[tensor.ttype.dtype]
-        access = lane_bytes(ctype)
         name = self.lane_loads.get(op)
         if name is None:
             name = self.fresh("kfc_v")
             first = next(x for x, k in self.lanes.items() if k == 0)
-            offset, conds = self.access(op, tensor, op.operands[1:], first)
-            self.emit(f"alignas(16) {ctype} {name}[{LANES}] = {{{', '.join([other] * LANES)}}};")
-            load = f"*reinterpret_cast<{access}*>({name}) = *reinterpret_cast<const {access}*>({self.name(tensor)} + {offset});"
+            load, conds = self.group_load(op, tensor, first, name)
+            self.emit(f"alignas(16) {C_TYPES[tensor.ttype.dtype]} {name}[{LANES}] = {{{', '.join([other] * LANES)}}};")
             self.emit(f"if ({' && '.join(conds)}) {load}" if conds else load)
             self.lane_loads[op] = name
         return f"{name}[{lane}]"
+
+    def group_load(self, op: Op, tensor: Value, first, dest: str) -> tuple[str, list[str]]:
+        """The statement reading the group of LANES elements from `first` on (a whole last
+        axis: whole_last_axis) into the C array `dest` as one access, and the conditions under
+        which the group lies inside the tensor (every lane alike)."""
+        access = lane_bytes(C_TYPES[tensor.ttype.dtype])
+        offset, conds = self.access(op, tensor, op.operands[1:], first)
+        return (f"*reinterpret_cast<{access}*>({dest}) = *reinterpret_cast<const {access}*>"
+                f"({self.name(tensor)} + {offset});", conds)
 
     def group_store(self, target: str, ctype: str, values, aligned: bool) -> str | None:
         """The statement writing a group's values from C lvalue `target` (its first element) on
@@ -173,16 +179,19 @@ class TileWrites:
     def write_buffer(self, buf: Buffer, expr_of_idx, v: Value) -> None:
         """A CTA-wide loop writing every element of buf with tile v, from expr_of_idx (inside a
         phase)."""
-        def body(lanes):
-            values = [self.stored(buf, expr_of_idx(idx)) for idx in lanes]
-            group = self.group_store(buf.at(lanes[0]), buf.ctype, values, buf.pitch % LANES == 0)
-            if group:
-                self.emit(group)
-                return
-            for idx, value in zip(lanes, values):
-                self.emit(f"{buf.at(idx)} = {value};")
+        self.cta_groups(buf.shape, lambda lanes: self.write_group(buf, lanes, [expr_of_idx(idx) for idx in lanes]),
+                        not self.loops_inline(v))
 
-        self.cta_groups(buf.shape, body, not self.loops_inline(v))
+    def write_group(self, buf: Buffer, lanes, values) -> None:
+        """Values (as `stored` writes them) into buf at these lanes' indices: one access where
+        the group is aligned, else an element at a time."""
+        values = [self.stored(buf, x) for x in values]
+        group = self.group_store(buf.at(lanes[0]), buf.ctype, values, buf.pitch % LANES == 0)
+        if group:
+            self.emit(group)
+            return
+        for idx, value in zip(lanes, values):
+            self.emit(f"{buf.at(idx)} = {value};")
 
     def write_tensor(self, op: Op, tensor: Value, value: Value) -> None:
         """A CTA-wide loop storing every element of tile `value` into the tensor (inside a
