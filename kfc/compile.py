@@ -241,6 +241,10 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
             ctx.notes.append(("backend", arch_note))
         t1 = time.perf_counter()
         kernel = compile_cuda(code, arch)
+        while kernel.report.spills and tile_kernel_held(plan):
+            # held to more CTAs an SM than its registers allow: one fewer
+            code, plan = generate_cuda(lowering.func, tile_ctas=plan.min_ctas_per_sm - 1)
+            kernel = compile_cuda(code, arch)
         return ctx, lowering, plan, arch, kernel, t_passes, time.perf_counter() - t1
 
     ctx, lowering, plan, arch, kernel, t_passes, t_nvcc = build(pipeline)
@@ -281,6 +285,12 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     }
     return CompileResult(func.sym_name, target, arch, str(pipe), fixed, tuple(dynamic), print_ir(lowered), kernel,
                          plan, report)
+
+
+def tile_kernel_held(plan) -> bool:
+    """A shared-memory tile kernel compiled to fit more than one CTA an SM (its shared memory
+    allows it: kfc.codegen.tile_plan.ctas_per_sm)."""
+    return isinstance(plan, GridPlan) and bool(plan.shared_tiles) and plan.min_ctas_per_sm > 1
 
 
 def wider_tile(lowering: Lowering, target: Target) -> str | None:

@@ -26,8 +26,9 @@ from .c_names import C_TYPES, argument_params, as_float, c_extent, c_param, dim_
 from .errors import CodegenError
 from .grid_emitter import GridPlan
 from .tile_loops import TileLoops
-from .tile_mma import DEFERRED_MMA, TileMma, fragment_skew, mma_dot
-from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, Buffer, SharedArena, TilePlan, row_major
+from .tile_mma import DEFERRED_MMA, TileMma, fragment_skew, mma_dot, read_along_rows
+from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, Buffer, SharedArena, TilePlan, ctas_per_sm, row_major
+from .tile_phases import TilePhases
 from .tile_prefetch import TilePrefetch
 from .tile_writes import TileWrites
 from .writer import CodeWriter
@@ -63,7 +64,7 @@ def tile_program_problem(func: FuncOp) -> str | None:
     return None
 
 
-class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter):
+class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases, CodeWriter):
     """Writes one tile program's kernel: `generate()` gives its CUDA C++ and launch plan."""
 
     as_float = staticmethod(as_float)
@@ -71,7 +72,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
     chunk_local = None
 
     def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, ctas: int | None = None, join_phases: bool = True,
+                 whole_groups: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -91,6 +93,10 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
         self.in_phase = False  # inside one: its reads are of this step; between two, of the next
         self.unsynced_reads = False  # a scalar read a shared tile since the last barrier
         self.group_loads = group_loads  # store the pending loads together (flush_for)
+        self.ctas = ctas  # CTAs an SM for __launch_bounds__; None: as many as shared memory allows
+        self.join_phases = join_phases  # independent writes share a phase (TilePhases)
+        self.whole_groups = whole_groups  # rows read along them whole groups, read so (lane_read)
+        self.last_store = None  # (len(lines) after it, its tensors): the last store's phase (TilePhases)
         self.written = written_tensors(func)
         self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
         self.prefetch = prefetch  # a loop's next loads issued before its work (TilePrefetch)
@@ -121,7 +127,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
         self.arena.touch(buf, self.step if self.in_phase else self.step + 1)
         if not self.in_phase:
             self.unsynced_reads = True
-        return buf.at(idx)
+        return self.lane_read(buf, idx) or buf.at(idx)
 
     def operand(self, v: Value, i):
         return self.elem(v, i) if i is not None else self.name(v)
@@ -142,8 +148,9 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
             path = self.plan.narrow_source(op, self.inline)
             if not path:
                 if self.last_reader_of_a_buffer(op):
-                    self.flush_for(op.operands)
-                    self.store_tile(r, expr_of_idx)  # now, so that buffer may go
+                    if not self.store_in_reduction(op, expr_of_idx):
+                        self.flush_for(op.operands)
+                        self.store_tile(r, expr_of_idx)  # now, so that buffer may go
                 else:
                     self.pending[r] = expr_of_idx
                 return
@@ -200,7 +207,11 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
             if len(loads) > 1:
                 self.store_tiles({v: self.pending.pop(v) for v in loads})
                 todo = [v for v in todo if v not in loads]
-        for v in todo:
+        for group in self.independent_groups(todo):
+            if len(group) > 1:
+                self.store_group(group)
+                continue
+            v = group[0]
             if v not in self.pending:  # written already, beside a product sharing its B
                 continue
             expr = self.pending.pop(v)
@@ -208,6 +219,11 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
                 self.emit_mma_dot(self.plan.owner[v])
             else:
                 self.store_tile(v, expr)
+
+    @staticmethod
+    def read_inside(op: Op) -> list[Value]:
+        """The values op and the ops of its regions read."""
+        return [x for inner in op.walk() for x in inner.operands]
 
     def plain_load(self, v: Value) -> bool:
         """Whether pending tile v is a load of a tensor the kernel never writes, at indices that
@@ -219,8 +235,11 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
     def new_buffer(self, v: Value) -> Buffer:
         owner = self.plan.owner.get(v)
         label = v.name or (f"{owner.operands[0].name}[...]" if isinstance(owner, LoadOp) else "")
-        return self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), self.step + 1,
-                              f"{label + ' ' if label else ''}{v.type}", fragment_skew(v, self.plan.uses.get(v, ())))
+        first = self.step if self.in_phase else self.step + 1  # the phase that writes it
+        buf = self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), first,
+                             f"{label + ' ' if label else ''}{v.type}", fragment_skew(v, self.plan.uses.get(v, ())))
+        buf.rows = read_along_rows(v, self.plan.uses) if self.whole_groups else None
+        return buf
 
     def begin_phase(self) -> None:
         self.sync_scalar_reads()
@@ -252,11 +271,12 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
         decls += [f"  {b.ctype}* const {b.name} = reinterpret_cast<{b.ctype}*>(kfc_smem + {b.offset});"
                   for b in self.arena.buffers]
         sig = ", ".join(p.decl() for p in params)
-        code = (f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {self.kernel_name}({sig}) {{\n'
+        ctas = self.ctas or ctas_per_sm(smem)
+        code = (f'extern "C" __global__ void __launch_bounds__({THREADS}, {ctas}) {self.kernel_name}({sig}) {{\n'
                 + "\n".join(decls + self.lines) + "\n}\n")
         peak = ", ".join(f"{b.what} ({b.nbytes} B)" for b in self.arena.busiest()[:6])
         return code, GridPlan(self.kernel_name, tuple(params), self.programs(), THREADS, 0, smem,
-                              shared_tiles=f"at the busiest phase: {peak}")
+                              min_ctas_per_sm=ctas, shared_tiles=f"at the busiest phase: {peak}")
 
     def grid_expr(self, v: Value) -> str:
         """A top-level scalar as an expression of the dims (the launch contract's grid)."""
@@ -301,11 +321,14 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
     def emit_body_op(self, op: Op) -> None:
         if op in self.prefetched:  # its tile is in shared memory already, from registers
             return
-        # a loop or branch may read any pending tile in any of its phases: store them all first;
-        # a pending product read elementwise stays pending (its reader may take its accumulators)
+        # a loop or branch may read a pending tile in any of its phases: store those it reads
+        # first; a pending product read elementwise stays pending (its reader may take its
+        # accumulators)
         keep = [v for v in op.operands if self.pending.get(v) is DEFERRED_MMA] \
-            if isinstance(op, POINTWISE_OPS + VIEW_OPS) else ()
-        self.flush_for(list(self.pending) if op.regions else op.operands, keep)
+            if isinstance(op, POINTWISE_OPS + VIEW_OPS) else []
+        keep += self.reductions_kept_for(op)  # perhaps stored by the tile they feed (TilePhases)
+        reads = (self.read_inside(op) if self.join_phases else list(self.pending)) if op.regions else op.operands
+        self.flush_for(reads, keep)
         if isinstance(op, ForOp):
             self.emit_for(op)
         elif isinstance(op, IfOp):
@@ -412,15 +435,17 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, CodeWriter
 
     def emit_store(self, op: StoreOp) -> None:
         value, tensor = op.operands[0], op.operands[1]
+        joined = self.joins_last_store(op)  # in the phase of the store before it
         if tensor.ttype.optional:
             self.emit(f"if ({self.name(tensor)} != nullptr) {{")
             self.indent += 1
-        self.begin_phase()
+        if not joined:
+            self.begin_phase()
         self.write_tensor(op, tensor, value)
         if tensor.ttype.optional:
             self.indent -= 1
             self.emit("}")
-        self.end_phase()
+        self.close_store_phase(op, joined)
 
     # --- loops ----------------------------------------------------------------------------------
     def emit_for(self, op: ForOp) -> None:

@@ -81,18 +81,23 @@ class TileLoops:
         return (f"[&]() {{ float {acc} = 0.0f; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} = fmaf({x}, {y}, {acc}); "
                 f"return {acc}; }}()")
 
-    def emit_warp_reduce(self, op: ReduceOp):
+    def emit_warp_reduce(self, op: ReduceOp, own_phase: bool = True, epilogue=None):
         """The reduction into a new buffer, a warp an output: its lanes stride over the reduced
         elements, then combine by shuffles, and lane 0 writes. The sums' order differs from a
-        thread's loop by rounding only."""
+        thread's loop by rounding only. In a phase of its own, else in the caller's. With
+        epilogue = (tile, its elements' expression), lane 0 writes that tile, the expression
+        reading the reduction's result where it reads the reduction (TilePhases)."""
         x, r = op.operands[0], op.result
+        if epilogue:
+            r_out, expr_of_idx = epilogue
         d, shape = x.ttype.dtype, x.ttype.shape
         ct = self.acc_type(d)
         kept = [n for k, n in enumerate(shape) if k not in op.axes]
         reduced = [n for k, n in enumerate(shape) if k in op.axes]
         outputs, count = r.ttype.numel(), reduced_count(op)
-        buf = self.new_buffer(r)
-        self.begin_phase()
+        buf = self.rounded_buffer(r_out) if epilogue else self.new_buffer(r)
+        if own_phase:
+            self.begin_phase()
         self.arena.touch(buf, self.step)
         o, j, acc, s = self.fresh("kfc_o"), self.fresh("kfc_l"), self.fresh("kfc_a"), self.fresh("kfc_x")
         init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d) if ct != "long long" else \
@@ -114,11 +119,17 @@ class TileLoops:
         it_o = iter(outer)
         at = tuple("0" if k in op.axes else next(it_o) for k in range(len(shape))) if op.keepdims else outer
         result = f"{acc} / {count}.0f" if op.kind is ReduceKind.MEAN else acc
-        self.emit(f"if (threadIdx.x % {WARP} == 0) {buf.at(at)} = {self.finish(result, ct, r.ttype.dtype)};")
+        value = self.finish(result, ct, r.ttype.dtype)
+        if epilogue:
+            self.inline[r] = lambda idx: value
+            value = self.stored(buf, expr_of_idx(at))
+            del self.inline[r]
+        self.emit(f"if (threadIdx.x % {WARP} == 0) {buf.at(at)} = {value};")
         self.indent -= 1
         self.emit("}")
-        self.end_phase()
-        self.buffers[r] = buf
+        if own_phase:
+            self.end_phase()
+        self.buffers[r_out if epilogue else r] = buf
         return buf
 
     def emit_scan(self, op: ScanOp) -> None:

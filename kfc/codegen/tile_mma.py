@@ -29,10 +29,11 @@ buffer through that value's expression: no buffer for the product, no second pha
 from __future__ import annotations
 
 from ..ir.core import Value
-from ..ir.tile_ops import DotOp
+from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotOp, ExpandDimsOp, ReduceOp, ScanOp,
+                           StoreOp, TriInvOp, UnaryOp, WhereOp)
 from ..passes.tf32_dots import MMA_K, MMA_M, MMA_N, fits_tf32_mma
 from .errors import CodegenError
-from .tile_plan import THREADS, WARP
+from .tile_plan import THREADS, WARP, warp_reduction
 
 WARPS = THREADS // WARP
 MAX_BLOCK_TILES = 16  # result tiles a warp holds at once: 64 accumulator registers
@@ -77,6 +78,37 @@ def fragment_skew(v: Value, readers) -> int | None:
                 # rows across the lane groups g, columns across t: A as it is, B transposed
                 skews.add(4 if (pos == 0 and not op.trans_a) or (pos == 1 and op.trans_b) else 8)
     return skews.pop() if len(skews) == 1 and v.ttype.dtype.itemsize == 4 else None
+
+
+ELEMENTWISE = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BitcastOp, BroadcastOp, ExpandDimsOp)
+
+
+def read_along_rows(v: Value, uses: dict) -> str | None:
+    """How tile v is read where every read (through elementwise ops and broadcasts) takes a
+    row's consecutive elements across a warp's lanes or is a product on tensor cores: "rows", or
+    "fragments" where a product reads it. Its rows may then be a whole number of 16-byte groups
+    apart (Buffer.pitch) instead of a word past one. None where some read goes down a column
+    across a warp: a reduction or scan along the last axis a thread a line, a transpose, a
+    product off tensor cores."""
+    last, how = v.ttype.rank - 1, "rows"
+    for op in uses.get(v, ()):
+        if isinstance(op, ELEMENTWISE):
+            for r in op.results:
+                inner = read_along_rows(r, uses)
+                if inner is None:
+                    return None
+                how = "fragments" if inner == "fragments" else how
+        elif isinstance(op, ReduceOp):
+            if last in op.axes and not warp_reduction(op):
+                return None
+        elif isinstance(op, ScanOp):
+            if op.axis == last:
+                return None
+        elif mma_dot(op):
+            how = "fragments"
+        elif not isinstance(op, (StoreOp, TriInvOp)):
+            return None
+    return how
 
 
 class TileMma:

@@ -14,6 +14,8 @@ import attrs
 from ..ir.core import Op, Value
 from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotOp, ExpandDimsOp, LoadOp,
                            ReduceOp, ReshapeOp, ScanOp, TransposeOp, TriInvOp, UnaryOp, WhereOp)
+from ..ir.mma_ops.roles import REGISTER_FILE
+from ..model.target import SM_THREADS, SMEM_PER_CTA_RESERVED, SMEM_PER_SM
 from . import float16
 from .c_names import C_TYPES
 
@@ -27,6 +29,18 @@ ALIGN = 128
 THREADS = 256  # a tile kernel's CTA (kfc.codegen.tile_emitter), eight warps
 WARP = 32
 BANKS = 32
+# the fewest registers a thread is held to for occupancy: ptxas fits KDA's prepare kernel in 48
+# without spills, in 40 only by spilling
+MIN_THREAD_REGISTERS = 48
+
+
+def ctas_per_sm(smem: int) -> int:
+    """The CTAs an SM holds by the kernel's shared memory (its __launch_bounds__ minimum, so
+    ptxas keeps the registers to what they allow), while that leaves each thread
+    MIN_THREAD_REGISTERS."""
+    by_smem = SMEM_PER_SM // (smem + SMEM_PER_CTA_RESERVED)
+    by_registers = REGISTER_FILE // (THREADS * MIN_THREAD_REGISTERS)
+    return max(1, min(by_smem, by_registers, SM_THREADS // THREADS))
 
 
 def row_major(idx, dims) -> str:
@@ -148,16 +162,23 @@ class Buffer:
     what: str = ""  # the tile it holds, as a message names it: "G f32[64, 128]"
     skew: int | None = None  # rows this many words past a multiple of the 32 banks (kfc.codegen.tile_mma)
     tf32: bool = False  # holds its values rounded to TF32: only tensor-core products read it
+    rows: str | None = None  # how it is read, where only along rows (kfc.codegen.tile_mma.read_along_rows)
 
     @property
     def pitch(self) -> int:
         """Elements between rows: one 4-byte word more than the row where the row is an even
         number of words, so that a column's elements fall in distinct banks (a product or a
         sum over the last axis reads a column across a warp); a tensor-core operand's rows at its
-        fragments' skew."""
+        fragments' skew. A tile read only along its rows, in rows of whole 16-byte groups, keeps
+        them whole: a warp's group accesses (TileWrites) are then each one conflict-free access.
+        Where a product reads its fragments, rows four words past a multiple of eight apart put
+        a fragment's 8 rows in distinct banks."""
         size, last = C_SIZES[self.ctype], self.shape[-1]
         if self.skew is not None and size == 4 and len(self.shape) == 2:
             return last + (self.skew - last) % BANKS
+        if self.rows and len(self.shape) >= 2 and last * size % 16 == 0:
+            words = last * size // 4
+            return (words + 4 if words % 8 == 0 and self.rows == "fragments" else words) * 4 // size
         if len(self.shape) >= 2 and size <= 4 and last * size % 4 == 0 and last * size // 4 % 2 == 0:
             return last + 4 // size
         return last

@@ -40,7 +40,8 @@ class TileWrites:
     arena and phases."""
 
     lanes: dict        # the lane index tuples of the group being written -> lane number
-    lane_loads: dict   # load op -> the C array its group's access filled
+    lane_loads: dict   # load op or buffer -> the C array its group's access filled
+    whole_groups: bool
 
     def unflatten(self, e: str, shape) -> tuple[str, ...]:
         """Declare the indices of flat element e of a tile of this shape; their names."""
@@ -131,6 +132,22 @@ class TileWrites:
             self.emit(f"alignas(16) {C_TYPES[tensor.ttype.dtype]} {name}[{LANES}] = {{{', '.join([other] * LANES)}}};")
             self.emit(f"if ({' && '.join(conds)}) {load}" if conds else load)
             self.lane_loads[op] = name
+        return f"{name}[{lane}]"
+
+    def lane_read(self, buf: Buffer, idx) -> str | None:
+        """Element idx of a shared buffer as one lane of its group's read (a buffer of whole
+        groups read at the group's own indices: one access for the group, conflict-free), or None."""
+        lane = self.lanes.get(tuple(idx)) if idx and self.whole_groups else None
+        access = lane_bytes(buf.ctype)
+        if lane is None or buf.pitch % LANES or buf.shape[-1] % LANES or access is None:
+            return None
+        name = self.lane_loads.get(buf)
+        if name is None:
+            name = self.fresh("kfc_r")
+            first = next(x for x, k in self.lanes.items() if k == 0)
+            self.emit(f"alignas(16) {buf.ctype} {name}[{LANES}];")
+            self.emit(f"*reinterpret_cast<{access}*>({name}) = *reinterpret_cast<const {access}*>(&{buf.at(first)});")
+            self.lane_loads[buf] = name
         return f"{name}[{lane}]"
 
     def group_load(self, op: Op, tensor: Value, first, dest: str) -> tuple[str, list[str]]:

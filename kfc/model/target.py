@@ -12,6 +12,8 @@ import attrs
 from ..diagnostics import KfcError
 
 SMEM_PER_BLOCK = 227 * 1024  # the dynamic shared memory a CTA may have on sm_90 and sm_100
+SMEM_PER_SM = 228 * 1024  # an SM's, shared by its CTAs, each of which also takes SMEM_PER_CTA_RESERVED
+SMEM_PER_CTA_RESERVED = 1024
 
 # feature -> (minimum sm, needs the arch-specific 'a' variant, exact sm families that have it)
 _FEATURES = {

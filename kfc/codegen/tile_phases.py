@@ -1,0 +1,162 @@
+"""Fewer barriers in a tile kernel (kfc.codegen.tile_emitter): writes that do not depend on each
+other share one CTA-wide phase.
+
+Every phase ends with a barrier, so that what it wrote is seen by the phases after it and what
+it read is not overwritten before every thread has read it. Two kinds of neighbours need none
+between them:
+
+- tiles stored at one time (the pending tiles an op needs) of which none reads another: each
+  writes a buffer of its own, new in this phase, and reads only buffers written before it, which
+  the arena keeps alive through the phase (KDA's prepare kernel: the norms of q and k, then their
+  reciprocals);
+- stores of tiles into distinct tensors, one after another: they write no shared memory and no
+  element twice, and the tile emitter takes no kernel that loads a tensor it writes
+  (tile_program_problem), so no thread's access can race another's (KDA's prepare kernel stores
+  u, qg, kg and aqk in one phase).
+
+What each thread computes is unchanged; only the barriers between such writes go.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Op, Value
+from ..ir.tile_ops import StoreOp
+from .tile_mma import DEFERRED_MMA
+from .tile_plan import POINTWISE_OPS, warp_reduction
+
+BARRIER = "__syncthreads();"
+
+
+class TilePhases:
+    """Mixed into TileKernelEmitter: written through its plan, pending, inline, buffers, arena,
+    lines and phases."""
+
+    def independent_groups(self, todo: list[Value]) -> list[list[Value]]:
+        """The pending tiles todo (in the order they are to be stored) cut into runs in which no
+        tile reads another; a product (stored its own way) is a run of its own."""
+        groups: list[list[Value]] = []
+        for v in todo:
+            alone = self.pending.get(v) is DEFERRED_MMA
+            if groups and self.join_phases and not alone and self.pending.get(groups[-1][0]) is not DEFERRED_MMA \
+                    and not any(self.reads(v, u) for u in groups[-1]):
+                groups[-1].append(v)
+            else:
+                groups.append([v])
+        return groups
+
+    def reads(self, v: Value, u: Value) -> bool:
+        """Whether tile v's elements read tile u (through tiles written where they are read)."""
+        seen, stack = set(), list(self.plan.owner[v].operands)
+        while stack:
+            x = stack.pop()
+            if x is u:
+                return True
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in self.inline and x in self.plan.owner:
+                stack.extend(self.plan.owner[x].operands)
+        return False
+
+    def store_group(self, group: list[Value]) -> None:
+        """Independent pending tiles, each into a buffer of its own, in one phase."""
+        self.begin_phase()
+        for v in group:
+            expr, op = self.pending.pop(v), self.plan.owner.get(v)
+            if op is not None and op.results == (v,) and warp_reduction(op):
+                self.emit_warp_reduce(op, own_phase=False)
+                continue
+            buf = self.rounded_buffer(v)
+            self.arena.touch(buf, self.step)
+            self.write_buffer(buf, expr, v)
+            self.buffers[v] = buf
+        self.end_phase()
+
+    # --- a tile written by the reduction it reads --------------------------------------------
+    def store_in_reduction(self, op: Op, expr_of_idx) -> bool:
+        """Store op's tile (to be stored now) in the epilogue of the one pending reduction it
+        reads, written a warp an output, where nothing else reads that reduction and op's tile
+        has its shape (rsqrt(sum(q * q) + eps): the norm is never stored, a phase less). Whether
+        it was."""
+        if not self.join_phases:
+            return False
+        pending = [v for v in self.pending_read(op) if self.pending.get(v) is not DEFERRED_MMA]
+        if len(pending) != 1:
+            return False
+        red = pending[0]
+        owner = self.plan.owner.get(red)
+        if not (owner is not None and owner.results == (red,) and warp_reduction(owner)
+                and tuple(red.ttype.shape) == tuple(op.result.ttype.shape) and self.only_feeds(red, op)):
+            return False
+        del self.pending[red]
+        self.flush_for(list(owner.operands) + list(op.operands))
+        self.emit_warp_reduce(owner, epilogue=(op.result, expr_of_idx))
+        return True
+
+    def reductions_kept_for(self, op: Op) -> list[Value]:
+        """The pending reductions, written a warp an output, that elementwise op reads at its
+        own indices (through elementwise tiles written where read): left pending, so that a tile
+        they feed may be stored in their epilogue."""
+        if not (self.join_phases and isinstance(op, POINTWISE_OPS) and len(op.results) == 1):
+            return []
+        return [v for v in self.pending_read(op) if self.pending[v] is not DEFERRED_MMA
+                and self.plan.owner.get(v) is not None and warp_reduction(self.plan.owner[v])
+                and v.ttype.shape == op.result.ttype.shape and self.elementwise_from(v, op)]
+
+    def elementwise_from(self, v: Value, op: Op) -> bool:
+        """Whether op reads v only through elementwise ops of v's shape."""
+        for x in op.operands:
+            if x is v:
+                continue
+            owner = self.plan.owner.get(x)
+            if x in self.inline and owner is not None and self.reads(x, v) and not (
+                    isinstance(owner, POINTWISE_OPS) and x.ttype.shape == v.ttype.shape
+                    and self.elementwise_from(v, owner)):
+                return False
+        return True
+
+    def pending_read(self, op: Op) -> list[Value]:
+        """The pending tiles op's elements read (through tiles written where they are read)."""
+        found, seen, stack = [], set(), list(op.operands)
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in self.pending:
+                found.append(x)
+            elif x in self.inline and x in self.plan.owner:
+                stack.extend(self.plan.owner[x].operands)
+        return found
+
+    def only_feeds(self, v: Value, op: Op) -> bool:
+        """Whether every read of v is by op, or by tiles written where they are read that only
+        feed op, all elementwise (no view moves an element to another index)."""
+        for u in self.plan.uses.get(v, ()):
+            if u is op:
+                continue
+            if not (isinstance(u, POINTWISE_OPS) and len(u.results) == 1
+                    and u.result.ttype.shape == v.ttype.shape and self.only_feeds(u.result, op)):
+                return False
+        return isinstance(op, POINTWISE_OPS)
+
+    # --- stores that share a phase --------------------------------------------------------------
+    def joins_last_store(self, op: StoreOp) -> bool:
+        """Whether this store may run in the phase of the stores written just before it (nothing
+        written between), into a tensor none of them writes. If so the barrier that ended that
+        phase is taken back, and the caller continues it."""
+        tensor = op.operands[1]
+        last = self.last_store
+        if not self.join_phases or last is None or last[0] != len(self.lines) or self.lines[-1].strip() != BARRIER:
+            return False
+        if tensor in last[1]:
+            return False
+        self.lines.pop()
+        self.in_phase = True
+        return True
+
+    def close_store_phase(self, op: StoreOp, joined: bool) -> None:
+        """End a store's phase, remembering it for the next store to join."""
+        self.end_phase()
+        tensors = (self.last_store[1] if joined else frozenset()) | {op.operands[1]}
+        self.last_store = (len(self.lines), tensors)

@@ -1,0 +1,148 @@
+"""Fewer barriers and more CTAs an SM in tile kernels: independent writes share a phase
+(kfc.codegen.tile_phases) and __launch_bounds__ follows what shared memory allows
+(kfc.codegen.tile_plan.ctas_per_sm). The GPU computing what the final IR computes with both is
+checked on the GPU machine (tests/gpu/test_final_ir_gpu.py: kda_prepare_flashkda and the KDA
+kernels, linear_attention, chunk_solve)."""
+
+import re
+
+import pytest
+
+from kfc.codegen import cuda
+from kfc.codegen.tile_plan import ctas_per_sm
+from kfc.compile import compile_op
+from kfc.frontend import load_kfc, parse_kfc
+from kfc.model.target import parse_target
+
+SHAPE = {"T": 4096, "K": 128, "V": 128}
+
+
+def prepare(target: str = "sm_90a"):
+    return compile_op(load_kfc("kernels/kda_prepare_flashkda.kfc", {"C": "16"}), parse_target(target), shape=SHAPE)
+
+
+def built_without(monkeypatch, knob: str, value, build):
+    old = getattr(cuda, knob)
+    monkeypatch.setattr(cuda, knob, value)
+    try:
+        return build()
+    finally:
+        monkeypatch.setattr(cuda, knob, old)
+
+
+def phases(cu: str) -> list[str]:
+    return cu.split("__syncthreads();")
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_kdas_prepare_kernel_writes_independent_tiles_and_stores_in_shared_phases(target, monkeypatch):
+    cu = prepare(target).kernel.cu
+    plain = built_without(monkeypatch, "TILE_JOIN_PHASES", False, lambda: prepare(target)).kernel.cu
+    assert cu.count("__syncthreads();") == 19 and plain.count("__syncthreads();") == 26
+    # the row norms' reciprocals written by the warp that sums each row: the norm never stored
+    norms = re.findall(r"if \(threadIdx\.x % 32 == 0\) kfc_s\d+\[[^\]]+\] = \(1\.0f / sqrtf\(\(kfc_a\d+ \+ 1e-06f\)\)\);", cu)
+    assert len(norms) == 2
+    # u, qg, kg and aqk stored in one phase
+    stores = [p for p in phases(cu) if "&p_u[" in p]
+    assert len(stores) == 1 and all(f"&p_{t}[" in stores[0] for t in ("qg", "kg", "aqk"))
+    # dt_bias, read before the loop over the sequences but not inside it, loaded beside q and k
+    first = phases(cu)[0]
+    assert "p_dt_bias +" in first and "p_q +" in first and "p_k +" in first
+    # two tiles of which neither reads the other in one phase ([16, 128] k decayed two ways)
+    assert any(p.count("reinterpret_cast<uint4*>(&kfc_s") == 2 and "expf" in p for p in phases(cu))
+
+
+STORES = """
+op stores(x: f32[B, 16, 32]) -> (a: f32[B, 16, 32], b: f32[B, 16, 32], e: f32[B, 16, 32]) {
+  parallel i in 0..B {
+    t = x[i, :, :]
+    a[i, :, :] = exp(t)
+    b[i, :, :] = t * 2.0
+    a[i, 0:8, :] = x[i, 0:8, :] + 1.0
+    e[i, :, :] = t * 4.0
+  }
+}
+check {
+  shapes = [{B: 3}]
+}
+"""
+
+
+def test_stores_share_a_phase_only_into_distinct_tensors():
+    cu = compile_op(parse_kfc(STORES, "stores.kfc"), parse_target("sm_90a")).kernel.cu
+    writes = [tuple(f"p_{t}[" in p for t in "abe") for p in phases(cu)]
+    writes = [w for w in writes if any(w)]
+    # a then b share one; a again waits on the barrier after them (its later write must win); e
+    # joins that
+    assert writes == [(True, True, False), (True, False, True)]
+
+
+def test_ctas_an_sm_follow_shared_memory_while_threads_keep_48_registers():
+    assert ctas_per_sm(45248) == 5 and ctas_per_sm(0) == 5  # registers: 65536 / (256 * 48)
+    assert ctas_per_sm(60000) == 3 and ctas_per_sm(122944) == 1 and ctas_per_sm(232448) == 1
+
+
+def test_kdas_prepare_kernel_is_built_for_as_many_ctas_as_fit_without_spills(monkeypatch):
+    r = prepare()
+    # its shared memory allows 5 CTAs; held to 48 registers a thread it spills a few bytes (the
+    # whole groups' reads hold more), so it is built for 4
+    assert ctas_per_sm(r.plan.smem_dynamic) == 5
+    assert "__launch_bounds__(256, 4)" in r.kernel.cu and r.plan.min_ctas_per_sm == 4
+    assert r.kernel.report.registers <= 64 and not r.kernel.report.spills
+    assert r.report["kernels"][0]["min_ctas_per_sm"] == 4
+    plain = built_without(monkeypatch, "TILE_WHOLE_GROUPS", False, prepare)
+    assert "__launch_bounds__(256, 5)" in plain.kernel.cu and plain.kernel.report.registers <= 48
+    assert not plain.kernel.report.spills
+    one = built_without(monkeypatch, "TILE_CTAS_PER_SM", 1, prepare)
+    assert "__launch_bounds__(256, 1)" in one.kernel.cu and one.kernel.report.registers > 48
+
+
+def test_a_kernel_whose_shared_memory_allows_one_cta_is_built_for_one():
+    r = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32"}), parse_target("sm_90a"),
+                   shape=SHAPE)
+    assert r.plan.smem_dynamic > 116 * 1024 and "__launch_bounds__(256, 1)" in r.kernel.cu
+
+
+def pitches(cu: str, buffer: str) -> set[int]:
+    return {int(p) for p in re.findall(rf"{buffer}\[\(\(kfc_\w+\) \* (\d+) \+", cu)}
+
+
+def test_tiles_read_along_their_rows_keep_whole_groups_read_and_written_a_group_at_a_time(monkeypatch):
+    cu = prepare().kernel.cu
+    plain = built_without(monkeypatch, "TILE_WHOLE_GROUPS", False, prepare).kernel.cu
+    # q and k (bf16 [16, 128], read along rows and by the products): rows 68 words apart, not 65;
+    # each group of four goes in as one 8-byte store
+    q = re.search(r"(kfc_s\d+)\[\(\(kfc_\w+\) \* \d+ \+ \(kfc_\w+\)\)\] = kfc_v\d+\[0\];", plain).group(1)
+    assert pitches(plain, q) == {130}
+    assert re.search(r"\*reinterpret_cast<uint2\*>\(&kfc_s\d+\[\(\(kfc_\w+\) \* 136 \+", cu)
+    # G and the gates (f32 [16, 128]): 128 or 132 (fragments) words a row, not 129
+    assert "* 129 +" in plain and "* 129 +" not in cu
+    # buffers read at a group's own elements: one 16-byte read for the group
+    reads = re.findall(r"\*reinterpret_cast<uint4\*>\((kfc_r\d+)\) = \*reinterpret_cast<const uint4\*>\(&kfc_s", cu)
+    assert len(reads) >= 10 and not re.search(r"kfc_r\d+\[4\];", plain)
+
+
+SCANS = """
+op scans(x: f32[B, 64, 64]) -> (s: f32[B, 64, 64], y: f32[B, 64, 64]) {
+  parallel b in 0..B {
+    t = exp(x[b, :, :])
+    s[b, :, :] = cumsum(t, axis=%s)
+    y[b, :, :] = t * 2.0
+  }
+}
+check {
+  shapes = [{B: 2}]
+}
+"""
+
+
+@pytest.mark.parametrize("axis, pitch", [(1, 65), (0, 64)])
+def test_a_tile_read_down_its_columns_keeps_rows_a_word_past_the_banks(axis, pitch):
+    # a scan along the last axis, a thread a row: a warp reads down a column of t, whose rows of
+    # 64 words then stay 65 apart (distinct banks); scanned along the first axis only (a thread
+    # a column, a warp reading along a row) they are 64 apart
+    cu = compile_op(parse_kfc(SCANS % axis, "scans.kfc"), parse_target("sm_90a")).kernel.cu
+    t = re.search(r"(kfc_s\d+)\[\(\(kfc_\w+\) \* \d+ \+ \(kfc_\w+\)\)\] = expf"  # an element at a time
+                  r"|expf.*\n.*reinterpret_cast<uint4\*>\(&(kfc_s\d+)\[", cu)       # a group at a time
+    t = t.group(1) or t.group(2)
+    assert pitches(cu, t) == {pitch}
