@@ -122,26 +122,32 @@ def test_tiles_read_along_their_rows_keep_whole_groups_read_and_written_a_group_
     assert len(reads) >= 10 and not re.search(r"kfc_r\d+\[4\];", plain)
 
 
-SCANS = """
-op scans(x: f32[B, 64, 64]) -> (s: f32[B, 64, 64], y: f32[B, 64, 64]) {
+COLUMNS = """
+op columns(x: f32[B, 64, 64]) -> (s: f32[B, 64%s], y: f32[B, 64, 64]) {
   parallel b in 0..B {
     t = exp(x[b, :, :])
-    s[b, :, :] = cumsum(t, axis=%s)
-    y[b, :, :] = t * 2.0
+    s[b, :%s] = %s
+    y[b, :, :] = %s
   }
 }
 check {
   shapes = [{B: 2}]
 }
 """
+READS = {  # t read by: its pitch
+    "a scan along the last axis, a thread a row": (", 64", ", :", "cumsum(t, axis=1)", "t * 2.0", 65),
+    "a scan along the first axis, a thread a column": (", 64", ", :", "cumsum(t, axis=0)", "t * 2.0", 64),
+    "sums over the first axis, a warp a column": ("", "", "sum(t, axis=0)", "cumsum(t, axis=0)", 65),
+    "sums over the last axis, a warp a row": ("", "", "sum(t, axis=1)", "cumsum(t, axis=0)", 64),
+}
 
 
-@pytest.mark.parametrize("axis, pitch", [(1, 65), (0, 64)])
-def test_a_tile_read_down_its_columns_keeps_rows_a_word_past_the_banks(axis, pitch):
-    # a scan along the last axis, a thread a row: a warp reads down a column of t, whose rows of
-    # 64 words then stay 65 apart (distinct banks); scanned along the first axis only (a thread
-    # a column, a warp reading along a row) they are 64 apart
-    cu = compile_op(parse_kfc(SCANS % axis, "scans.kfc"), parse_target("sm_90a")).kernel.cu
+@pytest.mark.parametrize("reads", READS)
+def test_a_tile_read_down_its_columns_keeps_rows_a_word_past_the_banks(reads):
+    # where a warp reads down a column of t, its rows of 64 words stay 65 apart (distinct
+    # banks); read only along its rows by the warps, they are 64 apart
+    *text, pitch = READS[reads]
+    cu = compile_op(parse_kfc(COLUMNS % tuple(text), "columns.kfc"), parse_target("sm_90a")).kernel.cu
     t = re.search(r"(kfc_s\d+)\[\(\(kfc_\w+\) \* \d+ \+ \(kfc_\w+\)\)\] = expf"  # an element at a time
                   r"|expf.*\n.*reinterpret_cast<uint4\*>\(&(kfc_s\d+)\[", cu)       # a group at a time
     t = t.group(1) or t.group(2)

@@ -88,8 +88,8 @@ def read_along_rows(v: Value, uses: dict) -> str | None:
     row's consecutive elements across a warp's lanes or is a product on tensor cores: "rows", or
     "fragments" where a product reads it. Its rows may then be a whole number of 16-byte groups
     apart (Buffer.pitch) instead of a word past one. None where some read goes down a column
-    across a warp: a reduction or scan along the last axis a thread a line, a transpose, a
-    product off tensor cores."""
+    across a warp: a reduction or scan along the last axis a thread a line, a reduction over
+    another axis a warp an output, a transpose, a product off tensor cores."""
     last, how = v.ttype.rank - 1, "rows"
     for op in uses.get(v, ()):
         if isinstance(op, ELEMENTWISE):
@@ -99,7 +99,8 @@ def read_along_rows(v: Value, uses: dict) -> str | None:
                     return None
                 how = "fragments" if inner == "fragments" else how
         elif isinstance(op, ReduceOp):
-            if last in op.axes and not warp_reduction(op):
+            # a warp an output: its lanes over the reduced elements; else a thread an output
+            if (last in op.axes) != warp_reduction(op):
                 return None
         elif isinstance(op, ScanOp):
             if op.axis == last:
