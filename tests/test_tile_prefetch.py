@@ -98,3 +98,17 @@ def test_narrow_loads_are_prefetched_in_their_own_width():
     assert len(regs) == 5 and cu.count("alignas(16) float kfc_pf") == 1  # w, u, qg, kg, aqk; gend in f32
     assert all(f"reinterpret_cast<uint2*>({name}[" in cu for name, _ in regs)
     assert not r.kernel.report.spills
+
+
+def test_a_block_of_columns_is_prefetched_and_moved_a_group_an_access():
+    """KDA's recurrence over blocks of 64 of V's 128 columns (kernels/kda_recurrence_split.kfc):
+    u's and o's blocks start at multiples of 64, so their groups of four are whole accesses, and
+    u's block is issued an iteration early like the whole rows of w, qg, kg, aqk and gend."""
+    r = compile_op(load_kfc("kernels/kda_recurrence_split.kfc", {"C": "16", "VB": "64"}), parse_target("sm_90a"),
+                   shape={"T": 4096, "K": 128})
+    cu = r.kernel.cu
+    assert r.plan.grid[0] == "((N * H) * 2)" and "__launch_bounds__(256, 2)" in cu and not r.kernel.report.spills
+    regs = re.findall(r"alignas\(16\) float (kfc_pf\d+)\[(\d)\]\[4\];", cu)
+    assert sorted(n for _, n in regs) == ["1", "1", "1", "2", "2", "2"]  # u [16, 64]: one group a thread
+    assert "reinterpret_cast<uint4*>(kfc_pf" in cu and "p_u[" not in cu
+    assert re.search(r"reinterpret_cast<uint2\*>\(&p_o\[", cu) and "p_o[" not in re.sub(r"&p_o\[", "", cu)

@@ -64,3 +64,26 @@ op window(x: f32[B, 16, 64], a: i32[B]) -> (y: f32[B, 16, 16]) {
     assert "p_x[" in cu and "reinterpret_cast<const uint4*>(p_x" not in cu
     # y's own last axis is whole: its groups are stored in one access
     assert "reinterpret_cast<uint4*>(&p_y[" in cu
+
+
+COLUMNS = """
+op columns(x: f32[B, 16, 100]) -> (y: f32[B, 16, 100]) {{
+  parallel b in 0..B, c in 0..4 {{
+    c0 = c * 32{shift}
+    t = x[b, :, c0:c0+32 limit {limit}]
+    y[b, :, c0:c0+32 limit {limit}] = exp(t) + cumsum(t, axis=0)
+  }}
+}}
+"""
+
+
+@pytest.mark.parametrize("shift, limit, grouped", [("", "100", True), (" + 2", "100", False), ("", "99", False)])
+def test_a_slice_of_the_last_axis_known_aligned_moves_a_group_an_access(tmp_path, shift, limit, grouped):
+    """A block of columns whose start and limit are multiples of four (c0 = c * 32, the limit
+    100) takes the whole axis's group accesses: each group lies wholly inside the tensor and
+    the limit or wholly outside. Started two past, or limited at 99, it goes an element at a
+    time."""
+    spec = parse_kfc(COLUMNS.format(shift=shift, limit=limit), str(tmp_path / "columns.kfc"))
+    cu = compile_op(spec, parse_target("sm_90a"), shape={"B": 2}).kernel.cu
+    assert ("reinterpret_cast<const uint4*>(p_x + " in cu) == grouped and ("p_x[" in cu) != grouped
+    assert ("reinterpret_cast<uint4*>(&p_y[" in cu) == grouped

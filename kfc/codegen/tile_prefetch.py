@@ -15,10 +15,10 @@ then in flight during the whole iteration's work.
 
 The loads read the same elements as before (a tensor the kernel never writes reads alike at
 any time), so the kernel computes what it did; only loads whose groups of LANES elements make
-one access (a tensor's whole last axis) are taken, each thread a fixed set of groups, while
-their registers stay within PREFETCH_REGISTERS a thread. A load otherwise read where it is used
-(never stored) is stored beside the others when registers allow: its read is then not waited
-on in the middle of the iteration.
+one access (a tensor's whole last axis, or a block of it known aligned) are taken, each thread
+a fixed set of groups, while their registers stay within PREFETCH_REGISTERS a thread. A load
+otherwise read where it is used (never stored) is stored beside the others when registers
+allow: its read is then not waited on in the middle of the iteration.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..ir.core import Op, Value
 from ..ir.tile_ops import ForOp, LoadOp
 from .c_names import C_TYPES, literal
 from .tile_plan import C_SIZES, THREADS
-from .tile_writes import LANES, whole_last_axis
+from .tile_writes import LANES
 
 PREFETCH_REGISTERS = 64  # 4-byte registers a thread may hold for the next iteration's tiles
 
@@ -67,11 +67,12 @@ class TilePrefetch:
         return sorted(taken, key=heads.index)
 
     def can_prefetch(self, loop: ForOp, op: LoadOp) -> bool:
-        """Whether a load reads a tensor the kernel never writes, along its whole last axis, at
-        indices that are the loop's induction variable or values from outside the loop."""
+        """Whether a load reads a tensor the kernel never writes, in whole groups along its last
+        axis (TileWrites.grouped_last_axis), at indices that are the loop's induction variable
+        or values from outside the loop."""
         iv, tensor = loop.body.args[0], op.operands[0]
         inside = {r for o in loop.body.ops for r in o.results} | set(loop.body.args)
-        return (not op.regions and tensor not in self.written and whole_last_axis(op, tensor)
+        return (not op.regions and tensor not in self.written and self.grouped_last_axis(op, tensor)
                 and all(x.ttype.rank == 0 and (x is iv or x not in inside) for x in op.operands[1:]))
 
     def prefetch_words(self, op: LoadOp) -> int:

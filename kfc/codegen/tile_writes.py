@@ -6,13 +6,15 @@ each load of a tensor at those elements is one access of up to 16 bytes (its bou
 its address computed once for the group, not once an element), the group goes into shared
 memory in one store, and a store into a tensor is one access too. The runtime passes every
 tensor contiguous and 16-byte aligned (kfc.runtime.calls), so a group along a tensor's whole
-last axis, of a static extent that LANES divides, is aligned.
+last axis, of a static extent that LANES divides, is aligned; so is one in a block of that axis
+whose start and limit are known multiples of LANES. A shared buffer whose rows are whole groups
+is read at a group's own elements in one access too (lane_read).
 """
 
 from __future__ import annotations
 
 from ..ir.core import Op, Value
-from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp
+from ..ir.tile_ops import BinaryOp, CastOp, ConstOp, DotOp, LoadOp, ReduceOp, ScanOp, TriInvOp
 from .c_names import C_TYPES
 from .tile_mma import mma_dot
 from .tile_plan import C_SIZES, THREADS, Buffer, warp_reduction
@@ -30,9 +32,22 @@ def lane_bytes(ctype: str) -> str | None:
 def whole_last_axis(op: Op, tensor: Value) -> bool:
     """Whether a load or store takes the tensor's whole last axis, of a static extent LANES
     divides, in elements a group makes one access of: each group is then aligned."""
+    return op.index[-1].kind == "all" and groups_of_rows(tensor)
+
+
+def groups_of_rows(tensor: Value) -> bool:
+    """Whether the tensor's rows are whole groups: a static last extent LANES divides, in
+    elements a group makes one access of (every row then starts aligned)."""
     t = tensor.ttype
-    return (t.rank > 0 and op.index[-1].kind == "all" and isinstance(t.shape[-1], int) and t.shape[-1] % LANES == 0
+    return (t.rank > 0 and isinstance(t.shape[-1], int) and t.shape[-1] % LANES == 0
             and lane_bytes(C_TYPES[t.dtype]) is not None)
+
+
+def last_index_operands(op: Op) -> list[Value]:
+    """The operands of a load's or store's last index: a slice's start, then its limit."""
+    first = 1 if isinstance(op, LoadOp) else 2
+    before = sum(ix.n_operands for ix in op.index[:-1])
+    return list(op.operands[first + before:first + before + op.index[-1].n_operands])
 
 
 class TileWrites:
@@ -42,6 +57,34 @@ class TileWrites:
     lanes: dict        # the lane index tuples of the group being written -> lane number
     lane_loads: dict   # load op or buffer -> the C array its group's access filled
     whole_groups: bool
+
+    def grouped_last_axis(self, op: Op, tensor: Value) -> bool:
+        """Whether a load or store reads or writes its last axis in whole groups: the whole
+        axis (whole_last_axis), or, with whole groups on, a slice of a size LANES divides from
+        a start and up to a limit that are multiples of LANES (a block of columns: c0:c0+64
+        with c0 = b * 64); the tensor's rows whole groups. Each group is then aligned and lies
+        wholly inside the tensor and the limit or wholly outside."""
+        last = op.index[-1]
+        if last.kind == "all" or not (self.whole_groups and last.kind == "slice"):
+            return whole_last_axis(op, tensor)
+        return (last.size % LANES == 0 and groups_of_rows(tensor)
+                and all(self.multiple_of(v, LANES) for v in last_index_operands(op)))
+
+    def multiple_of(self, v: Value, m: int) -> bool:
+        """Whether scalar v is a multiple of m by how it is computed: a constant that is, a
+        product with one that is, a sum or difference of two that are."""
+        op = self.plan.owner.get(v) or self.top_level_owner.get(v)
+        if isinstance(op, ConstOp):
+            return isinstance(op.value, int) and op.value % m == 0
+        if isinstance(op, CastOp) and not op.result.ttype.dtype.is_float:
+            return self.multiple_of(op.operands[0], m)
+        if isinstance(op, BinaryOp):
+            kind, (a, b) = op.NAME.split(".")[1], op.operands
+            if kind == "mul":
+                return self.multiple_of(a, m) or self.multiple_of(b, m)
+            if kind in ("add", "sub"):
+                return self.multiple_of(a, m) and self.multiple_of(b, m)
+        return False
 
     def unflatten(self, e: str, shape) -> tuple[str, ...]:
         """Declare the indices of flat element e of a tile of this shape; their names."""
@@ -122,7 +165,7 @@ class TileWrites:
         """Element idx of a load as one lane of its group's access, or None where idx is no lane
         of the group being written or the access is not along the tensor's whole last axis."""
         lane = self.lanes.get(tuple(idx)) if idx else None
-        if lane is None or not whole_last_axis(op, tensor):
+        if lane is None or not self.grouped_last_axis(op, tensor):
             return None
         name = self.lane_loads.get(op)
         if name is None:
@@ -215,7 +258,7 @@ class TileWrites:
         phase; an optional tensor's pointer tested around it)."""
         ptr = self.name(tensor)
         t = tensor.ttype
-        whole_rows = bool(value.ttype.rank) and whole_last_axis(op, tensor)
+        whole_rows = bool(value.ttype.rank) and self.grouped_last_axis(op, tensor)
 
         def at(idx):  # the element's offset, and its bounds but the pointer's (tested around the loop)
             offset, conds = self.access(op, tensor, op.operands[2:], idx)

@@ -120,8 +120,22 @@ check {
   shapes = [{B: 300}, {B: 1}]
 }
 """
+# blocks of columns of a tensor's last axis, from a start and up to a limit that are multiples
+# of four: a group of four at a time (TileWrites.grouped_last_axis), the last block cut at 100
+TILE_COLUMNS = """
+op tile_columns(x: f32[B, 16, 100], w: bf16[B, 16, 100]) -> (y: f32[B, 16, 100]) {
+  parallel b in 0..B, c in 0..4 {
+    c0 = c * 32
+    t = x[b, :, c0:c0+32 limit 100] * f32(w[b, :, c0:c0+32 limit 100])
+    y[b, :, c0:c0+32 limit 100] = exp(t) + cumsum(t, axis=0)
+  }
+}
+check {
+  shapes = [{B: 3}, {B: 1}]
+}
+"""
 WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8", "u8")}, "tile_mix": TILE_MIX,
-           "tile_reduce": TILE_REDUCE}
+           "tile_reduce": TILE_REDUCE, "tile_columns": TILE_COLUMNS}
 
 
 # instances besides each op's first: KDA's kernels where their loops prefetch (C = 16, 32; the
@@ -173,10 +187,27 @@ def test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path):
                 assert got.tobytes() == np.ascontiguousarray(ref).tobytes(), \
                     f"{what}: {int((got.view(np.uint8) != ref.view(np.uint8)).sum())} byte(s) differ"
             else:
-                _, rel, ok, note = compare(got, ref, spec.check.tolerance_for(str(d)))
+                tol = spec.check.tolerance_for(str(d))
+                _, rel, ok, note = compare(got, ref, tol)
+                if not ok and d in (DType.BF16, DType.F16) and note.split(" element(s) off")[0].isdigit() and rel <= tol:
+                    # each side rounds an f32 value to 16 bits; two a hair apart may round to
+                    # neighbours, a unit apart, which near a power of two is more than tol
+                    beyond = off_by_more_than_a_unit(got, ref, d, tol)
+                    ok, note = not beyond, f"{beyond} element(s) off by more than a unit in the last place"
                 assert ok, f"{what}: {note or f'relative RMSE {rel:.3g}'}"
         checked += 1
     assert checked
+
+
+def off_by_more_than_a_unit(got, ref, d: DType, tol: float) -> int:
+    """Elements of a 16-bit float output off the reference by more than the tolerance and by
+    more than one unit in the last place of the output's type at the reference."""
+    g, r = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    a = np.abs(r)
+    unit = (np.spacing(a.astype(np.float32)).astype(np.float64) * 2.0 ** 16 if d is DType.BF16
+            else np.spacing(a.astype(np.float16)).astype(np.float64))
+    scale = tol * (a + np.sqrt(np.mean(r * r)))
+    return int((np.abs(g - r) > np.maximum(scale, unit)).sum())
 
 
 def hostile_rows(m: int, n: int, dtype):
