@@ -200,3 +200,39 @@ def test_flash_kda_fwd_takes_one_kernel_where_the_split_pair_does_not_hold(monke
         launched.clear()
         kda.flash_kda_fwd(*args, lower_bound, chunk_size=chunk)
         assert launched == names, (chunk, lower_bound)
+
+
+def test_flash_kda_fwd_runs_the_recurrence_over_blocks_of_columns_where_asked(monkeypatch):
+    """kfc.nn.kda.RECURRENCE_COLUMNS = 32 at V = 64: the recurrence as two CTAs of 32 columns a
+    (sequence, head) (kernels/kda_recurrence_split.kfc), as the float64 recurrence and as the
+    whole; at a V the split kernel is not written for, the whole recurrence."""
+    launched = []
+    def recorded(name, bind, given, outs):
+        launched.append((name, bind.get("VB")))
+        interpreted(name, bind, given, outs)
+
+    monkeypatch.setattr(kda, "run", recorded)
+    lengths = [37, 5, 40]
+    q, k, v, raw, beta, _ = draw(1, sum(lengths), 2, 2, 16, 64, seed=5)
+    A_log, dt_bias = torch.randn(2) * 0.5, torch.randn(2, 16)
+    cu = torch.tensor([0, 37, 42, 82])
+    h0 = torch.randn(3, 2, 64, 16)
+    want_o, want_ht = kda_flashkda(q, k, v, raw.bfloat16(), beta.bfloat16(), A_log, dt_bias, cu, h0=h0, scale=0.25)
+    got = {}
+    for vb in (32, None):
+        monkeypatch.setattr(kda, "RECURRENCE_COLUMNS", vb)
+        launched.clear()
+        out, final = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
+        kda.flash_kda_fwd(q, k, v, raw.bfloat16(), beta.bfloat16(), 0.25, out, A_log, dt_bias, -5.0,
+                          initial_state=h0, final_state=final, cu_seqlens=cu)
+        assert launched[-1] == (("kda_recurrence_split", 32) if vb else ("kda_recurrence", None))
+        close(f"out, columns {vb}", out, want_o)
+        close(f"final_state, columns {vb}", final, want_ht)
+        got[vb] = (out, final)
+    close("blocks against the whole", got[32][0], got[None][0])
+    launched.clear()
+    monkeypatch.setattr(kda, "RECURRENCE_COLUMNS", 32)
+    q, k, v, raw, beta, _ = draw(1, 20, 1, 1, 8, 8)
+    kda.flash_kda_fwd(q, k, v, raw.bfloat16(), beta.bfloat16(), 0.3, torch.empty_like(v), torch.zeros(1),
+                      torch.zeros(1, 8), -5.0)
+    assert launched[-1] == ("kda_recurrence", None)

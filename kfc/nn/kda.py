@@ -10,8 +10,10 @@ lower-bound form, q/k L2 norm, beta as logits), so one compiled kernel serves ev
 flash_kda_fwd takes FlashKDA's `fwd` arguments and writes `out` and `final_state` in place, by
 two kernels: kernels/kda_prepare_flashkda.kfc does every chunk's state-independent work for all
 (chunk, head) at once into f32 workspaces, then kernels/kda_recurrence.kfc carries the state
-across each sequence's chunks; at chunk 32 or 64, a lower_bound below -5 or with `split=False`,
-the one kernel kernels/kda_fwd_flashkda.kfc, a CTA per (sequence, head), does both.
+across each sequence's chunks (over blocks of V's columns, a CTA each, by
+kernels/kda_recurrence_split.kfc where RECURRENCE_COLUMNS is set); at chunk 32 or 64, a
+lower_bound below -5 or with `split=False`, the one kernel kernels/kda_fwd_flashkda.kfc, a CTA per
+(sequence, head), does both.
 
 A batch B > 1 without cu_seqlens runs as B packed sequences of T (a view and an offsets tensor).
 Inputs the kernels take in one dtype are converted first: g and beta to f32 for chunk_kda (fla's
@@ -39,6 +41,11 @@ STATE_DTYPES = (torch.float32, torch.bfloat16)
 WORKSPACE = torch.float32  # the split pair's workspaces (kernels/kda_prepare_flashkda.kfc's WD)
 SPLIT_CHUNKS = (16,)  # kernels/kda_prepare_flashkda.kfc's chunk
 SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound it is exact for (FlashKDA's range)
+# the columns of V a CTA of the split pair's recurrence takes (kernels/kda_recurrence_split.kfc's
+# VB, for V among its sizes SPLIT_V and VB dividing it); None: all of V in one CTA
+# (kernels/kda_recurrence.kfc). None until timed against the whole (docs/kda.md).
+RECURRENCE_COLUMNS: Optional[int] = None
+SPLIT_V = (128, 64, 256)  # kernels/kda_recurrence_split.kfc's V
 GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
 
 
@@ -167,7 +174,11 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
         wd = _kfc_dtype(WORKSPACE)
         run("kda_prepare_flashkda", dict(C=chunk, WD=wd),
             dict(given, cu_seqlens=offsets, scale=float(scale), lower_bound=float(lower_bound)), tuple(work.values()))
-        run("kda_recurrence", dict(C=chunk, SD=_kfc_dtype(sd), WD=wd), dict(work, cu_seqlens=offsets, **state_in), o_ht)
+        bind, vb = dict(C=chunk, SD=_kfc_dtype(sd), WD=wd), RECURRENCE_COLUMNS
+        if vb and V in SPLIT_V and V % vb == 0:  # blocks of vb columns, a CTA each
+            run("kda_recurrence_split", dict(bind, V=V, VB=vb), dict(work, cu_seqlens=offsets, **state_in), o_ht)
+        else:
+            run("kda_recurrence", bind, dict(work, cu_seqlens=offsets, **state_in), o_ht)
     if o is not out:
         out.copy_(o)
     if final_state is not None and ht is not final_state:
