@@ -205,7 +205,8 @@ def test_flash_kda_fwd_takes_one_kernel_where_the_split_pair_does_not_hold(monke
 def test_flash_kda_fwd_runs_the_recurrence_over_blocks_of_columns_where_asked(monkeypatch):
     """kfc.nn.kda.RECURRENCE_COLUMNS = 32 at V = 64: the recurrence as two CTAs of 32 columns a
     (sequence, head) (kernels/kda_recurrence_split.kfc), as the float64 recurrence and as the
-    whole; at a V the split kernel is not written for, the whole recurrence."""
+    whole (left to recurrence_columns, which on the CPU keeps it whole); at a V the split kernel
+    is not written for, the whole recurrence."""
     launched = []
     def recorded(name, bind, given, outs):
         launched.append((name, bind.get("VB")))
@@ -236,3 +237,14 @@ def test_flash_kda_fwd_runs_the_recurrence_over_blocks_of_columns_where_asked(mo
     kda.flash_kda_fwd(q, k, v, raw.bfloat16(), beta.bfloat16(), 0.3, torch.empty_like(v), torch.zeros(1),
                       torch.zeros(1, 8), -5.0)
     assert launched[-1] == ("kda_recurrence", None)
+
+
+@pytest.mark.parametrize("pairs, V, columns", [(64, 128, 64), (96, 128, 0), (20, 128, 32), (768, 128, 0),
+                                               (16, 64, 32), (20, 100, 0)])
+def test_the_recurrence_is_split_into_the_most_blocks_that_still_run_one_an_sm(monkeypatch, pairs, V, columns):
+    class H100:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: H100)
+    assert kda.recurrence_columns(pairs, V, torch.device("cuda")) == columns
+    assert kda.recurrence_columns(pairs, V, torch.device("cpu")) == 0

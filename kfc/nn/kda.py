@@ -11,9 +11,9 @@ flash_kda_fwd takes FlashKDA's `fwd` arguments and writes `out` and `final_state
 two kernels: kernels/kda_prepare_flashkda.kfc does every chunk's state-independent work for all
 (chunk, head) at once into f32 workspaces, then kernels/kda_recurrence.kfc carries the state
 across each sequence's chunks (over blocks of V's columns, a CTA each, by
-kernels/kda_recurrence_split.kfc where RECURRENCE_COLUMNS is set); at chunk 32 or 64, a
-lower_bound below -5 or with `split=False`, the one kernel kernels/kda_fwd_flashkda.kfc, a CTA per
-(sequence, head), does both.
+kernels/kda_recurrence_split.kfc, where the (sequence, head) pairs would leave SMs idle: see
+recurrence_columns); at chunk 32 or 64, a lower_bound below -5 or with `split=False`, the one
+kernel kernels/kda_fwd_flashkda.kfc, a CTA per (sequence, head), does both.
 
 A batch B > 1 without cu_seqlens runs as B packed sequences of T (a view and an offsets tensor).
 Inputs the kernels take in one dtype are converted first: g and beta to f32 for chunk_kda (fla's
@@ -42,10 +42,10 @@ WORKSPACE = torch.float32  # the split pair's workspaces (kernels/kda_prepare_fl
 SPLIT_CHUNKS = (16,)  # kernels/kda_prepare_flashkda.kfc's chunk
 SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound it is exact for (FlashKDA's range)
 # the columns of V a CTA of the split pair's recurrence takes (kernels/kda_recurrence_split.kfc's
-# VB, for V among its sizes SPLIT_V and VB dividing it); None: all of V in one CTA
-# (kernels/kda_recurrence.kfc). None until timed against the whole (docs/kda.md).
+# VB): None, as recurrence_columns chooses; 0, all of V in one CTA (kernels/kda_recurrence.kfc)
 RECURRENCE_COLUMNS: Optional[int] = None
 SPLIT_V = (128, 64, 256)  # kernels/kda_recurrence_split.kfc's V
+SPLIT_VB = (32, 64, 128)  # ... and its VB
 GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
 
 
@@ -174,7 +174,8 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
         wd = _kfc_dtype(WORKSPACE)
         run("kda_prepare_flashkda", dict(C=chunk, WD=wd),
             dict(given, cu_seqlens=offsets, scale=float(scale), lower_bound=float(lower_bound)), tuple(work.values()))
-        bind, vb = dict(C=chunk, SD=_kfc_dtype(sd), WD=wd), RECURRENCE_COLUMNS
+        bind = dict(C=chunk, SD=_kfc_dtype(sd), WD=wd)
+        vb = recurrence_columns(N * H, V, q.device) if RECURRENCE_COLUMNS is None else RECURRENCE_COLUMNS
         if vb and V in SPLIT_V and V % vb == 0:  # blocks of vb columns, a CTA each
             run("kda_recurrence_split", dict(bind, V=V, VB=vb), dict(work, cu_seqlens=offsets, **state_in), o_ht)
         else:
@@ -183,6 +184,19 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
         out.copy_(o)
     if final_state is not None and ht is not final_state:
         final_state.copy_(ht)
+
+
+def recurrence_columns(pairs: int, V: int, device: torch.device) -> int:
+    """The columns of V a recurrence CTA takes: the fewest (the most blocks) with which the
+    pairs' blocks still run one an SM, where the (sequence, head) pairs leave SMs idle; else 0,
+    all of V. Two blocks sharing an SM run slower than one CTA of both (docs/kda.md: on an H100
+    at T = 8192, 64 pairs in blocks of 64 took 1.27 ms against 1.77 whole, 96 pairs 2.25 ms
+    against 1.78)."""
+    if device.type != "cuda" or V not in SPLIT_V:
+        return 0
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    fit = [vb for vb in SPLIT_VB if vb < V and V % vb == 0 and pairs * (V // vb) <= sms]
+    return min(fit, default=0)
 
 
 def run(name: str, bind: dict, given: dict, outs: tuple) -> None:
