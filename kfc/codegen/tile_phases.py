@@ -2,19 +2,22 @@
 other share one CTA-wide phase.
 
 Every phase ends with a barrier, so that what it wrote is seen by the phases after it and what
-it read is not overwritten before every thread has read it. Two kinds of neighbours need none
-between them:
+it read is not overwritten before every thread has read it. Such writes need none between them:
 
 - tiles stored at one time (the pending tiles an op needs) of which none reads another: each
   writes a buffer of its own, new in this phase, and reads only buffers written before it, which
-  the arena keeps alive through the phase (KDA's prepare kernel: the norms of q and k, then their
-  reciprocals);
+  the arena keeps alive through the phase (two decayed copies of k in KDA's prepare kernel);
 - stores of tiles into distinct tensors, one after another: they write no shared memory and no
   element twice, and the tile emitter takes no kernel that loads a tensor it writes
   (tile_program_problem), so no thread's access can race another's (KDA's prepare kernel stores
-  u, qg, kg and aqk in one phase).
+  u, qg, kg and aqk in one phase);
+- a reduction written a warp an output and the elementwise tile that alone reads it: the warp
+  writes that tile from its sum, and the sum is never stored (the reciprocals of q's and k's
+  norms).
 
-What each thread computes is unchanged; only the barriers between such writes go.
+And a loop stores before it only the pending tiles it reads, so that the others are stored
+beside later ones (KDA's dt_bias beside q and k). What each thread computes is unchanged; only
+barriers go.
 """
 
 from __future__ import annotations
