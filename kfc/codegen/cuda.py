@@ -80,9 +80,9 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None,
         # the first of these that fits in shared memory, else the smallest
         tries = []
         for group_loads, share_b in ((True, True), (True, False), (False, False)):
-            code, plan = TileKernelEmitter(func, name, group_loads, share_b, TILE_PREFETCH,
-                                           tile_ctas or TILE_CTAS_PER_SM, TILE_JOIN_PHASES,
-                                           TILE_WHOLE_GROUPS).generate()
+            code, plan = TileKernelEmitter(func, name, group_loads, share_b, prefetch=TILE_PREFETCH,
+                                           ctas=tile_ctas or TILE_CTAS_PER_SM, join_phases=TILE_JOIN_PHASES,
+                                           whole_groups=TILE_WHOLE_GROUPS).generate()
             tries.append((code, plan))
             if plan.smem_dynamic <= SMEM_PER_BLOCK:
                 break

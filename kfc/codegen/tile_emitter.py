@@ -175,18 +175,21 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
 
     def last_reader_of_a_buffer(self, op: Op) -> bool:
         """Whether op reads the last of a stored or pending tile (through tiles written inline)."""
-        seen, stack = set(), list(op.operands)
+        return any((v in self.buffers or v in self.pending) and self.last_read(v) <= self.plan.order[op]
+                   for v in self.reached(op.operands))
+
+    def reached(self, values) -> set[Value]:
+        """These values and those their elements read through tiles written where they are
+        read (a stored or pending tile ends the path)."""
+        seen, stack = set(), list(values)
         while stack:
             v = stack.pop()
             if v in seen:
                 continue
             seen.add(v)
-            if v in self.buffers or v in self.pending:
-                if self.last_read(v) <= self.plan.order[op]:
-                    return True
-            elif v in self.inline and v in self.plan.owner:
+            if v not in self.buffers and v not in self.pending and v in self.inline and v in self.plan.owner:
                 stack.extend(self.plan.owner[v].operands)
-        return False
+        return seen
 
     def flush_for(self, values, keep=()) -> None:
         """Store the pending tiles these values read (through tiles written inline), in the

@@ -49,17 +49,7 @@ class TilePhases:
 
     def reads(self, v: Value, u: Value) -> bool:
         """Whether tile v's elements read tile u (through tiles written where they are read)."""
-        seen, stack = set(), list(self.plan.owner[v].operands)
-        while stack:
-            x = stack.pop()
-            if x is u:
-                return True
-            if x in seen:
-                continue
-            seen.add(x)
-            if x in self.inline and x in self.plan.owner:
-                stack.extend(self.plan.owner[x].operands)
-        return False
+        return u in self.reached(self.plan.owner[v].operands)
 
     def store_group(self, group: list[Value]) -> None:
         """Independent pending tiles, each into a buffer of its own, in one phase."""
@@ -120,17 +110,7 @@ class TilePhases:
 
     def pending_read(self, op: Op) -> list[Value]:
         """The pending tiles op's elements read (through tiles written where they are read)."""
-        found, seen, stack = [], set(), list(op.operands)
-        while stack:
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            if x in self.pending:
-                found.append(x)
-            elif x in self.inline and x in self.plan.owner:
-                stack.extend(self.plan.owner[x].operands)
-        return found
+        return [v for v in self.reached(op.operands) if v in self.pending]
 
     def only_feeds(self, v: Value, op: Op) -> bool:
         """Whether every read of v is by op, or by tiles written where they are read that only

@@ -14,7 +14,8 @@ is read at a group's own elements in one access too (lane_read).
 from __future__ import annotations
 
 from ..ir.core import Op, Value
-from ..ir.tile_ops import BinaryOp, CastOp, ConstOp, DotOp, LoadOp, ReduceOp, ScanOp, TriInvOp
+from ..ir.multiples import known_multiple
+from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp, index_operands
 from .c_names import C_TYPES
 from .tile_mma import mma_dot
 from .tile_plan import C_SIZES, THREADS, Buffer, warp_reduction
@@ -29,25 +30,12 @@ def lane_bytes(ctype: str) -> str | None:
     return ACCESS_TYPES.get(C_SIZES.get(ctype, 0) * LANES)
 
 
-def whole_last_axis(op: Op, tensor: Value) -> bool:
-    """Whether a load or store takes the tensor's whole last axis, of a static extent LANES
-    divides, in elements a group makes one access of: each group is then aligned."""
-    return op.index[-1].kind == "all" and groups_of_rows(tensor)
-
-
 def groups_of_rows(tensor: Value) -> bool:
     """Whether the tensor's rows are whole groups: a static last extent LANES divides, in
     elements a group makes one access of (every row then starts aligned)."""
     t = tensor.ttype
     return (t.rank > 0 and isinstance(t.shape[-1], int) and t.shape[-1] % LANES == 0
             and lane_bytes(C_TYPES[t.dtype]) is not None)
-
-
-def last_index_operands(op: Op) -> list[Value]:
-    """The operands of a load's or store's last index: a slice's start, then its limit."""
-    first = 1 if isinstance(op, LoadOp) else 2
-    before = sum(ix.n_operands for ix in op.index[:-1])
-    return list(op.operands[first + before:first + before + op.index[-1].n_operands])
 
 
 class TileWrites:
@@ -59,32 +47,20 @@ class TileWrites:
     whole_groups: bool
 
     def grouped_last_axis(self, op: Op, tensor: Value) -> bool:
-        """Whether a load or store reads or writes its last axis in whole groups: the whole
-        axis (whole_last_axis), or, with whole groups on, a slice of a size LANES divides from
-        a start and up to a limit that are multiples of LANES (a block of columns: c0:c0+64
-        with c0 = b * 64); the tensor's rows whole groups. Each group is then aligned and lies
-        wholly inside the tensor and the limit or wholly outside."""
+        """Whether a load or store takes its tensor's last axis in whole groups, each then
+        aligned and wholly inside the tensor (and a slice's limit) or wholly outside: the
+        tensor's rows are whole groups (groups_of_rows), and it takes the whole axis or, with
+        whole groups on, a slice of a size LANES divides from a start and up to a limit known
+        to be multiples of LANES (a block of columns: c0:c0+64 with c0 = b * 64)."""
         last = op.index[-1]
-        if last.kind == "all" or not (self.whole_groups and last.kind == "slice"):
-            return whole_last_axis(op, tensor)
-        return (last.size % LANES == 0 and groups_of_rows(tensor)
-                and all(self.multiple_of(v, LANES) for v in last_index_operands(op)))
-
-    def multiple_of(self, v: Value, m: int) -> bool:
-        """Whether scalar v is a multiple of m by how it is computed: a constant that is, a
-        product with one that is, a sum or difference of two that are."""
-        op = self.plan.owner.get(v) or self.top_level_owner.get(v)
-        if isinstance(op, ConstOp):
-            return isinstance(op.value, int) and op.value % m == 0
-        if isinstance(op, CastOp) and not op.result.ttype.dtype.is_float:
-            return self.multiple_of(op.operands[0], m)
-        if isinstance(op, BinaryOp):
-            kind, (a, b) = op.NAME.split(".")[1], op.operands
-            if kind == "mul":
-                return self.multiple_of(a, m) or self.multiple_of(b, m)
-            if kind in ("add", "sub"):
-                return self.multiple_of(a, m) and self.multiple_of(b, m)
-        return False
+        if not groups_of_rows(tensor):
+            return False
+        if last.kind == "all":
+            return True
+        if not (self.whole_groups and last.kind == "slice" and last.size % LANES == 0):
+            return False
+        owner = lambda v: self.plan.owner.get(v) or self.top_level_owner.get(v)  # noqa: E731
+        return all(known_multiple(v, owner) % LANES == 0 for v in index_operands(op)[-1][1])
 
     def unflatten(self, e: str, shape) -> tuple[str, ...]:
         """Declare the indices of flat element e of a tile of this shape; their names."""
@@ -163,40 +139,44 @@ class TileWrites:
 
     def lane_load(self, op: Op, tensor: Value, idx, other: str) -> str | None:
         """Element idx of a load as one lane of its group's access, or None where idx is no lane
-        of the group being written or the access is not along the tensor's whole last axis."""
-        lane = self.lanes.get(tuple(idx)) if idx else None
-        if lane is None or not self.grouped_last_axis(op, tensor):
-            return None
-        name = self.lane_loads.get(op)
-        if name is None:
-            name = self.fresh("kfc_v")
-            first = next(x for x, k in self.lanes.items() if k == 0)
+        of the group being written or the access does not take whole groups (grouped_last_axis)."""
+        def fill(name, first):
             load, conds = self.group_load(op, tensor, first, name)
             self.emit(f"alignas(16) {C_TYPES[tensor.ttype.dtype]} {name}[{LANES}] = {{{', '.join([other] * LANES)}}};")
             self.emit(f"if ({' && '.join(conds)}) {load}" if conds else load)
-            self.lane_loads[op] = name
-        return f"{name}[{lane}]"
+
+        return self.group_lane(op, idx, "kfc_v", fill, lambda: self.grouped_last_axis(op, tensor))
 
     def lane_read(self, buf: Buffer, idx) -> str | None:
         """Element idx of a shared buffer as one lane of its group's read (a buffer of whole
         groups read at the group's own indices: one access for the group, conflict-free), or None."""
-        lane = self.lanes.get(tuple(idx)) if idx and self.whole_groups else None
         access = lane_bytes(buf.ctype)
-        if lane is None or buf.pitch % LANES or buf.shape[-1] % LANES or access is None:
-            return None
-        name = self.lane_loads.get(buf)
-        if name is None:
-            name = self.fresh("kfc_r")
-            first = next(x for x, k in self.lanes.items() if k == 0)
+
+        def fill(name, first):
             self.emit(f"alignas(16) {buf.ctype} {name}[{LANES}];")
             self.emit(f"*reinterpret_cast<{access}*>({name}) = *reinterpret_cast<const {access}*>(&{buf.at(first)});")
-            self.lane_loads[buf] = name
+
+        return self.group_lane(buf, idx, "kfc_r", fill, lambda: self.whole_groups and not (
+            buf.pitch % LANES or buf.shape[-1] % LANES or access is None))
+
+    def group_lane(self, key, idx, prefix: str, fill, applies) -> str | None:
+        """Element idx as its lane in a C array that fill(name, the first lane's indices) fills
+        with the group being written, once a group for `key`; None where idx is no lane of that
+        group or not applies()."""
+        lane = self.lanes.get(tuple(idx)) if idx else None
+        if lane is None or not applies():
+            return None
+        name = self.lane_loads.get(key)
+        if name is None:
+            name = self.fresh(prefix)
+            fill(name, next(x for x, k in self.lanes.items() if k == 0))
+            self.lane_loads[key] = name
         return f"{name}[{lane}]"
 
     def group_load(self, op: Op, tensor: Value, first, dest: str) -> tuple[str, list[str]]:
-        """The statement reading the group of LANES elements from `first` on (a whole last
-        axis: whole_last_axis) into the C array `dest` as one access, and the conditions under
-        which the group lies inside the tensor (every lane alike)."""
+        """The statement reading the group of LANES elements from `first` on (grouped_last_axis)
+        into the C array `dest` as one access, and the conditions under which the group lies
+        inside the tensor (every lane alike)."""
         access = lane_bytes(C_TYPES[tensor.ttype.dtype])
         offset, conds = self.access(op, tensor, op.operands[1:], first)
         return (f"*reinterpret_cast<{access}*>({dest}) = *reinterpret_cast<const {access}*>"

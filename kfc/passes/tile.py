@@ -34,7 +34,8 @@ from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp, row_layout
 from ..ir.rewrite import ValueMap
 from ..ir.smem_ops import MbarrierAllocOp, SmemAllocOp, copies_not_indexed_by_row
-from ..ir.tile_ops import BinaryOp, ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp
+from ..ir.multiples import known_multiple
+from ..ir.tile_ops import ConstOp, ForOp, IfOp, LoadOp, ReduceOp, ScanOp, StoreOp, index_operands
 from ..ir.types import MemSpace, TensorType
 from ..model.target import LARGEST_CLUSTER, ROW_CTA_THREADS, ROW_KERNEL_STATIC_SMEM
 from .base import Pass, PassError, define_pass, option
@@ -228,16 +229,7 @@ def auto_stages(cta_bytes: int, sums: int, room: int) -> tuple[int, int]:
 
 def slice_starts(op) -> list:
     """The start operands of the slices a load or store takes (`x[m, k:k+1024]`: k)."""
-    it = iter(op.operands[1:] if isinstance(op, LoadOp) else op.operands[2:])
-    starts = []
-    for ix in op.index:
-        if ix.kind in ("point", "slice"):
-            v = next(it)
-            if ix.kind == "slice":
-                starts.append(v)
-            if ix.limit:
-                next(it)
-    return starts
+    return [operands[0] for ix, operands in index_operands(op) if ix.kind == "slice"]
 
 
 def per_row_inputs(loop) -> int:
@@ -294,26 +286,13 @@ class Tile(Pass):
         in chunks of n): one CTA a row (every thread of a CTA runs the same iterations, since a
         reduction in the body synchronises them), and vectors that never straddle the end of
         the tensor a chunk is sliced from nor start off its alignment."""
-        consts = {op.result: op.value for op in (*func.body.ops, *ops) if isinstance(op, ConstOp) and op.results}
+        # constants from anywhere, index arithmetic from the loop's body
+        defs = {op.result: op for op in func.body.ops if isinstance(op, ConstOp) and op.results}
+        defs.update({op.result: op for op in ops if len(op.results) == 1})
         index_of = {f.body.args[0]: f for f in fors}
-        sums = {op.result: op.operands for op in ops if isinstance(op, BinaryOp) and op.NAME in ("tile.add", "tile.sub")
-                and op.result.ttype.is_scalar and op.result.ttype.dtype.is_int}
 
         def multiple(v) -> int:
-            """A multiple every value of v is known to be: a constant, a loop index that starts
-            at such a multiple and steps by a constant (an inner loop from an outer one's index),
-            or a sum or difference of such (a chunk counted from the row's end); 1 when nothing
-            is known."""
-            c = consts.get(v)
-            if isinstance(c, int):
-                return abs(c)
-            if v in sums:
-                return math.gcd(*(multiple(x) for x in sums[v]))
-            f = index_of.get(v)
-            if f is None:
-                return 1
-            step = consts.get(f.operands[2])
-            return math.gcd(multiple(f.operands[0]), step if isinstance(step, int) else 1)
+            return known_multiple(v, defs.get, index_of.get)
 
         multiples = [n]
         for f in fors:

@@ -53,6 +53,13 @@ class IndexDim:
         return {"point": 1, "all": 0}.get(self.kind, 2 if self.limit else 1)
 
 
+def index_operands(op) -> list[tuple[IndexDim, list]]:
+    """Each index of a load or store with its operands: a point's index, a slice's start (then
+    its limit), none for a whole dim."""
+    it = iter(op.operands[1:] if op.NAME == "tile.load" else op.operands[2:])
+    return [(ix, [next(it) for _ in range(ix.n_operands)]) for ix in op.index]
+
+
 def index_tuple(items) -> tuple[IndexDim, ...]:
     return tuple(IndexDim.parse(x) for x in items)
 
