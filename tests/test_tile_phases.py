@@ -1,5 +1,6 @@
-"""Fewer barriers and more CTAs an SM in tile kernels: independent writes share a phase
-(kfc.codegen.tile_phases) and __launch_bounds__ follows what shared memory allows
+"""Fewer barriers and more CTAs an SM in tile kernels: independent writes share a phase, and a
+write reading nothing the last phase wrote continues it (kfc.codegen.tile_phases); the
+triangular inverse a lane a row; and __launch_bounds__ follows what shared memory allows
 (kfc.codegen.tile_plan.ctas_per_sm). The GPU computing what the final IR computes with both is
 checked on the GPU machine (tests/gpu/test_final_ir_gpu.py: kda_prepare_flashkda and the KDA
 kernels, linear_attention, chunk_solve)."""
@@ -36,7 +37,7 @@ def phases(cu: str) -> list[str]:
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_kdas_prepare_kernel_writes_independent_tiles_and_stores_in_shared_phases(target, monkeypatch):
-    cu = prepare(target).kernel.cu
+    cu = built_without(monkeypatch, "TILE_REOPEN_PHASES", False, lambda: prepare(target)).kernel.cu
     plain = built_without(monkeypatch, "TILE_JOIN_PHASES", False, lambda: prepare(target)).kernel.cu
     assert cu.count("__syncthreads();") == 19 and plain.count("__syncthreads();") == 26
     # the row norms' reciprocals written by the warp that sums each row: the norm never stored
@@ -51,6 +52,58 @@ def test_kdas_prepare_kernel_writes_independent_tiles_and_stores_in_shared_phase
     # two tiles of which neither reads the other in one phase ([16, 128] k decayed two ways)
     assert any(p.count("reinterpret_cast<uint4*>(&kfc_s") == 2 and "expf" in p for p in phases(cu))
 
+
+
+def test_a_write_reading_nothing_the_last_phase_wrote_continues_it():
+    cu = prepare().kernel.cu
+    assert cu.count("__syncthreads();") == 11
+    ps = phases(cu)
+    # the two norms (a warp a row) and the gates (which read dt_bias, loaded before) in one phase
+    norms = [p for p in ps if "sqrtf((kfc_a" in p]
+    assert len(norms) == 1 and norms[0].count("sqrtf((kfc_a") == 2 and "p_g +" in norms[0]
+    # the gates' sum beside their scan, which it does not read; what reads the scan waits
+    scan = [p for p in ps if re.search(r"for \(int kfc_t\d+ = 0; kfc_t\d+ < 16; \+\+kfc_t\d+\) \{ kfc_a", p)]
+    assert len(scan) == 1 and "[&]() { float" in scan[0] and "kfc_round_tf32" not in scan[0]
+    # e^G written beside the triangular inverse, which is a lane a row: shuffles, no loop of rows
+    inverse = [p for p in ps if "__shfl_sync(0xffffffffu, kfc_a" in p]
+    assert len(inverse) == 1 and "expf(" in inverse[0]
+
+
+def test_a_phase_is_not_continued_inside_a_loop_or_after_a_product():
+    cu = compile_op(parse_kfc(LOOPED, "looped.kfc"), parse_target("sm_90a")).kernel.cu
+    body = cu[cu.index("for (long long"):]
+    # inside the loop: a's scan, then b (reading nothing the scan wrote) still in a phase of its own
+    assert body.count("__syncthreads();") >= 3
+    plain = built_without_knob("TILE_REOPEN_PHASES", lambda: compile_op(parse_kfc(LOOPED, "looped.kfc"),
+                                                                       parse_target("sm_90a")).kernel.cu)
+    assert plain[plain.index("for (long long"):] == body
+
+
+LOOPED = """
+op looped(x: f32[B, 16, 32], y: f32[B, 16, 32]) -> (o: f32[B, 16, 32]) {
+  parallel i in 0..B {
+    s = x[i, :, :] * 0.0
+    for t in 0..4 carry (s) {
+      a = cumsum(x[i, :, :] * s, axis=0)
+      b = y[i, :, :] * 2.0
+      s = a[:, :] + sum(b, axis=0)[None, :]
+    }
+    o[i, :, :] = s
+  }
+}
+check {
+  shapes = [{B: 2}]
+}
+"""
+
+
+def built_without_knob(knob: str, build):
+    old = getattr(cuda, knob)
+    setattr(cuda, knob, False)
+    try:
+        return build()
+    finally:
+        setattr(cuda, knob, old)
 
 STORES = """
 op stores(x: f32[B, 16, 32]) -> (a: f32[B, 16, 32], b: f32[B, 16, 32], e: f32[B, 16, 32]) {

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kfc.cli import main
+from kfc.compile import compile_op
 from kfc.diagnostics import KfcError
 from kfc.frontend import parse_kfc
 from kfc.ir.interpreter import run
@@ -100,3 +101,24 @@ def test_kdas_prepare_kernel_inverts_by_doubling_on_tensor_cores(target, tmp_pat
                  "--shape", "T=4096,K=128,V=128", "-o", str(tmp_path / "c")]) == 0
     cu = (tmp_path / "c" / "kda_prepare_flashkda.cu").read_text()
     assert cu.count("kfc_mma_tf32(") == 13 and "tile.tri_inv" not in (tmp_path / "c" / "kda_prepare_flashkda.kir").read_text()
+
+
+INVERSES = """
+op inverses(a: f32[B, 7, 7], c: f32[B, 32, 32], d: f32[B, 33, 33]) -> (x: f32[B, 7, 7], z: f32[B, 32, 32], w: f32[B, 33, 33]) {
+  parallel i in 0..B {
+    x[i, :, :] = tri_inv(a[i, :, :])
+    z[i, :, :] = tri_inv(c[i, :, :])
+    w[i, :, :] = tri_inv(d[i, :, :])
+  }
+}
+"""
+
+
+def test_up_to_a_warps_width_of_rows_the_inverse_is_a_lane_a_row():
+    cu = compile_op(parse_kfc(INVERSES, "inverses.kfc"), parse_target("sm_90a")).kernel.cu
+    # 7 rows in groups of 8 lanes, 32 in whole warps: one shuffle and one fma a step, n - 1 steps
+    steps = re.findall(r"for \(int kfc_j\d+ = 0; kfc_j\d+ < (\d+); \+\+kfc_j\d+\) \{\n\s*const float kfc_x\d+ = "
+                       r"__shfl_sync\(0xffffffffu, kfc_a\d+, kfc_j\d+, (\d+)\);", cu)
+    assert steps == [("6", "8"), ("31", "32")]
+    # 33 rows: a thread a column, its rows in turn
+    assert len(re.findall(r"for \(int kfc_t\d+ = 0; kfc_t\d+ < 33; \+\+kfc_t\d+\)", cu)) == 1

@@ -43,6 +43,12 @@ TILE_PREFETCH = True
 TILE_CTAS_PER_SM: int | None = None
 # independent writes of a tile kernel in one phase (kfc.codegen.tile_phases); False to time without
 TILE_JOIN_PHASES = True
+# a write reading nothing the last phase wrote continues that phase (kfc.codegen.tile_phases,
+# reopen_for); False to time without
+TILE_REOPEN_PHASES = True
+# a triangular inverse of up to a warp's width of rows a lane a row (kfc.codegen.tile_loops);
+# False for a thread a column, to time without
+TILE_TRI_INV_LANES = True
 # rows of a tile read only along them kept whole 16-byte groups, read a group at a time
 # (kfc.codegen.tile_mma.read_along_rows); False to time without
 TILE_WHOLE_GROUPS = True
@@ -79,10 +85,16 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None,
         # loads stored together, and products written beside one sharing their B, live longer:
         # the first of these that fits in shared memory, else the smallest
         tries = []
-        for group_loads, share_b in ((True, True), (True, False), (False, False)):
+        # (a phase continued by a later write keeps its buffers beside the new ones: the last try
+        # continues none)
+        options = [(True, True, TILE_REOPEN_PHASES), (True, False, TILE_REOPEN_PHASES),
+                   (False, False, TILE_REOPEN_PHASES), (False, False, False)]
+        for group_loads, share_b, reopen in dict.fromkeys(options):
             code, plan = TileKernelEmitter(func, name, group_loads, share_b, prefetch=TILE_PREFETCH,
                                            ctas=tile_ctas or TILE_CTAS_PER_SM, join_phases=TILE_JOIN_PHASES,
-                                           whole_groups=TILE_WHOLE_GROUPS).generate()
+                                           reopen_phases=reopen,
+                                           whole_groups=TILE_WHOLE_GROUPS,
+                                           tri_inv_lanes=TILE_TRI_INV_LANES).generate()
             tries.append((code, plan))
             if plan.smem_dynamic <= SMEM_PER_BLOCK:
                 break

@@ -72,8 +72,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
     chunk_local = None
 
     def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True,
-                 prefetch: bool = True, ctas: int | None = None, join_phases: bool = True,
-                 whole_groups: bool = True) -> None:
+                 prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
+                 whole_groups: bool = True, tri_inv_lanes: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -95,8 +95,13 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.group_loads = group_loads  # store the pending loads together (flush_for)
         self.ctas = ctas  # CTAs an SM for __launch_bounds__; None: as many as shared memory allows
         self.join_phases = join_phases  # independent writes share a phase (TilePhases)
+        self.reopen_phases = reopen_phases  # a write continues the last phase where it may (reopen_for)
+        self.tri_inv_lanes = tri_inv_lanes  # a triangular inverse a lane a row (TileLoops)
         self.whole_groups = whole_groups  # rows read along them whole groups, read so (lane_read)
         self.last_store = None  # (len(lines) after it, its tensors): the last store's phase (TilePhases)
+        self.reopenable = None  # (len(lines) after it, its step): a phase a later write may continue (TilePhases)
+        self.reopened = False   # the last phase was taken back up: the next begin_phase continues it
+        self.nest = 0           # the loops and branches around what is being written
         self.written = written_tensors(func)
         self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
         self.prefetch = prefetch  # a loop's next loads issued before its work (TilePrefetch)
@@ -241,18 +246,24 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         first = self.step if self.in_phase else self.step + 1  # the phase that writes it
         buf = self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), first,
                              f"{label + ' ' if label else ''}{v.type}", fragment_skew(v, self.plan.uses.get(v, ())))
-        buf.rows = read_along_rows(v, self.plan.uses) if self.whole_groups else None
+        buf.rows = read_along_rows(v, self.plan.uses, self.tri_inv_lanes) if self.whole_groups else None
         return buf
 
     def begin_phase(self) -> None:
+        if self.reopened:  # continuing the last phase (TilePhases.reopen_for)
+            self.reopened = False
+            return
         self.sync_scalar_reads()
         self.step += 1
         self.in_phase = True
 
-    def end_phase(self) -> None:
+    def end_phase(self, reopenable: bool = False) -> None:
+        """The barrier after a phase; `reopenable` where it wrote only buffers new in it and
+        tensors, so that a later write reading none of them may continue it (TilePhases)."""
         self.emit("__syncthreads();")
         self.in_phase = False
         self.unsynced_reads = False
+        self.reopenable = (len(self.lines), self.step) if reopenable and self.nest == 0 else None
 
     def sync_scalar_reads(self) -> None:
         """A barrier after scalars that read shared tiles outside a phase, before anything may
@@ -468,6 +479,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.prefetched.update(loads)
         self.emit(f"for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
         self.indent += 1
+        self.nest += 1
         start = self.step + 1
         self.head_of_prefetched_iteration(op, loads, regs)
         for inner in op.body.ops[:-1]:
@@ -477,6 +489,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.emit_yield(op.body.ops[-1], args, carried, fused)
         self.sync_scalar_reads()
         self.indent -= 1
+        self.nest -= 1
         self.emit("}")
         self.arena.close_loop(start, self.step)
         for arg, res in zip(args, op.results):
@@ -496,6 +509,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         for side, region in zip(("if ({}) {{", "}} else {{"), op.regions):
             self.emit(side.format(self.name(op.operands[0])))
             self.indent += 1
+            self.nest += 1
             for inner in region.ops[:-1]:
                 self.emit_body_op(inner)
             self.flush_for(region.ops[-1].operands)
@@ -506,6 +520,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
                     self.emit(f"{self.names[r]} = {self.name(y)};")
             self.sync_scalar_reads()
             self.indent -= 1
+            self.nest -= 1
         self.emit("}")
 
     def in_place(self, y: Value, a: Value, changing) -> bool:

@@ -1,6 +1,7 @@
 """The tile emitter's loops inside one element or one phase (kfc.codegen.tile_emitter):
 reductions and products as a loop in a lambda, accumulated in f32 (i64 for integers, bool for
-logic), scans a thread a line, the triangular inverse a thread a column."""
+logic), scans a thread a line, the triangular inverse a lane a row (a thread a column past a warp's
+width)."""
 
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ class TileLoops:
         self.indent -= 1
         self.emit("}")
         if own_phase:
-            self.end_phase()
+            self.end_phase(reopenable=True)
         self.buffers[r_out if epilogue else r] = buf
         return buf
 
@@ -137,6 +138,7 @@ class TileLoops:
         x, r = op.operands[0], op.result
         shape, axis, d = x.ttype.shape, op.axis, x.ttype.dtype
         ct = self.acc_type(d)
+        self.reopen_for(op.operands)
         buf = self.new_buffer(r)
         self.begin_phase()
         self.arena.touch(buf, self.step)
@@ -160,27 +162,54 @@ class TileLoops:
                       + (f"{write} {step}" if op.exclusive else f"{step} {write}") + " }")
 
         self.cta_loop(lines, body)
-        self.end_phase()
+        self.end_phase(reopenable=True)
         self.buffers[r] = buf
 
     def emit_tri_inv(self, op: TriInvOp) -> None:
-        """(I + tril(x, -1))^-1 by forward substitution, a thread a column: column c of the
-        inverse needs only column c's earlier rows."""
+        """(I + tril(x, -1))^-1 by forward substitution: column c of the inverse needs only
+        column c's earlier rows. Up to a warp's width of rows, a column a group of lanes, a lane
+        a row (emit_tri_inv_by_lanes); else a thread a column."""
         x, r = op.operands[0], op.result
         n = x.ttype.shape[0]
+        self.reopen_for(op.operands)
         buf = self.new_buffer(r)
         self.begin_phase()
         self.arena.touch(buf, self.step)
+        if n <= WARP and self.tri_inv_lanes:
+            self.emit_tri_inv_by_lanes(x, n, buf)
+        else:
+            def body(c):
+                i, j, acc = self.fresh("kfc_t"), self.fresh("kfc_j"), self.fresh("kfc_a")
+                self.emit(f"for (int {i} = 0; {i} < {n}; ++{i}) {{")
+                self.emit(f"  float {acc} = {i} == {c} ? 1.0f : 0.0f;")
+                self.emit(f"  for (int {j} = {c}; {j} < {i}; ++{j}) {acc} = fmaf(-({self.elem(x, (i, j))}), "
+                          f"{buf.at((j, c))}, {acc});")
+                self.emit(f"  {buf.at((i, c))} = {acc};")
+                self.emit("}")
 
-        def body(c):
-            i, j, acc = self.fresh("kfc_t"), self.fresh("kfc_j"), self.fresh("kfc_a")
-            self.emit(f"for (int {i} = 0; {i} < {n}; ++{i}) {{")
-            self.emit(f"  float {acc} = {i} == {c} ? 1.0f : 0.0f;")
-            self.emit(f"  for (int {j} = {c}; {j} < {i}; ++{j}) {acc} = fmaf(-({self.elem(x, (i, j))}), "
-                      f"{buf.at((j, c))}, {acc});")
-            self.emit(f"  {buf.at((i, c))} = {acc};")
-            self.emit("}")
-
-        self.cta_loop(n, body)
-        self.end_phase()
+            self.cta_loop(n, body)
+        self.end_phase(reopenable=True)
         self.buffers[r] = buf
+
+    def emit_tri_inv_by_lanes(self, x, n: int, buf) -> None:
+        """Every column at once: a group of `width` lanes (a power of two >= n) takes a column,
+        lane i its row i. Row j is final once rows above it have been subtracted, so in step j
+        it is passed to the lanes below by a shuffle and each subtracts its multiple: n - 1
+        steps of one shuffle and one fma, no shared memory but x. The same fmas in the same
+        order as a thread a column. Every lane of a warp runs the same steps (the shuffles need
+        them all): the columns are rounded up to a multiple of the groups."""
+        width = 1 << max(n - 1, 0).bit_length()
+        groups = THREADS // width
+        cols = -(-n // groups) * groups
+        i, c, j = self.fresh("kfc_t"), self.fresh("kfc_c"), self.fresh("kfc_j")
+        acc, xj = self.fresh("kfc_a"), self.fresh("kfc_x")
+        self.emit(f"const int {i} = threadIdx.x % {width};")
+        self.emit(f"for (int {c} = threadIdx.x / {width}; {c} < {cols}; {c} += {groups}) {{")
+        self.emit(f"  float {acc} = {i} == {c} ? 1.0f : 0.0f;")
+        self.emit("  #pragma unroll")
+        self.emit(f"  for (int {j} = 0; {j} < {n - 1}; ++{j}) {{")
+        self.emit(f"    const float {xj} = __shfl_sync(0xffffffffu, {acc}, {j}, {width});")
+        self.emit(f"    if ({c} <= {j} && {j} < {i} && {i} < {n}) {acc} = fmaf(-({self.elem(x, (i, j))}), {xj}, {acc});")
+        self.emit("  }")
+        self.emit(f"  if ({c} < {n} && {i} < {n}) {buf.at((i, c))} = {acc};")
+        self.emit("}")

@@ -83,18 +83,19 @@ def fragment_skew(v: Value, readers) -> int | None:
 ELEMENTWISE = (UnaryOp, BinaryOp, CmpOp, WhereOp, CastOp, BitcastOp, BroadcastOp, ExpandDimsOp)
 
 
-def read_along_rows(v: Value, uses: dict) -> str | None:
+def read_along_rows(v: Value, uses: dict, lanes_invert: bool = True) -> str | None:
     """How tile v is read where every read (through elementwise ops and broadcasts) takes a
     row's consecutive elements across a warp's lanes or is a product on tensor cores: "rows", or
     "fragments" where a product reads it. Its rows may then be a whole number of 16-byte groups
     apart (Buffer.pitch) instead of a word past one. None where some read goes down a column
     across a warp: a reduction or scan along the last axis a thread a line, a reduction over
-    another axis a warp an output, a transpose, a product off tensor cores."""
+    another axis a warp an output, a triangular inverse a lane a row (where `lanes_invert`), a
+    transpose, a product off tensor cores."""
     last, how = v.ttype.rank - 1, "rows"
     for op in uses.get(v, ()):
         if isinstance(op, ELEMENTWISE):
             for r in op.results:
-                inner = read_along_rows(r, uses)
+                inner = read_along_rows(r, uses, lanes_invert)
                 if inner is None:
                     return None
                 how = "fragments" if inner == "fragments" else how
@@ -107,7 +108,10 @@ def read_along_rows(v: Value, uses: dict) -> str | None:
                 return None
         elif mma_dot(op):
             how = "fragments"
-        elif not isinstance(op, (StoreOp, TriInvOp)):
+        elif isinstance(op, TriInvOp):
+            if op.operands[0].ttype.shape[0] <= WARP and lanes_invert:  # a lane a row (TileLoops.emit_tri_inv)
+                return None
+        elif not isinstance(op, StoreOp):
             return None
     return how
 
@@ -232,7 +236,7 @@ class TileMma:
             self.write_accumulators(q.result, buf, acc, p * tiles, (bm, bn, i0, j0, g, t), into)
         self.indent -= 1
         self.emit("}")
-        self.end_phase()
+        self.end_phase(reopenable=not into)  # wrote new buffers only, where not into a carried tile
         if not into:
             for q, buf in zip(ops, bufs):
                 self.buffers[q.result] = buf

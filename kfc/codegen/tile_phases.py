@@ -16,8 +16,15 @@ it read is not overwritten before every thread has read it. Such writes need non
   norms).
 
 And a loop stores before it only the pending tiles it reads, so that the others are stored
-beside later ones (KDA's dt_bias beside q and k). What each thread computes is unchanged; only
-barriers go.
+beside later ones (KDA's dt_bias beside q and k).
+
+A write that reads nothing the last phase wrote continues that phase (reopen_for): its barrier
+is taken back. The last phase must have written only buffers new in it (or tensors): the arena
+then keeps the new write's buffers apart from every buffer that phase touched, so no thread
+overwrites what another still reads. Only outside loops and branches. KDA's prepare kernel: the
+norms of q and k and the gates in one phase, the gates' sum beside their scan, β beside the
+decayed copies of q and k, e^G beside the triangular inverse. What each thread computes is
+unchanged; only barriers go.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class TilePhases:
 
     def store_group(self, group: list[Value]) -> None:
         """Independent pending tiles, each into a buffer of its own, in one phase."""
+        self.reopen_for([x for v in group for x in self.plan.owner[v].operands])
         self.begin_phase()
         for v in group:
             expr, op = self.pending.pop(v), self.plan.owner.get(v)
@@ -63,7 +71,25 @@ class TilePhases:
             self.arena.touch(buf, self.step)
             self.write_buffer(buf, expr, v)
             self.buffers[v] = buf
-        self.end_phase()
+        self.end_phase(reopenable=True)
+
+    # --- a phase continued -----------------------------------------------------------------
+    def reopen_for(self, reads) -> bool:
+        """Continue the last phase (take its barrier back) for a write about to begin whose
+        elements read these values (through tiles written where they are read), where the last
+        phase may be continued, nothing has been written since, and none of them was written in
+        it. Whether it was; the next begin_phase then continues it."""
+        if not (self.join_phases and self.reopen_phases) or self.in_phase or self.reopenable is None or self.nest:
+            return False
+        end, step = self.reopenable
+        if end != len(self.lines) or step != self.step or self.lines[-1].strip() != BARRIER:
+            return False
+        if any(self.buffers[u].first == step for u in self.reached(reads) if u in self.buffers):
+            return False
+        self.lines.pop()
+        self.in_phase = self.reopened = True
+        self.reopenable = None
+        return True
 
     # --- a tile written by the reduction it reads --------------------------------------------
     def store_in_reduction(self, op: Op, expr_of_idx) -> bool:
@@ -83,6 +109,7 @@ class TilePhases:
             return False
         del self.pending[red]
         self.flush_for(list(owner.operands) + list(op.operands))
+        self.reopen_for(list(owner.operands) + list(op.operands))
         self.emit_warp_reduce(owner, epilogue=(op.result, expr_of_idx))
         return True
 
@@ -140,6 +167,6 @@ class TilePhases:
 
     def close_store_phase(self, op: StoreOp, joined: bool) -> None:
         """End a store's phase, remembering it for the next store to join."""
-        self.end_phase()
+        self.end_phase(reopenable=True)
         tensors = (self.last_store[1] if joined else frozenset()) | {op.operands[1]}
         self.last_store = (len(self.lines), tensors)

@@ -194,25 +194,29 @@ class TileWrites:
 
     def store_tiles(self, exprs: dict) -> None:
         """Materialise several tiles that read no shared memory into new buffers, in one phase."""
+        self.reopen_for([x for v in exprs for x in self.plan.owner[v].operands])
         bufs = {v: self.rounded_buffer(v) for v in exprs}
         self.begin_phase()
         for v, expr_of_idx in exprs.items():
             self.arena.touch(bufs[v], self.step)
             self.write_buffer(bufs[v], expr_of_idx, v)
             self.buffers[v] = bufs[v]
-        self.end_phase()
+        self.end_phase(reopenable=True)
 
     def store_tile(self, v: Value, expr_of_idx, buf: Buffer | None = None, source: Value | None = None) -> Buffer:
         """Materialise v (its elements from expr_of_idx, the expression of tile `source`, else
         of v) into buf, else a new buffer (a reduction with few outputs a warp an output)."""
         op = self.plan.owner.get(v)
-        if buf is None and op is not None and op.results == (v,) and warp_reduction(op):
+        new = buf is None
+        if new and (source is not None or op is not None):  # what it reads known: it may continue the last phase
+            self.reopen_for([source] if source is not None else op.operands)
+        if new and op is not None and op.results == (v,) and warp_reduction(op):
             return self.emit_warp_reduce(op)
         buf = buf or self.rounded_buffer(v)
         self.begin_phase()
         self.arena.touch(buf, self.step)
         self.write_buffer(buf, expr_of_idx, source or v)
-        self.end_phase()
+        self.end_phase(reopenable=new)
         self.buffers[v] = buf
         return buf
 

@@ -134,8 +134,25 @@ check {
   shapes = [{B: 3}, {B: 1}]
 }
 """
+# triangular inverses a lane a row (kfc.codegen.tile_loops): a group of 8 lanes for 7 rows, of
+# 32 for 17 (lanes past the rows idle) and for 32; 33 rows a thread a column
+TILE_TRI_INV = """
+op tile_tri_inv(a: f32[B, 7, 7], b: f32[B, 17, 17], c: f32[B, 32, 32], d: f32[B, 33, 33])
+        -> (x: f32[B, 7, 7], y: f32[B, 17, 17], z: f32[B, 32, 32], w: f32[B, 33, 33]) {
+  parallel i in 0..B {
+    x[i, :, :] = tri_inv(a[i, :, :])
+    y[i, :, :] = tri_inv(b[i, :, :] * 0.5)
+    z[i, :, :] = tri_inv(c[i, :, :])
+    w[i, :, :] = tri_inv(d[i, :, :])
+  }
+}
+check {
+  inputs = {a: uniform(-0.3, 0.3), b: uniform(-0.3, 0.3), c: uniform(-0.2, 0.2), d: uniform(-0.2, 0.2)}
+  shapes = [{B: 3}, {B: 1}]
+}
+"""
 WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8", "u8")}, "tile_mix": TILE_MIX,
-           "tile_reduce": TILE_REDUCE, "tile_columns": TILE_COLUMNS}
+           "tile_reduce": TILE_REDUCE, "tile_columns": TILE_COLUMNS, "tile_tri_inv": TILE_TRI_INV}
 
 
 # instances besides each op's first: KDA's kernels where their loops prefetch (C = 16, 32; the
