@@ -1,7 +1,7 @@
 """Kimi Delta Attention's forward: kfc against FlashKDA and fla, in one run on one GPU.
 
     python -m bench.kda [--cases T=8192:H=96,varlen=1300+547+2048:H=96,...] [--chunks 16,32,64]
-                        [--state none|f32|bf16] [--one-kernel] [--out FILE]
+                        [--state none|f32|bf16] [--workspaces f32,bf16] [--one-kernel] [--out FILE]
 
 FlashKDA's interface (its benchmark's): B = 1, K = V = 128, bf16 q, k, v, raw gates and beta
 logits, the gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound -5, q and k
@@ -64,7 +64,10 @@ def inputs(lengths: list[int], H: int, state: str, seed: int = 0):
     return x
 
 
-def contenders(x: dict, chunks: list[int], one_kernel: bool = False) -> dict:
+WORKSPACES = {"f32": "float32", "bf16": "bfloat16"}
+
+
+def contenders(x: dict, chunks: list[int], one_kernel: bool = False, workspaces: tuple[str, ...] = ("f32",)) -> dict:
     """name -> a call returning (o, final state V-first or None), or a string saying why it is absent."""
     import torch
 
@@ -75,18 +78,23 @@ def contenders(x: dict, chunks: list[int], one_kernel: bool = False) -> dict:
     final = None if x["h0"] is None else torch.empty_like(x["h0"])
     calls: dict = {}
 
-    for c, split in itertools.product(chunks, (True, False) if one_kernel else (True,)):
-        def kfc_call(c=c, split=split):
+    for c, split, ws in itertools.product(chunks, (True, False) if one_kernel else (True,), workspaces):
+        if not split and ws != workspaces[0]:  # the one kernel has no workspaces
+            continue
+
+        def kfc_call(c=c, split=split, ws=ws):
             kfc_out = torch.empty_like(x["v"])
             kfc_final = None if x["h0"] is None else torch.empty_like(x["h0"])
 
             def call():
                 kda.flash_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, kfc_out, x["A_log"], x["dt_bias"],
                                   LOWER_BOUND, initial_state=x["h0"], final_state=kfc_final,
-                                  cu_seqlens=x["cu_seqlens"], chunk_size=c, split=split)
+                                  cu_seqlens=x["cu_seqlens"], chunk_size=c, split=split,
+                                  workspace=getattr(torch, WORKSPACES[ws]))
                 return kfc_out, kfc_final
             return call
-        calls[f"kfc[C={c}]" if split else f"kfc[C={c},one kernel]"] = harness.safe(kfc_call)
+        tag = "" if not split or ws == "f32" else f",{ws} workspaces"
+        calls[f"kfc[C={c}{tag}]" if split else f"kfc[C={c},one kernel]"] = harness.safe(kfc_call)
 
     def flashkda():
         import flash_kda
@@ -116,7 +124,7 @@ def contenders(x: dict, chunks: list[int], one_kernel: bool = False) -> dict:
 
 
 def run(cases: list[str], chunks: list[int], state: str, progress=None,
-        one_kernel: bool = False) -> tuple[list[dict], list[str]]:
+        one_kernel: bool = False, workspaces: tuple[str, ...] = ("f32",)) -> tuple[list[dict], list[str]]:
     """Each case's row (contenders checked, then timed) and the failures; `progress(rows,
     failures)` after each case, so a run stopped part-way keeps what it measured."""
     import torch
@@ -132,7 +140,7 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None,
             want_o, want_ht = kda_flashkda(x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"],
                                            x["cu_seqlens"], h0=x["h0"], scale=K ** -0.5, lower_bound=LOWER_BOUND)
         row: dict = {"case": case, "T": sum(lengths), "H": H, "sequences": len(lengths), "state": state}
-        for name, call in contenders(x, chunks, one_kernel).items():
+        for name, call in contenders(x, chunks, one_kernel, workspaces).items():
             if isinstance(call, str):
                 row[name] = {"ok": False, "error": call}
                 continue
@@ -197,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", default="16,32,64", help="kfc's chunk sizes to time, each a contender (default 16,32,64)")
     ap.add_argument("--state", choices=["none", "f32", "bf16"], default="none",
                     help="the initial and final state: absent (the default, FlashKDA's headline) or in this dtype")
+    ap.add_argument("--workspaces", default="f32",
+                    help="the split pair's workspace dtypes, each a contender: f32 (the default), bf16 "
+                         "(half the traffic between the kernels) or f32,bf16")
     ap.add_argument("--one-kernel", action="store_true",
                     help="also time kfc's single kernel per (sequence, head) at each chunk, beside the split pair")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
@@ -217,7 +228,10 @@ def main(argv=None) -> int:
     def progress(rows, failures):
         if args.out:
             Path(args.out).write_text(json.dumps({"partial": True, **payload(rows, failures)}, indent=2, default=str))
-    rows, failures = run(cases, chunks, args.state, progress, args.one_kernel)
+    workspaces = tuple(args.workspaces.split(","))
+    if not set(workspaces) <= set(WORKSPACES):
+        ap.error(f"--workspaces takes {', '.join(WORKSPACES)}, not {args.workspaces}")
+    rows, failures = run(cases, chunks, args.state, progress, args.one_kernel, workspaces)
     path = save("kda", payload(rows, failures), also=args.out)
     print(f"saved {path}")
     names = [k for k in rows[0] if isinstance(rows[0][k], dict)] if rows else []

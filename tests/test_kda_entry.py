@@ -184,6 +184,34 @@ def test_flash_kda_fwd_split_matches_the_recurrence_and_the_one_kernel():
     close("split against one kernel", got[True], got[False])
 
 
+def test_flash_kda_fwd_hands_bf16_workspaces_between_its_kernels_where_asked(monkeypatch):
+    """workspace=torch.bfloat16: the prepare kernel writes w, u, qg, kg and aqk in bf16 (gend
+    stays f32) and the recurrence reads them so; o within 5e-3 of the float64 recurrence's in
+    relative RMSE. Any other dtype is refused by name."""
+    bound = []
+    def recorded(name, bind, given, outs):
+        bound.append((name, bind.get("WD"), [t.dtype for t in outs]))
+        interpreted(name, bind, given, outs)
+
+    monkeypatch.setattr(kda, "run", recorded)
+    lengths = [37, 21]
+    q, k, v, raw, beta, _ = draw(1, sum(lengths), 2, 2, 16, 8, seed=5)
+    A_log, dt_bias = torch.randn(2) * 0.5, torch.randn(2, 16)
+    cu = torch.tensor([0, 37, 58])
+    want_o, _ = kda_flashkda(q, k, v, raw.bfloat16(), beta.bfloat16(), A_log, dt_bias, cu, scale=0.25)
+    out = torch.full_like(v, float("nan"))
+    kda.flash_kda_fwd(q, k, v, raw.bfloat16(), beta.bfloat16(), 0.25, out, A_log, dt_bias, -5.0, cu_seqlens=cu,
+                      workspace=torch.bfloat16)
+    # bf16 between the kernels: single elements may stray past the kernels' 5e-3, the whole not
+    _, rel, _, _ = compare(out.float().numpy(), want_o.float().numpy(), TOLERANCE)
+    assert rel < 5e-3, rel
+    assert [(n, wd) for n, wd, _ in bound] == [("kda_prepare_flashkda", "bf16"), ("kda_recurrence", "bf16")]
+    assert bound[0][2] == [torch.bfloat16] * 5 + [torch.float32]  # w, u, qg, kg, aqk; gend
+    with pytest.raises(KfcError, match="workspace torch.float16"):
+        kda.flash_kda_fwd(q, k, v, raw.bfloat16(), beta.bfloat16(), 0.25, out, A_log, dt_bias, -5.0, cu_seqlens=cu,
+                          workspace=torch.float16)
+
+
 def test_flash_kda_fwd_takes_one_kernel_where_the_split_pair_does_not_hold(monkeypatch):
     """Chunk 32 or 64, or a lower_bound below FlashKDA's -5, runs the one kernel (the prepare kernel's
     decay factors would leave f32's range); FlashKDA's own cases run the pair."""

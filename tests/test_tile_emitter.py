@@ -240,5 +240,7 @@ def test_kda_split_pair_compiles_with_its_products_on_tensor_cores(target):
     assert prep.kernel.cu.count("][4] = {};") == 3 and rec.kernel.cu.count("][4] = {};") == 4
     for r in (prep, rec):
         assert not r.kernel.report.spills
+    # from the loop on, at this C = 64: 6 barriers (8 with neither U = u - w S written from w S's
+    # accumulators nor S's update in the phase of o's store: tests/test_tile_phases.py)
     step = rec.kernel.cu.split("for (long long", 1)[1]
-    assert step.count("__syncthreads();") == 8
+    assert step.count("__syncthreads();") == 6

@@ -69,41 +69,70 @@ def test_a_write_reading_nothing_the_last_phase_wrote_continues_it():
     assert len(inverse) == 1 and "expf(" in inverse[0]
 
 
-def test_a_phase_is_not_continued_inside_a_loop_or_after_a_product():
-    cu = compile_op(parse_kfc(LOOPED, "looped.kfc"), parse_target("sm_90a")).kernel.cu
-    body = cu[cu.index("for (long long"):]
-    # inside the loop: a's scan, then b (reading nothing the scan wrote) still in a phase of its own
-    assert body.count("__syncthreads();") >= 3
-    plain = built_without_knob("TILE_REOPEN_PHASES", lambda: compile_op(parse_kfc(LOOPED, "looped.kfc"),
-                                                                       parse_target("sm_90a")).kernel.cu)
-    assert plain[plain.index("for (long long"):] == body
+def test_a_state_updated_in_place_continues_a_phase_only_where_that_phase_did_not_read_it(monkeypatch):
+    def built(stored: str, reopen: bool = True):
+        build = lambda: compile_op(parse_kfc(CARRIED.format(stored=stored), "carried.kfc"),  # noqa: E731
+                                   parse_target("sm_90a")).kernel.cu
+        cu = build() if reopen else built_without(monkeypatch, "TILE_REOPEN_PHASES", False, build)
+        return cu[cu.index("for (long long"):]
+
+    def update_after_store(body: str) -> bool:  # the store of o and the update of S in one phase
+        return any("p_o[" in p and "kfc_mma_tf32" in p for p in phases(body))
+
+    # o from another tile: S's update (a product into S in place) continues the store's phase
+    assert update_after_store(built("x[i, :, :] * 2.0")) and not update_after_store(built("x[i, :, :] * 2.0", False))
+    assert built("x[i, :, :] * 2.0").count("__syncthreads();") == built("x[i, :, :] * 2.0", False).count(
+        "__syncthreads();") - 1
+    # o from S: every thread must have read S before any writes it, so a barrier stays between
+    assert not update_after_store(built("S * 2.0"))
 
 
-LOOPED = """
-op looped(x: f32[B, 16, 32], y: f32[B, 16, 32]) -> (o: f32[B, 16, 32]) {
-  parallel i in 0..B {
-    s = x[i, :, :] * 0.0
-    for t in 0..4 carry (s) {
-      a = cumsum(x[i, :, :] * s, axis=0)
-      b = y[i, :, :] * 2.0
-      s = a[:, :] + sum(b, axis=0)[None, :]
-    }
-    o[i, :, :] = s
-  }
-}
-check {
-  shapes = [{B: 2}]
-}
+def test_a_tile_alone_reading_a_product_is_written_from_its_accumulators(monkeypatch):
+    def built(extra: str) -> str:
+        return compile_op(parse_kfc(EPILOGUE.format(extra=extra), "epilogue.kfc"), parse_target("sm_90a")).kernel.cu
+
+    # u = exp(c) - d written as d's accumulators are summed: d has no buffer, u no phase of its own
+    alone = built("c[i, :, :] * 2.0")
+    assert re.search(r"= kfc_round_tf32\(\(expf\(kfc_s\d+\[[^;]*\]\) - kfc_c\d+\[\d+\]\[\d\]\)\);", alone)
+    plain = built_without(monkeypatch, "TILE_PRODUCT_EPILOGUES", False, lambda: built("c[i, :, :] * 2.0"))
+    assert alone.count("__syncthreads();") == plain.count("__syncthreads();") - 1
+    # d read by another tile as well: it keeps its buffer, and u reads it there
+    shared = built("d * 2.0")
+    assert not re.search(r"\) - kfc_c\d+\[", shared)
+
+
+EPILOGUE = """
+op epilogue(a: f32[B, 16, 32], b: f32[B, 32, 16], c: f32[B, 16, 16]) -> (o: f32[B, 16, 16], p: f32[B, 16, 16]) {{
+  parallel i in 0..B {{
+    d = dot(a[i, :, :], b[i, :, :])
+    u = exp(c[i, :, :]) - d
+    o[i, :, :] = dot(u, u)
+    p[i, :, :] = {extra}
+  }}
+}}
+check {{
+  tolerance = {{f32: 5e-3}}
+  shapes = [{{B: 2}}]
+}}
 """
 
 
-def built_without_knob(knob: str, build):
-    old = getattr(cuda, knob)
-    setattr(cuda, knob, False)
-    try:
-        return build()
-    finally:
-        setattr(cuda, knob, old)
+CARRIED = """
+op carried(x: f32[B, 16, 32], w: f32[B, 16, 16]) -> (o: f32[B, 16, 32]) {{
+  parallel i in 0..B {{
+    S = x[i, :, :] * 0.0
+    for t in 0..4 carry (S) {{
+      o[i, :, :] = {stored}
+      S = S * 0.5 + dot(w[i, :, :], x[i, :, :])
+    }}
+  }}
+}}
+check {{
+  tolerance = {{f32: 5e-3}}
+  shapes = [{{B: 2}}]
+}}
+"""
+
 
 STORES = """
 op stores(x: f32[B, 16, 32]) -> (a: f32[B, 16, 32], b: f32[B, 16, 32], e: f32[B, 16, 32]) {

@@ -49,6 +49,9 @@ TILE_REOPEN_PHASES = True
 # a triangular inverse of up to a warp's width of rows a lane a row (kfc.codegen.tile_loops);
 # False for a thread a column, to time without
 TILE_TRI_INV_LANES = True
+# a tile alone reading a product, elementwise, written from its accumulators (kfc.codegen.tile_mma,
+# tile_of_product); False to time without
+TILE_PRODUCT_EPILOGUES = True
 # rows of a tile read only along them kept whole 16-byte groups, read a group at a time
 # (kfc.codegen.tile_mma.read_along_rows); False to time without
 TILE_WHOLE_GROUPS = True
@@ -94,7 +97,8 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None,
                                            ctas=tile_ctas or TILE_CTAS_PER_SM, join_phases=TILE_JOIN_PHASES,
                                            reopen_phases=reopen,
                                            whole_groups=TILE_WHOLE_GROUPS,
-                                           tri_inv_lanes=TILE_TRI_INV_LANES).generate()
+                                           tri_inv_lanes=TILE_TRI_INV_LANES,
+                                           product_epilogues=TILE_PRODUCT_EPILOGUES).generate()
             tries.append((code, plan))
             if plan.smem_dynamic <= SMEM_PER_BLOCK:
                 break

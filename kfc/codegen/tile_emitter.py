@@ -73,7 +73,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
 
     def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True,
                  prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
-                 whole_groups: bool = True, tri_inv_lanes: bool = True) -> None:
+                 whole_groups: bool = True, tri_inv_lanes: bool = True,
+                 product_epilogues: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -97,11 +98,12 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.join_phases = join_phases  # independent writes share a phase (TilePhases)
         self.reopen_phases = reopen_phases  # a write continues the last phase where it may (reopen_for)
         self.tri_inv_lanes = tri_inv_lanes  # a triangular inverse a lane a row (TileLoops)
+        self.product_epilogues = product_epilogues  # a tile alone reading a product written from it (TileMma)
         self.whole_groups = whole_groups  # rows read along them whole groups, read so (lane_read)
         self.last_store = None  # (len(lines) after it, its tensors): the last store's phase (TilePhases)
-        self.reopenable = None  # (len(lines) after it, its step): a phase a later write may continue (TilePhases)
-        self.reopened = False   # the last phase was taken back up: the next begin_phase continues it
-        self.nest = 0           # the loops and branches around what is being written
+        self.reopenable = None  # (len(lines) after it, its step, what it read): a phase a later write may continue
+        self.reopened = False   # the last phase was taken back up: the next begin_phase continues it (TilePhases)
+        self.phase_reads: set[str] = set()  # the buffers the phase being written reads
         self.written = written_tensors(func)
         self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
         self.prefetch = prefetch  # a loop's next loads issued before its work (TilePrefetch)
@@ -130,7 +132,9 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         if buf is None:
             raise CodegenError(f"the tile kernel reads {v} before writing it", None)
         self.arena.touch(buf, self.step if self.in_phase else self.step + 1)
-        if not self.in_phase:
+        if self.in_phase:
+            self.phase_reads.add(buf.name)
+        else:
             self.unsynced_reads = True
         return self.lane_read(buf, idx) or buf.at(idx)
 
@@ -153,7 +157,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
             path = self.plan.narrow_source(op, self.inline)
             if not path:
                 if self.last_reader_of_a_buffer(op):
-                    if not self.store_in_reduction(op, expr_of_idx):
+                    if not (self.store_in_reduction(op, expr_of_idx) or self.store_from_product(op, expr_of_idx)):
                         self.flush_for(op.operands)
                         self.store_tile(r, expr_of_idx)  # now, so that buffer may go
                 else:
@@ -224,7 +228,11 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
                 continue
             expr = self.pending.pop(v)
             if expr is DEFERRED_MMA:
-                self.emit_mma_dot(self.plan.owner[v])
+                tile = self.tile_of_product(v, todo)
+                into = None if tile is None else (self.rounded_buffer(tile), self.pending.pop(tile), False)
+                self.emit_mma_dot(self.plan.owner[v], into)
+                if into:
+                    self.buffers[tile] = into[0]
             else:
                 self.store_tile(v, expr)
 
@@ -256,6 +264,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.sync_scalar_reads()
         self.step += 1
         self.in_phase = True
+        self.phase_reads = set()
 
     def end_phase(self, reopenable: bool = False) -> None:
         """The barrier after a phase; `reopenable` where it wrote only buffers new in it and
@@ -263,7 +272,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.emit("__syncthreads();")
         self.in_phase = False
         self.unsynced_reads = False
-        self.reopenable = (len(self.lines), self.step) if reopenable and self.nest == 0 else None
+        self.reopenable = (len(self.lines), self.step, frozenset(self.phase_reads)) if reopenable else None
 
     def sync_scalar_reads(self) -> None:
         """A barrier after scalars that read shared tiles outside a phase, before anything may
@@ -479,7 +488,6 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.prefetched.update(loads)
         self.emit(f"for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
         self.indent += 1
-        self.nest += 1
         start = self.step + 1
         self.head_of_prefetched_iteration(op, loads, regs)
         for inner in op.body.ops[:-1]:
@@ -489,7 +497,6 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.emit_yield(op.body.ops[-1], args, carried, fused)
         self.sync_scalar_reads()
         self.indent -= 1
-        self.nest -= 1
         self.emit("}")
         self.arena.close_loop(start, self.step)
         for arg, res in zip(args, op.results):
@@ -509,7 +516,6 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         for side, region in zip(("if ({}) {{", "}} else {{"), op.regions):
             self.emit(side.format(self.name(op.operands[0])))
             self.indent += 1
-            self.nest += 1
             for inner in region.ops[:-1]:
                 self.emit_body_op(inner)
             self.flush_for(region.ops[-1].operands)
@@ -520,7 +526,6 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
                     self.emit(f"{self.names[r]} = {self.name(y)};")
             self.sync_scalar_reads()
             self.indent -= 1
-            self.nest -= 1
         self.emit("}")
 
     def in_place(self, y: Value, a: Value, changing) -> bool:
@@ -547,7 +552,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
                 continue
             if a in fused:
                 self.pending.pop(fused[a])
-                self.emit_mma_dot(self.plan.owner[fused[a]], into=(carried[a], self.inline[y]))
+                self.reopen_for(list(self.plan.owner[fused[a]].operands) + [y], in_place=(carried[a],))
+                self.emit_mma_dot(self.plan.owner[fused[a]], into=(carried[a], self.inline[y], True))
                 self.buffers[a] = carried[a]
             elif self.in_place(y, a, changing):
                 self.store_tile(a, self.inline[y], carried[a], y)

@@ -23,7 +23,9 @@ twice gives the bits rounding once does.
 A product is written where it is first needed. Where that is the next value of a carried tile
 that reads it only at the element it writes (S = exp(Gend) * S + dot(...), KDA's state update),
 and it reads no changing carried tile itself, each accumulator goes straight into the carried
-buffer through that value's expression: no buffer for the product, no second phase.
+buffer through that value's expression: no buffer for the product, no second phase. Where it is
+one tile to be stored that alone reads it, elementwise at its shape (U = u - w S), that tile's
+buffer is written from the accumulators the same way (tile_of_product).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotO
                            StoreOp, TriInvOp, UnaryOp, WhereOp)
 from ..passes.tf32_dots import MMA_K, MMA_M, MMA_N, fits_tf32_mma
 from .errors import CodegenError
-from .tile_plan import THREADS, WARP, warp_reduction
+from .tile_plan import POINTWISE_OPS, THREADS, WARP, warp_reduction
 
 WARPS = THREADS // WARP
 MAX_BLOCK_TILES = 16  # result tiles a warp holds at once: 64 accumulator registers
@@ -149,6 +151,39 @@ class TileMma:
                     break
         return fused
 
+    def tile_of_product(self, d: Value, todo) -> Value | None:
+        """The tile, of the pending ones about to be stored (todo), that alone reads product d,
+        elementwise at d's shape, and reads no other pending tile: written from d's
+        accumulators through its expression (emit_mma_dot's into), d needs no buffer and the
+        tile no phase of its own. None where there is none."""
+        for v in todo:
+            op, expr = self.plan.owner.get(v), self.pending.get(v)
+            if expr is not None and expr is not DEFERRED_MMA and self.alone_reads_product(op, d) \
+                    and not any(x in self.pending for x in self.reached(op.operands) - {d}):
+                return v
+        return None
+
+    def alone_reads_product(self, op, d: Value) -> bool:
+        """Whether op's tile is the one reader of pending product d, elementwise at its shape."""
+        return (self.product_epilogues and isinstance(op, POINTWISE_OPS) and len(op.results) == 1
+                and op.result.ttype.shape == d.ttype.shape and self.feeds_only(d, op.result)
+                and all(self.pointwise(x, d) for x in op.operands))
+
+    def store_from_product(self, op, expr_of_idx) -> bool:
+        """Store op's tile (to be stored now) from the accumulators of the one pending product
+        it alone reads (tile_of_product), the tiles it reads besides stored first. Whether it
+        was."""
+        found = [d for d in self.pending_read(op) if self.pending[d] is DEFERRED_MMA and self.alone_reads_product(op, d)]
+        if not found:
+            return False
+        d = found[0]
+        self.flush_for(op.operands, keep=[d])
+        del self.pending[d]
+        buf = self.rounded_buffer(op.result)
+        self.emit_mma_dot(self.plan.owner[d], (buf, expr_of_idx, False))
+        self.buffers[op.result] = buf
+        return True
+
     def feeds_only(self, v: Value, y: Value) -> bool:
         """Whether every reader of v is y's inline expression (v is read nowhere else)."""
         users = self.plan.uses.get(v, [])
@@ -178,18 +213,20 @@ class TileMma:
         return found
 
     def emit_mma_dot(self, op: DotOp, into=None) -> None:
-        """The product into a new shared buffer, or `into` = (a carried tile's buffer, its next
-        value's expression), that expression reading the product at each accumulator. Each warp
+        """The product into a new shared buffer, or `into` = (a buffer, its tile's expression,
+        whether the buffer is a carried tile's, written in place), that expression reading the
+        product at each accumulator. Each warp
         takes blocks of bm x bn result tiles (mma_block): per step of the contraction it loads bm
         A fragments and bn B fragments and issues bm * bn products. The products sharing its B
         (sharing_b) are written in the same phase from the same B fragments."""
-        ops = [op] + ([] if into else self.sharing_b(op))
+        in_place = bool(into) and into[2]
+        ops = [op] + ([] if in_place else self.sharing_b(op))
         for q in ops[1:]:
             self.early.add(q)
             self.pending.pop(q.result, None)
         a, b = op.operands
         m, n, k, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
-        bufs = [into[0]] if into else [self.rounded_buffer(q.result) for q in ops]
+        bufs = ([into[0]] if into else [self.rounded_buffer(op.result)]) + [self.rounded_buffer(q.result) for q in ops[1:]]
         self.begin_phase()
         for buf in bufs:
             self.arena.touch(buf, self.step)
@@ -233,12 +270,12 @@ class TileMma:
         self.indent -= 1
         self.emit("}")
         for p, (q, buf) in enumerate(zip(ops, bufs)):
-            self.write_accumulators(q.result, buf, acc, p * tiles, (bm, bn, i0, j0, g, t), into)
+            self.write_accumulators(q.result, buf, acc, p * tiles, (bm, bn, i0, j0, g, t), into if p == 0 else None)
         self.indent -= 1
         self.emit("}")
-        self.end_phase(reopenable=not into)  # wrote new buffers only, where not into a carried tile
-        if not into:
-            for q, buf in zip(ops, bufs):
+        self.end_phase(reopenable=not in_place)  # wrote new buffers only, where not into a carried tile
+        for p, (q, buf) in enumerate(zip(ops, bufs)):
+            if p or not into:  # else the caller's tile's buffer
                 self.buffers[q.result] = buf
 
     def write_accumulators(self, r: Value, buf, acc: str, first: int, block, into) -> None:
@@ -257,10 +294,10 @@ class TileMma:
                         if into:
                             self.inline[r] = (lambda idx, held=held, at=(i, jj):
                                               held if tuple(idx) == at else self.misread(r))
-                        value = into[1]((i, jj)) if into else self.stored(buf, held)
+                        value = self.stored(buf, into[1]((i, jj)) if into else held)
                         if value != held:
                             x = self.fresh("kfc_x")
-                            self.emit(f"const float {x} = {value};")
+                            self.emit(f"const {buf.ctype} {x} = {value};")
                             value = x
                         values.append(value)
                     pairs.append(((i, j), (i, f"{j} + 1"), values))

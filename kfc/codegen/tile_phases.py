@@ -21,10 +21,11 @@ beside later ones (KDA's dt_bias beside q and k).
 A write that reads nothing the last phase wrote continues that phase (reopen_for): its barrier
 is taken back. The last phase must have written only buffers new in it (or tensors): the arena
 then keeps the new write's buffers apart from every buffer that phase touched, so no thread
-overwrites what another still reads. Only outside loops and branches. KDA's prepare kernel: the
-norms of q and k and the gates in one phase, the gates' sum beside their scan, β beside the
-decayed copies of q and k, e^G beside the triangular inverse. What each thread computes is
-unchanged; only barriers go.
+overwrites what another still reads. A carried tile updated in place may continue a phase that
+did not read it (each phase's reads are recorded). KDA's prepare kernel: the norms of q and k
+and the gates in one phase, the gates' sum beside their scan, β beside the decayed copies of q
+and k, e^G beside the triangular inverse; its recurrence: the state's update beside the store
+of o. What each thread computes is unchanged; only barriers go.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class TilePhases:
 
     def store_group(self, group: list[Value]) -> None:
         """Independent pending tiles, each into a buffer of its own, in one phase."""
+        group = [v for v in group if v in self.pending]  # not written already (from a product's accumulators)
+        if not group:
+            return
         self.reopen_for([x for v in group for x in self.plan.owner[v].operands])
         self.begin_phase()
         for v in group:
@@ -74,17 +78,21 @@ class TilePhases:
         self.end_phase(reopenable=True)
 
     # --- a phase continued -----------------------------------------------------------------
-    def reopen_for(self, reads) -> bool:
+    def reopen_for(self, reads, in_place=()) -> bool:
         """Continue the last phase (take its barrier back) for a write about to begin whose
-        elements read these values (through tiles written where they are read), where the last
-        phase may be continued, nothing has been written since, and none of them was written in
-        it. Whether it was; the next begin_phase then continues it."""
-        if not (self.join_phases and self.reopen_phases) or self.in_phase or self.reopenable is None or self.nest:
+        elements read these values (through tiles written where they are read) and that writes
+        new buffers, or the buffers in_place (a carried tile updated in place), where the last
+        phase may be continued, nothing has been written since, it wrote none of what the write
+        reads and read none of what it writes in place. Whether it was; the next begin_phase
+        then continues it."""
+        if not (self.join_phases and self.reopen_phases) or self.in_phase or self.reopenable is None:
             return False
-        end, step = self.reopenable
+        end, step, read = self.reopenable
         if end != len(self.lines) or step != self.step or self.lines[-1].strip() != BARRIER:
             return False
         if any(self.buffers[u].first == step for u in self.reached(reads) if u in self.buffers):
+            return False
+        if any(b.name in read for b in in_place):
             return False
         self.lines.pop()
         self.in_phase = self.reopened = True

@@ -129,14 +129,18 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
 def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, out: Tensor,
                   A_log: Tensor, dt_bias: Tensor, lower_bound: float, initial_state: Optional[Tensor] = None,
                   final_state: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
-                  chunk_size: Optional[int] = None, split: bool = True) -> None:
+                  chunk_size: Optional[int] = None, split: bool = True,
+                  workspace: Optional[torch.dtype] = None) -> None:
     """FlashKDA's `fwd`: writes o into `out` [B, T, H, V] and, when given, the final state into
     `final_state`. q, k, v, g (raw gates), beta (logits) in bf16 [B, T, H, ...]; A_log [H] and
     dt_bias [H, K] in f32; states V-first, [N, H, V, K], in bf16 or f32; cu_seqlens int32 or int64
     with B = 1. Any K and V the shared memory holds (FlashKDA's own: 128). `split` (kfc's own,
     default on): the chunks' state-independent work as a parallel kernel of its own before the
     recurrence, where the chunk is 16 and lower_bound in [-5, 0] (FlashKDA's, within which that
-    kernel's decays stay in f32's range); else, or with split=False, one kernel."""
+    kernel's decays stay in f32's range); else, or with split=False, one kernel. `workspace`
+    (kfc's own): the dtype of what the first kernel hands the second, torch.float32 or
+    torch.bfloat16 (half the traffic, o a little further from the exact result); default
+    WORKSPACE's."""
     what = "flash_kda_fwd"
     chunk = _chunk(what, chunk_size)
     B, T, H, K, _, V = _shapes(what, q, k, v, g, beta, gate_heads=False)
@@ -154,6 +158,10 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
             raise KfcError(f"{what}: initial_state is {state.dtype} and final_state {final_state.dtype}; "
                            "FlashKDA's states share one dtype", hint="pass both in bfloat16 or both in float32")
     _forward_only(what, q, k, v, g, beta, initial_state, A_log, dt_bias)
+    workspace = WORKSPACE if workspace is None else workspace
+    if workspace not in (torch.float32, torch.bfloat16):
+        raise KfcError(f"{what}: workspace {workspace} is not one kfc's split kernels take",
+                       hint="pass torch.float32 or torch.bfloat16")
     sd = state.dtype if state is not None else final_state.dtype if final_state is not None else torch.float32
     ht = final_state if final_state is not None and final_state.is_contiguous() else \
         torch.empty(N, H, V, K, dtype=sd, device=q.device)
@@ -167,11 +175,10 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
             dict(given, cu_seqlens=offsets, **state_in, scale=float(scale), lower_bound=float(lower_bound)), o_ht)
     else:
         rows = (1, B * T, H)
-        # the workspaces in WORKSPACE's dtype (bf16 would halve their traffic but slows the
-        # recurrence, which converts them at every fragment load: docs/kda.md), gend in f32
-        work = {n: torch.empty(*rows, d, dtype=torch.float32 if n == "gend" else WORKSPACE, device=q.device)
+        # the workspaces in `workspace`'s dtype (docs/kda.md), gend in f32
+        work = {n: torch.empty(*rows, d, dtype=torch.float32 if n == "gend" else workspace, device=q.device)
                 for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", chunk), ("gend", K))}
-        wd = _kfc_dtype(WORKSPACE)
+        wd = _kfc_dtype(workspace)
         run("kda_prepare_flashkda", dict(C=chunk, WD=wd),
             dict(given, cu_seqlens=offsets, scale=float(scale), lower_bound=float(lower_bound)), tuple(work.values()))
         bind = dict(C=chunk, SD=_kfc_dtype(sd), WD=wd)
