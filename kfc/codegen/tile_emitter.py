@@ -229,10 +229,10 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
             expr = self.pending.pop(v)
             if expr is DEFERRED_MMA:
                 tile = self.tile_of_product(v, todo)
-                into = None if tile is None else (self.rounded_buffer(tile), self.pending.pop(tile), False)
-                self.emit_mma_dot(self.plan.owner[v], into)
-                if into:
-                    self.buffers[tile] = into[0]
+                if tile is None:
+                    self.emit_mma_dot(self.plan.owner[v])
+                else:
+                    self.emit_product_into(v, tile, self.pending.pop(tile))
             else:
                 self.store_tile(v, expr)
 

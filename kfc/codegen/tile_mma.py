@@ -179,10 +179,15 @@ class TileMma:
         d = found[0]
         self.flush_for(op.operands, keep=[d])
         del self.pending[d]
-        buf = self.rounded_buffer(op.result)
-        self.emit_mma_dot(self.plan.owner[d], (buf, expr_of_idx, False))
-        self.buffers[op.result] = buf
+        self.emit_product_into(d, op.result, expr_of_idx)
         return True
+
+    def emit_product_into(self, d: Value, tile: Value, expr_of_idx) -> None:
+        """Product d written into a new buffer of the tile that alone reads it, through that
+        tile's expression at each accumulator (tile_of_product, store_from_product)."""
+        buf = self.rounded_buffer(tile)
+        self.emit_mma_dot(self.plan.owner[d], (buf, expr_of_idx, False))
+        self.buffers[tile] = buf
 
     def feeds_only(self, v: Value, y: Value) -> bool:
         """Whether every reader of v is y's inline expression (v is read nowhere else)."""
@@ -215,10 +220,10 @@ class TileMma:
     def emit_mma_dot(self, op: DotOp, into=None) -> None:
         """The product into a new shared buffer, or `into` = (a buffer, its tile's expression,
         whether the buffer is a carried tile's, written in place), that expression reading the
-        product at each accumulator. Each warp
-        takes blocks of bm x bn result tiles (mma_block): per step of the contraction it loads bm
-        A fragments and bn B fragments and issues bm * bn products. The products sharing its B
-        (sharing_b) are written in the same phase from the same B fragments."""
+        product at each accumulator. Each warp takes blocks of bm x bn result tiles
+        (mma_block): per step of the contraction it loads bm A fragments and bn B fragments and
+        issues bm * bn products. The products sharing its B (sharing_b) are written in the same
+        phase from the same B fragments, each into a buffer of its own."""
         in_place = bool(into) and into[2]
         ops = [op] + ([] if in_place else self.sharing_b(op))
         for q in ops[1:]:
