@@ -218,8 +218,8 @@ def test_a_buffer_only_products_read_is_stored_rounded_and_loaded_without_roundi
     held = set(re.findall(r"__float_as_uint\((kfc_s\d+)\[", cu))
     again = set(re.findall(r"kfc_tf32_bits\((kfc_s\d+)\[", cu))
     temps = set(re.findall(r"const float (kfc_x\d+) = kfc_round_tf32\(", cu))
-    from_products = {b for b, x in re.findall(r"reinterpret_cast<float2\*>\(&(kfc_s\d+)\[[^;]*\]\) = make_float2\((kfc_x\d+),", cu)
-                     if x in temps}
+    pairs = re.findall(r"reinterpret_cast<float2\*>\(&(kfc_s\d+)\[[^;]*\]\) = make_float2\((kfc_x\d+),", cu)
+    from_products = {b for b, x in pairs if x in temps}
     assert len(rounded) == 4 and len(from_products) == 1 and held == rounded | from_products
     state = re.search(r"p_ht\[[^;]*\]\) = \{(kfc_s\d+)\[", cu).group(1)
     assert again == {state} and state not in rounded

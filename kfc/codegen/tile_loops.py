@@ -209,7 +209,8 @@ class TileLoops:
         self.emit("  #pragma unroll")
         self.emit(f"  for (int {j} = 0; {j} < {n - 1}; ++{j}) {{")
         self.emit(f"    const float {xj} = __shfl_sync(0xffffffffu, {acc}, {j}, {width});")
-        self.emit(f"    if ({c} <= {j} && {j} < {i} && {i} < {n}) {acc} = fmaf(-({self.elem(x, (i, j))}), {xj}, {acc});")
+        self.emit(f"    if ({c} <= {j} && {j} < {i} && {i} < {n}) "
+                  f"{acc} = fmaf(-({self.elem(x, (i, j))}), {xj}, {acc});")
         self.emit("  }")
         self.emit(f"  if ({c} < {n} && {i} < {n}) {buf.at((i, c))} = {acc};")
         self.emit("}")

@@ -173,7 +173,8 @@ class TileMma:
         """Store op's tile (to be stored now) from the accumulators of the one pending product
         it alone reads (tile_of_product), the tiles it reads besides stored first. Whether it
         was."""
-        found = [d for d in self.pending_read(op) if self.pending[d] is DEFERRED_MMA and self.alone_reads_product(op, d)]
+        found = [d for d in self.pending_read(op)
+                 if self.pending[d] is DEFERRED_MMA and self.alone_reads_product(op, d)]
         if not found:
             return False
         d = found[0]
@@ -231,7 +232,7 @@ class TileMma:
             self.pending.pop(q.result, None)
         a, b = op.operands
         m, n, k, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
-        bufs = ([into[0]] if into else [self.rounded_buffer(op.result)]) + [self.rounded_buffer(q.result) for q in ops[1:]]
+        bufs = [into[0] if into else self.rounded_buffer(op.result)] + [self.rounded_buffer(q.result) for q in ops[1:]]
         self.begin_phase()
         for buf in bufs:
             self.arena.touch(buf, self.step)
