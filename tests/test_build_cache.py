@@ -18,11 +18,12 @@ KERNEL = """extern "C" __global__ void twice(float* y, const float* x, int n) {
 def counted_runs(monkeypatch, tmp_path):
     """A fresh cache folder, and the toolchain steps that really ran (tool names)."""
     monkeypatch.setenv("KFC_BUILD_CACHE", str(tmp_path / "builds"))
+    monkeypatch.setenv("KFC_NVCC_HEADERS", "light")  # the default, whatever the environment says
     real, ran = toolchain._run, []
 
-    def run(cmd, what, sources):
+    def run(cmd, what, sources, **how):
         ran.append(what.split()[0])
-        return real(cmd, what, sources)
+        return real(cmd, what, sources, **how)
 
     monkeypatch.setattr(toolchain, "_run", run)
     return ran
@@ -57,7 +58,8 @@ def test_a_failed_build_is_not_stored(counted_runs, tmp_path, monkeypatch):
     for _ in range(2):
         with pytest.raises(ToolchainRejected):
             compile_cuda(broken, "sm_90a")
-    assert counted_runs == ["nvcc", "nvcc"]
+    # each time: the try against kfc's prelude of the CUDA headers, then the full headers' build
+    assert counted_runs == ["nvcc"] * 4
     assert not list((tmp_path / "builds").glob("[0-9a-f]*"))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import attrs
 
 from ..diagnostics import InternalError, KfcError
-from . import build_cache
+from . import build_cache, nvcc_prelude
 
 MIN_VERSION = (12, 8)  # the first CUDA with sm_100a
 
@@ -194,19 +194,26 @@ def keep_failed(files: dict[str, str]) -> Path:
     return d
 
 
-def _run(cmd: list[str], what: str, sources: dict[Path, str]) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], what: str, sources: dict[Path, str], fallible: bool = False) -> subprocess.CompletedProcess | None:
     """Run a toolchain step; on failure keep `sources` (path -> text) and report the first
-    errors at their places in the kept files."""
+    errors at their places in the kept files, or, where `fallible` (a try with a fallback),
+    return None."""
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
+        if fallible:
+            return None
         kept = keep_failed({p.name: t for p, t in sources.items()})
         raise ToolchainRejected(f"{what} did not finish within 300 s on the generated kernel (kept in {kept})",
                                 hint="this is a bug in kfc's code generation; report it with the kept files") from None
     except OSError as e:
+        if fallible:
+            return None
         raise ToolchainError(f"cannot run {cmd[0]}: {e}",
                              hint="check the CUDA toolkit's installation, or point KFC_NVCC at a working nvcc") from None
     if r.returncode != 0:
+        if fallible:
+            return None
         kept = keep_failed({p.name: t for p, t in sources.items()})
         names = {str(p): str(kept / p.name) for p in sources}
         names.update({p.name: str(kept / p.name) for p in sources})
@@ -240,10 +247,32 @@ def _build(cu: str, arch: str, tc: Toolchain, extra_flags: tuple[str, ...]) -> C
         src.write_text(cu)
         ptx_path = Path(d) / "kernel.ptx"
         cubin_path = Path(d) / "kernel.cubin"
-        _run([tc.nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={compute}", "-o", str(ptx_path), str(src),
-              *extra_flags], "nvcc (CUDA C++ to PTX)", {src: cu})
-        ptx = ptx_path.read_text()
+        nvcc = [tc.nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={compute}", "-o", str(ptx_path), str(src), *extra_flags]
+        ptx = _ptx(nvcc, src, cu, ptx_path, Path(d) / "kfc_prelude.h")
         r = _run([tc.ptxas, "-v", "-O3", f"-arch={arch}", "-o", str(cubin_path), str(ptx_path)], "ptxas (PTX to cubin)",
                  {src: cu, ptx_path: ptx})
         log = (r.stdout + r.stderr).strip()
         return CompiledKernel(cu, ptx, cubin_path.read_bytes(), arch, parse_ptxas_report(log), log)
+
+
+def _ptx(nvcc: list[str], src: Path, cu: str, ptx_path: Path, prelude: Path) -> str:
+    """The kernel's PTX: built against kfc's prelude of the CUDA headers (nvcc_prelude.py), or with
+    the full headers where the prelude does not compile; KFC_NVCC_HEADERS=full builds with the full
+    headers only, =check with both, and fails unless both build the same PTX."""
+    how = nvcc_prelude.mode()
+    light = None
+    if how != "full":
+        prelude.write_text(nvcc_prelude.PRELUDE)
+        if _run([*nvcc, *nvcc_prelude.FLAGS, "-include", str(prelude)], "nvcc (CUDA C++ to PTX, kfc's prelude)",
+                {src: cu}, fallible=True) is not None:
+            light = ptx_path.read_text()  # else the full build below reports what is wrong
+        if light is not None and how == "light":
+            return light
+    _run(nvcc, "nvcc (CUDA C++ to PTX)", {src: cu})
+    ptx = ptx_path.read_text()
+    if how == "check" and light != ptx:
+        kept = keep_failed({src.name: cu, "full.ptx": ptx, "prelude.ptx": light or "", prelude.name: nvcc_prelude.PRELUDE})
+        what = "does not compile" if light is None else "builds other PTX than it does with the full headers"
+        raise InternalError(f"the kernel {what} against kfc's prelude of the CUDA headers (kept in {kept})",
+                            hint=f"build with {nvcc_prelude.ENV}=full meanwhile, and report it with the kept files")
+    return ptx
