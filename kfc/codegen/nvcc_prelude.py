@@ -67,5 +67,6 @@ def mode() -> str:
     their PTX differs)."""
     chosen = os.environ.get(ENV) or "light"
     if chosen not in MODES:
-        raise KfcError(f"{ENV}={chosen} is not a way kfc builds", hint=f"set {ENV} to one of {', '.join(MODES)}, or unset it")
+        raise KfcError(f"{ENV}={chosen} is not a way kfc builds",
+                       hint=f"set {ENV} to one of {', '.join(MODES)}, or unset it")
     return chosen

@@ -194,7 +194,8 @@ def keep_failed(files: dict[str, str]) -> Path:
     return d
 
 
-def _run(cmd: list[str], what: str, sources: dict[Path, str], fallible: bool = False) -> subprocess.CompletedProcess | None:
+def _run(cmd: list[str], what: str, sources: dict[Path, str],
+         fallible: bool = False) -> subprocess.CompletedProcess | None:
     """Run a toolchain step; on failure keep `sources` (path -> text) and report the first
     errors at their places in the kept files, or, where `fallible` (a try with a fallback),
     return None."""
@@ -271,7 +272,8 @@ def _ptx(nvcc: list[str], src: Path, cu: str, ptx_path: Path, prelude: Path) -> 
     _run(nvcc, "nvcc (CUDA C++ to PTX)", {src: cu})
     ptx = ptx_path.read_text()
     if how == "check" and light != ptx:
-        kept = keep_failed({src.name: cu, "full.ptx": ptx, "prelude.ptx": light or "", prelude.name: nvcc_prelude.PRELUDE})
+        kept = keep_failed({src.name: cu, "full.ptx": ptx, "prelude.ptx": light or "",
+                            prelude.name: nvcc_prelude.PRELUDE})
         what = "does not compile" if light is None else "builds other PTX than it does with the full headers"
         raise InternalError(f"the kernel {what} against kfc's prelude of the CUDA headers (kept in {kept})",
                             hint=f"build with {nvcc_prelude.ENV}=full meanwhile, and report it with the kept files")
