@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kfc.codegen import nvcc_prelude
+from kfc.codegen import nvcc_prelude, toolchain
 from kfc.codegen.toolchain import compile_cuda
 from kfc.compile import compile_op
 from kfc.diagnostics import InternalError, KfcError
@@ -68,3 +68,37 @@ def test_an_unknown_header_mode_is_refused(monkeypatch):
     monkeypatch.setenv(nvcc_prelude.ENV, "fast")
     with pytest.raises(KfcError, match="KFC_NVCC_HEADERS=fast is not a way kfc builds"):
         compile_cuda("__global__ void k() {}\n", "sm_90a")
+
+
+def _counted(monkeypatch):
+    real, ran = toolchain._run, []
+
+    def run(cmd, what, sources, **how):
+        ran.append(what)
+        return real(cmd, what, sources, **how)
+
+    monkeypatch.setattr(toolchain, "_run", run)
+    monkeypatch.setattr(toolchain, "_PRELUDE_FAILS", set())
+    monkeypatch.delenv("KFC_BUILD_CACHE", raising=False)
+    monkeypatch.setenv(nvcc_prelude.ENV, "light")
+    return ran
+
+
+def test_a_toolchain_the_prelude_does_not_fit_takes_the_full_headers_at_once(monkeypatch):
+    """Another CUDA release whose headers the prelude does not fit: the first kernel's failure and
+    a probe's tell the toolchain's fault from the kernel's, and later kernels skip the try."""
+    ran = _counted(monkeypatch)
+    monkeypatch.setattr(nvcc_prelude, "PRELUDE", "#error not this release\n")
+    for scale in ("2.0f", "3.0f"):
+        compile_cuda(f'extern "C" __global__ void k(float *x) {{ x[threadIdx.x] *= {scale}; }}\n', "sm_90a")
+    assert [w.split(" (")[1].split(")")[0] for w in ran if w.startswith("nvcc")] == [
+        "CUDA C++ to PTX, kfc's prelude", "a probe of kfc's prelude", "CUDA C++ to PTX", "CUDA C++ to PTX"]
+
+
+def test_a_kernel_of_its_own_outside_the_prelude_does_not_turn_it_off(monkeypatch):
+    ran = _counted(monkeypatch)
+    compile_cuda('#include <cuda_fp16.h>\nextern "C" __global__ void k(__half *x) { x[0] = __float2half(2.f); }\n',
+                 "sm_90a")
+    compile_cuda('extern "C" __global__ void k(float *x) { x[threadIdx.x] = expf(x[1]); }\n', "sm_90a")
+    assert not toolchain._PRELUDE_FAILS
+    assert [w for w in ran if w.startswith("nvcc")][-1] == "nvcc (CUDA C++ to PTX, kfc's prelude)"

@@ -13,11 +13,14 @@ them, so cicc maps each to the same libdevice function.
 The PTX is the same as a build with the full headers (tests/test_nvcc_prelude.py compares the two
 on kernels of every kind; `KFC_NVCC_HEADERS=check` compares them on every build). A kernel whose
 code needs anything else fails to compile against the prelude and is built again with the full
-headers: a call the prelude cannot resolve is an error, never a different overload, because
-each name it declares has at most one candidate for any argument type that could pick another
-one in CUDA's headers (min and max: int and long long; a mixed or unsigned call is ambiguous
-here, so it falls back). The .cu that `kfc compile` writes is unchanged: a user's plain nvcc
-builds it with the full headers.
+headers. A call the prelude resolves resolves as CUDA's headers do, never to another overload:
+min and max are declared for two ints and for two long longs only, so arguments that are both
+int (or promote to int) or both long long pick the function CUDA picks, and any other mix
+(unsigned, long, int with long long, float) is ambiguous here and falls back. Where a kernel
+fails against the prelude and a trivial probe kernel fails too, the toolchain is not the one the
+prelude fits (another CUDA release's headers), and that nvcc's later kernels take the full
+headers at once. The .cu that `kfc compile` writes is unchanged: a user's plain nvcc builds it
+with the full headers.
 """
 
 from __future__ import annotations

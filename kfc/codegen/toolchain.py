@@ -256,17 +256,25 @@ def _build(cu: str, arch: str, tc: Toolchain, extra_flags: tuple[str, ...]) -> C
         return CompiledKernel(cu, ptx, cubin_path.read_bytes(), arch, parse_ptxas_report(log), log)
 
 
+# nvcc binaries that cannot build even a trivial kernel against the prelude (another CUDA
+# release's headers): their kernels take the full headers at once rather than after a failed try
+_PRELUDE_FAILS: set[str] = set()
+_PROBE = 'extern "C" __global__ void kfc_probe(float *x) { x[threadIdx.x] = expf(__int_as_float(x[0] > 0)); }\n'
+
+
 def _ptx(nvcc: list[str], src: Path, cu: str, ptx_path: Path, prelude: Path) -> str:
     """The kernel's PTX: built against kfc's prelude of the CUDA headers (nvcc_prelude.py), or with
     the full headers where the prelude does not compile; KFC_NVCC_HEADERS=full builds with the full
     headers only, =check with both, and fails unless both build the same PTX."""
     how = nvcc_prelude.mode()
     light = None
-    if how != "full":
+    if how == "check" or (how == "light" and nvcc[0] not in _PRELUDE_FAILS):
         prelude.write_text(nvcc_prelude.PRELUDE)
-        if _run([*nvcc, *nvcc_prelude.FLAGS, "-include", str(prelude)], "nvcc (CUDA C++ to PTX, kfc's prelude)",
-                {src: cu}, fallible=True) is not None:
+        with_prelude = [*nvcc, *nvcc_prelude.FLAGS, "-include", str(prelude)]
+        if _run(with_prelude, "nvcc (CUDA C++ to PTX, kfc's prelude)", {src: cu}, fallible=True) is not None:
             light = ptx_path.read_text()  # else the full build below reports what is wrong
+        elif not _prelude_builds(with_prelude, src):
+            _PRELUDE_FAILS.add(nvcc[0])
         if light is not None and how == "light":
             return light
     _run(nvcc, "nvcc (CUDA C++ to PTX)", {src: cu})
@@ -278,3 +286,12 @@ def _ptx(nvcc: list[str], src: Path, cu: str, ptx_path: Path, prelude: Path) -> 
         raise InternalError(f"the kernel {what} against kfc's prelude of the CUDA headers (kept in {kept})",
                             hint=f"build with {nvcc_prelude.ENV}=full meanwhile, and report it with the kept files")
     return ptx
+
+
+def _prelude_builds(with_prelude: list[str], src: Path) -> bool:
+    """Whether `with_prelude` (a kernel's nvcc command with the prelude) builds a trivial kernel:
+    after a kernel fails with the prelude, this tells its own fault from the toolchain's."""
+    probe = src.with_name("kfc_probe.cu")
+    probe.write_text(_PROBE)
+    cmd = [str(probe) if a == str(src) else a for a in with_prelude]
+    return _run(cmd, "nvcc (a probe of kfc's prelude)", {probe: _PROBE}, fallible=True) is not None
