@@ -19,6 +19,7 @@ def counted_runs(monkeypatch, tmp_path):
     """A fresh cache folder, and the toolchain steps that really ran (tool names)."""
     monkeypatch.setenv("KFC_BUILD_CACHE", str(tmp_path / "builds"))
     monkeypatch.setenv("KFC_NVCC_HEADERS", "light")  # the default, whatever the environment says
+    monkeypatch.setattr(toolchain, "_PRELUDE_FITS", {})  # not yet probed
     real, ran = toolchain._run, []
 
     def run(cmd, what, sources, **how):
@@ -58,8 +59,9 @@ def test_a_failed_build_is_not_stored(counted_runs, tmp_path, monkeypatch):
     for _ in range(2):
         with pytest.raises(ToolchainRejected):
             compile_cuda(broken, "sm_90a")
-    # each time: the try against kfc's prelude of the CUDA headers, then the full headers' build
-    assert counted_runs == ["nvcc"] * 4
+    # each time the try against kfc's prelude of the CUDA headers, then the full headers' build; the
+    # first time between them a probe of whether the prelude fits this nvcc at all
+    assert counted_runs == ["nvcc"] * 5
     assert not list((tmp_path / "builds").glob("[0-9a-f]*"))
 
 

@@ -256,9 +256,10 @@ def _build(cu: str, arch: str, tc: Toolchain, extra_flags: tuple[str, ...]) -> C
         return CompiledKernel(cu, ptx, cubin_path.read_bytes(), arch, parse_ptxas_report(log), log)
 
 
-# nvcc binaries that cannot build even a trivial kernel against the prelude (another CUDA
-# release's headers): their kernels take the full headers at once rather than after a failed try
-_PRELUDE_FAILS: set[str] = set()
+# per nvcc binary, whether it builds a trivial kernel against the prelude (probed once, after its
+# first kernel that does not build with it): where not (another CUDA release's headers), its
+# kernels take the full headers at once rather than after a failed try
+_PRELUDE_FITS: dict[str, bool] = {}
 _PROBE = 'extern "C" __global__ void kfc_probe(float *x) { x[threadIdx.x] = expf(__int_as_float(x[0] > 0)); }\n'
 
 
@@ -268,13 +269,13 @@ def _ptx(nvcc: list[str], src: Path, cu: str, ptx_path: Path, prelude: Path) -> 
     headers only, =check with both, and fails unless both build the same PTX."""
     how = nvcc_prelude.mode()
     light = None
-    if how == "check" or (how == "light" and nvcc[0] not in _PRELUDE_FAILS):
+    if how == "check" or (how == "light" and _PRELUDE_FITS.get(nvcc[0], True)):
         prelude.write_text(nvcc_prelude.PRELUDE)
         with_prelude = [*nvcc, *nvcc_prelude.FLAGS, "-include", str(prelude)]
         if _run(with_prelude, "nvcc (CUDA C++ to PTX, kfc's prelude)", {src: cu}, fallible=True) is not None:
             light = ptx_path.read_text()  # else the full build below reports what is wrong
-        elif not _prelude_builds(with_prelude, src):
-            _PRELUDE_FAILS.add(nvcc[0])
+        elif nvcc[0] not in _PRELUDE_FITS:
+            _PRELUDE_FITS[nvcc[0]] = _prelude_builds(with_prelude, src)
         if light is not None and how == "light":
             return light
     _run(nvcc, "nvcc (CUDA C++ to PTX)", {src: cu})
