@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -248,7 +249,10 @@ def _build(cu: str, arch: str, tc: Toolchain, extra_flags: tuple[str, ...]) -> C
         src.write_text(cu)
         ptx_path = Path(d) / "kernel.ptx"
         cubin_path = Path(d) / "kernel.cubin"
-        nvcc = [tc.nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={compute}", "-o", str(ptx_path), str(src), *extra_flags]
+
+        def nvcc(source: Path, out: Path) -> list[str]:
+            return [tc.nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={compute}", "-o", str(out), str(source), *extra_flags]
+
         ptx = _ptx(nvcc, src, cu, ptx_path, Path(d) / "kfc_prelude.h")
         r = _run([tc.ptxas, "-v", "-O3", f"-arch={arch}", "-o", str(cubin_path), str(ptx_path)], "ptxas (PTX to cubin)",
                  {src: cu, ptx_path: ptx})
@@ -263,22 +267,28 @@ _PRELUDE_FITS: dict[str, bool] = {}
 _PROBE = 'extern "C" __global__ void kfc_probe(float *x) { x[threadIdx.x] = expf(__int_as_float(x[0] > 0)); }\n'
 
 
-def _ptx(nvcc: list[str], src: Path, cu: str, ptx_path: Path, prelude: Path) -> str:
+def _ptx(nvcc: Callable[[Path, Path], list[str]], src: Path, cu: str, ptx_path: Path, prelude: Path) -> str:
     """The kernel's PTX: built against kfc's prelude of the CUDA headers (nvcc_prelude.py), or with
     the full headers where the prelude does not compile; KFC_NVCC_HEADERS=full builds with the full
-    headers only, =check with both, and fails unless both build the same PTX."""
+    headers only, =check with both, and fails unless both build the same PTX. `nvcc(source, out)` is
+    the command that builds a source's PTX."""
     how = nvcc_prelude.mode()
     light = None
-    if how == "check" or (how == "light" and _PRELUDE_FITS.get(nvcc[0], True)):
+    tool = nvcc(src, ptx_path)[0]
+    with_prelude = (*nvcc_prelude.FLAGS, "-include", str(prelude))
+    if how == "check" or (how == "light" and _PRELUDE_FITS.get(tool, True)):
         prelude.write_text(nvcc_prelude.PRELUDE)
-        with_prelude = [*nvcc, *nvcc_prelude.FLAGS, "-include", str(prelude)]
-        if _run(with_prelude, "nvcc (CUDA C++ to PTX, kfc's prelude)", {src: cu}, fallible=True) is not None:
+        if _run([*nvcc(src, ptx_path), *with_prelude], "nvcc (CUDA C++ to PTX, kfc's prelude)", {src: cu},
+                fallible=True) is not None:
             light = ptx_path.read_text()  # else the full build below reports what is wrong
-        elif nvcc[0] not in _PRELUDE_FITS:
-            _PRELUDE_FITS[nvcc[0]] = _prelude_builds(with_prelude, src)
+        elif tool not in _PRELUDE_FITS:  # the kernel's fault, or the toolchain's: a trivial kernel tells
+            probe = src.with_name("kfc_probe.cu")
+            probe.write_text(_PROBE)
+            _PRELUDE_FITS[tool] = _run([*nvcc(probe, probe.with_suffix(".ptx")), *with_prelude],
+                                       "nvcc (a probe of kfc's prelude)", {probe: _PROBE}, fallible=True) is not None
         if light is not None and how == "light":
             return light
-    _run(nvcc, "nvcc (CUDA C++ to PTX)", {src: cu})
+    _run(nvcc(src, ptx_path), "nvcc (CUDA C++ to PTX)", {src: cu})
     ptx = ptx_path.read_text()
     if how == "check" and light != ptx:
         kept = keep_failed({src.name: cu, "full.ptx": ptx, "prelude.ptx": light or "",
@@ -288,11 +298,3 @@ def _ptx(nvcc: list[str], src: Path, cu: str, ptx_path: Path, prelude: Path) -> 
                             hint=f"build with {nvcc_prelude.ENV}=full meanwhile, and report it with the kept files")
     return ptx
 
-
-def _prelude_builds(with_prelude: list[str], src: Path) -> bool:
-    """Whether `with_prelude` (a kernel's nvcc command with the prelude) builds a trivial kernel:
-    after a kernel fails with the prelude, this tells its own fault from the toolchain's."""
-    probe = src.with_name("kfc_probe.cu")
-    probe.write_text(_PROBE)
-    cmd = [str(probe) if a == str(src) else a for a in with_prelude]
-    return _run(cmd, "nvcc (a probe of kfc's prelude)", {probe: _PROBE}, fallible=True) is not None
