@@ -17,7 +17,7 @@ from kfc.factory.offline import SearchPolicy
 from kfc.factory.tune import space_for, tune
 from kfc.frontend import load_kfc
 from kfc.kb.store import KnowledgeBase
-from kfc.model.records import Stage
+from kfc.model.records import Proposal, Stage
 from kfc.model.target import parse_target
 from kfc.passes import MATMUL_PIPELINE
 from kfc.passes.accelerate_matmul import AccelerateMatmul
@@ -171,3 +171,71 @@ def test_the_gemm_self_improvement_experiment_compares_cold_and_warm_tunes_per_s
     again, _ = experiment(spec, TARGET, (4096, 4096, 4096), [(8192, 8192, 8192)], [0, 1], 6, gpu, tmp_path,
                           log=lambda m: None)
     assert gpu.calls == calls and again == rows
+
+
+class WavesGpu(FakeGpu):
+    """Times a candidate as waves of output tiles over 132 SMs, each wave a fixed overhead plus
+    its tile's work: at 64 rows 64 x 64 tiles (128 of them, one wave) beat 64 x 128 (64, one
+    wave); at 128 rows they need two waves and lose."""
+
+    def __init__(self, spec, dims):
+        super().__init__(spec, dims)
+        self.dims = dims
+
+    def time_of(self, pipeline):
+        c = self.space.config_of(pipeline)
+        if c is None:
+            return 5000.0
+        tiles = -(-self.dims["M"] // c["bm"]) * -(-self.dims["N"] // c["bn"])
+        return -(-tiles // 132) * (10.0 + c["bm"] * c["bn"] / 1024) * (1 + 0.01 * abs(c["stages"] - 4))
+
+
+def test_another_shapes_record_is_replayed_in_the_order_of_its_waves_here(kb):
+    """A warm tune at 128 rows replays the 64-row record not fastest first but by the time the
+    space's model of waves expects here: 64 x 64 tiles, fastest at 64 rows, fill two waves at 128
+    rows, so the 64 x 128 tile (one wave at both) comes first. The knowledge base gives each prior
+    trial its shape."""
+    spec = load_kfc("kernels/gemm.kfc")
+    skinny, here = {"M": 64, "N": 8192, "K": 8192}, {"M": 128, "N": 8192, "K": 8192}
+    pipes = {}
+    for bn in (64, 128, 256):  # the 64-row record: three tiles of 64 rows, timed by the waves model
+        space = space_for(spec, skinny, TARGET)
+        pipes[bn] = space.pipeline({**space.default(), "bm": 64, "bn": bn, "stages": 4})
+
+    class Replay(SearchPolicy):  # proposes the three 64-row tiles, then what the search would
+        def propose(self, ctx, n):
+            return [p for p in (Proposal(pipes[bn], "planted", "test") for bn in (64, 128, 256))
+                    if p.pipeline not in {t.proposal.pipeline for t in ctx.history}][:n] or super().propose(ctx, n)
+
+    gpu64 = WavesGpu(spec, skinny)
+    tune(spec, TARGET, skinny, 3, Replay(seed=0), kb, gpu64)
+    assert gpu64.time_of(pipes[64]) < gpu64.time_of(pipes[128]) < gpu64.time_of(pipes[256])
+    seen = []
+
+    class Spy(SearchPolicy):
+        def propose(self, ctx, n):
+            seen.append(ctx)
+            return super().propose(ctx, n)
+
+    gpu128 = WavesGpu(spec, here)
+    tune(spec, TARGET, here, 3, Spy(seed=0), kb, gpu128)
+    ctx = seen[0]
+    # the baseline here, then the 64-row record: the three planted tiles and the default there
+    assert [t.shape for t in ctx.prior] == [here] + [skinny] * 4
+    order = [(ctx.space.pipeline(c), why) for c, _, why in Spy(seed=0).prior_order(ctx)][1:]
+    planted = [p for p, _ in order if p in pipes.values()]
+    assert planted == [pipes[128], pipes[256], pipes[64]]  # one wave here first; the two waves last
+    assert order[0][0] == pipes[128] and "expected here by its waves" in order[0][1]
+    assert gpu128.time_of(pipes[128]) < gpu128.time_of(pipes[64])
+    # the planted order also wins here: the first proposal of the warm tune is the 64 x 128 tile
+    first = kb.trials(op_id=kb.op_by_fingerprint(ctx.op_fingerprint)["id"], target=TARGET.name, shape=here)[1]
+    assert first.proposal.pipeline == pipes[128]
+
+
+def test_the_waves_model_scales_only_where_it_knows_the_products_dims():
+    space = space_for(load_kfc("kernels/gemm.kfc"), SQUARE, TARGET)
+    c = {**space.default(), "bm": 128, "bn": 256}
+    # 4096^3: 512 tiles, four waves of 132; 8192 x 1024 x 8192: 256 tiles, two waves, twice the K
+    assert space.scaled_time(c, 100.0, SQUARE, {"M": 8192, "N": 1024, "K": 8192}) == pytest.approx(100.0)
+    assert space.scaled_time(c, 100.0, SQUARE, {"M": 4096, "N": 4096}) is None  # K not named
+    assert attrs.evolve(space, roles=None).scaled_time(c, 100.0, SQUARE, SQUARE) is None

@@ -57,6 +57,10 @@ class MatmulSpace(SpaceMoves):
     tcgen05: bool = False  # Blackwell: one kernel form, tiles of 128 rows, no wgmma roles to choose
     tma_store: bool = True  # the output's rows can be stored by TMA (store=tma)
     geometry: tuple[str, ...] = ("bm", "bn", "bk", "producer", "tiles")
+    sms: int = 132  # the target's SMs: a wave of one-CTA-an-SM tiles
+    # the product's M, N and K as the op's dims name them (a SymDim, or a size the op fixes);
+    # None where they could not be told, and then no time is scaled across shapes
+    roles: tuple[Any, Any, Any] | None = None
 
     def choices(self) -> dict[str, tuple]:
         out = {f.name: _values(f) for f in attrs.fields(AccelerateMatmul) if f.name not in FIXED}
@@ -113,6 +117,28 @@ class MatmulSpace(SpaceMoves):
         # the pipeline of this form as written (store=auto included), mapped to what it builds
         return c if str(parse_pipeline(pipeline)) == self.pipeline(written) else None
 
+    def scaled_time(self, c: dict[str, Any], us: float, there: dict[str, int],
+                    here: dict[str, int]) -> float | None:
+        """What a configuration timed at `us` for the shape `there` would take at `here`, by the
+        model of waves: an output tile's time grows with K, and the kernel takes as many tile
+        times as it has waves of tiles over the SMs (one CTA an SM; two tiles at a time under
+        pingpong). Crude (it knows nothing of memory-bound tiles), but it tells a 64-row tile
+        that fills one wave at 64 rows from the same tile that needs two at 128."""
+        def size(role: Any, d: dict[str, int]) -> int | None:
+            if isinstance(role, int):
+                return role
+            return None if role.name not in d else d[role.name] + role.offset
+
+        def waves(d: dict[str, int]) -> int:
+            m, n = size(self.roles[0], d), size(self.roles[1], d)
+            tiles = -(-m // c["bm"]) * -(-n // c["bn"])
+            return -(-tiles // (self.sms * (2 if c.get("consumers") == "pingpong" else 1)))
+
+        if self.roles is None or any(size(r, d) is None for r in self.roles for d in (here, there)):
+            return None
+        k_here, k_there = size(self.roles[2], here), size(self.roles[2], there)
+        return us * k_here / max(k_there, 1) * waves(here) / waves(there)
+
     def describe(self) -> str:
         lines = ["a matrix product on tensor cores; pipeline form:",
                  "  " + self.pipeline(self.default()) + "   (the default)"]
@@ -120,14 +146,28 @@ class MatmulSpace(SpaceMoves):
         return "\n".join(lines)
 
 
-def matmul_space(func, target, default_pipeline: str) -> MatmulSpace:
-    """The space of the matrix product in `func` (every dim fixed) on `target`."""
+def product_roles(func) -> tuple[Any, Any, Any] | None:
+    """The product's M, N and K in `func` before its dims are fixed: each a SymDim or a size."""
+    try:
+        m = match_matmul(func)
+    except PassError:
+        return None
+    a, c = m.load_a.operands[0].ttype.shape, m.store.operands[1].ttype.shape
+    if len(a) != 2 or len(c) != 2:
+        return None
+    k = [d for d in a if d not in c]
+    return (c[0], c[1], k[0]) if len(k) == 1 else None
+
+
+def matmul_space(func, target, default_pipeline: str, roles: tuple[Any, Any, Any] | None = None) -> MatmulSpace:
+    """The space of the matrix product in `func` (every dim fixed) on `target`; `roles` its M,
+    N and K as the op names them (product_roles of the op before its dims were fixed)."""
     m = match_matmul(func)
     a = m.load_a.operands[0].ttype
     tma = tma_movable(m)
     c = m.store.operands[1].ttype
     default = next(p for p in parse_pipeline(default_pipeline) if isinstance(p, AccelerateMatmul))
-    return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default,
+    return MatmulSpace(a.dtype.itemsize, target.smem_per_block, tma, default, sms=target.sm_count, roles=roles,
                        tcgen05=default.instruction(target) == "tcgen05",
                        tma_store=c.shape[1] * c.dtype.itemsize % TMA_GRANULE == 0
                        and c.dtype in (DType.BF16, DType.F16, DType.F32))

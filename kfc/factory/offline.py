@@ -215,6 +215,7 @@ class SearchPolicy:
             c = ctx.space.config_of(t.proposal.pipeline)
             if c is not None and t.outcome.median_us:
                 (own if t.candidate_id in own_ids or t.op_id in own_op else other).append((c, t))
+        own = self.own_order(ctx, own)
         best: dict = {}
         for _, t in other:
             best[t.op_id] = min(best.get(t.op_id, math.inf), t.outcome.median_us)
@@ -233,7 +234,31 @@ class SearchPolicy:
         head_ids = {t.candidate_id for _, t, _ in heads}
         rest = [(c, t, f"a similar op's, {rel(t):.3f}x its best") for c, t in other
                 if t.candidate_id not in head_ids and rel(t) <= 1 + self.replay_tolerance]
-        return [(c, t, "this op's own record") for c, t in own] + heads + rest
+        return own + heads + rest
+
+    def own_order(self, ctx: TuneContext, own: list[tuple[dict, Trial]]) -> list[tuple[dict, Trial, str]]:
+        """This op's records: those at this shape first, as the knowledge base ranks them; then
+        each other shape's, nearest shape first, ranked within the shape by the time the space
+        expects of them here (`scaled_time`, where the space has one: a GEMM's waves of tiles),
+        else as the knowledge base ranks them. The fastest configuration at 64 rows may need
+        twice the waves at 128 where the second fastest needs the same; across shapes the
+        expectation is not trusted (a model of waves has a compute-bound 4096³ tile beating a
+        memory-bound skinny one), so the nearest shape still comes first."""
+        here = [(c, t, "this op's own record") for c, t in own if t.shape is None or t.shape == ctx.shape]
+        groups: dict[str, list[tuple[dict, Trial]]] = {}
+        for c, t in own:
+            if t.shape is not None and t.shape != ctx.shape:
+                groups.setdefault(repr(sorted(t.shape.items())), []).append((c, t))
+        scale = getattr(ctx.space, "scaled_time", None)
+        out = here
+        for group in groups.values():  # in the knowledge base's order: the nearest shape first
+            there = ",".join(f"{k}={v}" for k, v in group[0][1].shape.items())
+            expected = [scale(c, t.outcome.median_us, t.shape, ctx.shape) if scale else None for c, t in group]
+            ranked = sorted(zip(expected, group), key=lambda eg: eg[0]) if None not in expected else zip(expected, group)
+            for e, (c, t) in ranked:
+                why = f"this op's record at {there}" + (f", {e:.1f} us expected here by its waves" if e else "")
+                out.append((c, t, why))
+        return out
 
     def reflect(self, ctx: TuneContext, trials: Sequence[Trial]) -> list[str]:
         """Lessons from the model: a choice whose best and worst values differ by over 15%."""

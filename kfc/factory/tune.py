@@ -38,7 +38,7 @@ from .evaluate import to_outcome
 from .model import TuneContext
 from ..model.records import Proposal, Stage, Trial
 from .problem import gate_cases
-from .matmul_space import MatmulSpace, matmul_space
+from .matmul_space import MatmulSpace, matmul_space, product_roles
 from .space import SearchSpace
 from ..codegen.backend import program_kind
 from ..codegen.toolchain import find_toolchain
@@ -73,7 +73,8 @@ def space_for(spec: OpSpec, dims: dict[str, int], target: Target) -> SearchSpace
     fixed = fixed_dims(spec.func, dims)
     func = specialize(spec.func, fixed, partial=True)
     if program_kind(func)[0] == "matmul":
-        return matmul_space(func, target, default_pipeline("matmul", tma_product_rows(func), target))
+        return matmul_space(func, target, default_pipeline("matmul", tma_product_rows(func), target),
+                            product_roles(spec.func))
     try:
         loop = find_row_loop(func)
         n = row_length(loop, func)

@@ -97,11 +97,13 @@ def proposal_of(row: sqlite3.Row) -> Proposal:
 
 
 def trial_of(row: sqlite3.Row) -> Trial:
-    return Trial(candidate_id=row["id"], proposal=proposal_of(row), outcome=outcome_of(row), op_id=row["op_id"])
+    shape = from_json(row["shape"], "shape", row["id"]) if "shape" in row.keys() and row["shape"] else None
+    return Trial(candidate_id=row["id"], proposal=proposal_of(row), outcome=outcome_of(row), op_id=row["op_id"],
+                 shape=shape)
 
 
 TRIAL_SELECT = """
-SELECT c.id, c.op_id, c.pipeline, c.rationale, c.proposer, c.parent_id, o.*
+SELECT c.id, c.op_id, c.shape, c.pipeline, c.rationale, c.proposer, c.parent_id, o.*
 FROM candidates c JOIN outcomes o ON o.candidate_id = c.id
 """
 

@@ -60,3 +60,5 @@ class Trial:
     proposal: Proposal
     outcome: Outcome
     op_id: int | None = None   # the knowledge base's id of the op it ran for, where known
+    # the shape it ran at, where the knowledge base says (a prior trial may be of another shape)
+    shape: dict[str, int] | None = attrs.field(default=None, eq=False)

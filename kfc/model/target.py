@@ -29,6 +29,9 @@ _FEATURES = {
     "tcgen05": (100, True, {100}),
 }
 KNOWN = ("sm_90", "sm_90a", "sm_100", "sm_100a")
+# SMs of each family's data-centre part (H100 SXM and H200: 132; B200: 148): what a model of a
+# kernel's waves divides its CTAs by where no GPU is at hand
+SMS = {90: 132, 100: 148}
 # CTAs in a cluster launched with the non-portable cluster size attribute (Hopper, Blackwell)
 LARGEST_CLUSTER = 16
 # Threads resident on one SM at once (Hopper, Blackwell): what CTAs that must share an SM share
@@ -62,6 +65,10 @@ class Target:
     @property
     def smem_per_block(self) -> int:
         return SMEM_PER_BLOCK
+
+    @property
+    def sm_count(self) -> int:
+        return SMS.get(self.sm, 132)
 
     @property
     def regs_per_sm(self) -> int:
