@@ -225,7 +225,7 @@ def test_another_shapes_record_is_replayed_in_the_order_of_its_waves_here(kb):
     order = [(ctx.space.pipeline(c), why) for c, _, why in Spy(seed=0).prior_order(ctx)][1:]
     planted = [p for p, _ in order if p in pipes.values()]
     assert planted == [pipes[128], pipes[256], pipes[64]]  # one wave here first; the two waves last
-    assert order[0][0] == pipes[128] and "expected here by its waves" in order[0][1]
+    assert order[0][0] == pipes[128] and "us expected here" in order[0][1]
     assert gpu128.time_of(pipes[128]) < gpu128.time_of(pipes[64])
     # the planted order also wins here: the first proposal of the warm tune is the 64 x 128 tile
     first = kb.trials(op_id=kb.op_by_fingerprint(ctx.op_fingerprint)["id"], target=TARGET.name, shape=here)[1]

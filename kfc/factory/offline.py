@@ -194,8 +194,9 @@ class SearchPolicy:
         return out[:n]
 
     def prior_order(self, ctx: TuneContext) -> list[tuple[dict, Trial, str]]:
-        """The prior's configurations in the order to try them: this op's own first (fastest
-        first); then similar ops', hedged across basins.
+        """The prior's configurations in the order to try them: this op's own first (at this
+        shape fastest first, then its other shapes', `own_order`); then similar ops', hedged
+        across basins.
 
         A similar op's optimum may not be this op's: at a long row one op wants persistent
         clusters of 2 while another wants clusters of 8 that are not persistent, and a similar
@@ -254,9 +255,11 @@ class SearchPolicy:
         for group in groups.values():  # in the knowledge base's order: the nearest shape first
             there = ",".join(f"{k}={v}" for k, v in group[0][1].shape.items())
             expected = [scale(c, t.outcome.median_us, t.shape, ctx.shape) if scale else None for c, t in group]
-            ranked = sorted(zip(expected, group), key=lambda eg: eg[0]) if None not in expected else zip(expected, group)
+            ranked = list(zip(expected, group))
+            if None not in expected:
+                ranked.sort(key=lambda eg: eg[0])
             for e, (c, t) in ranked:
-                why = f"this op's record at {there}" + (f", {e:.1f} us expected here by its waves" if e else "")
+                why = f"this op's record at {there}" + (f", {e:.1f} us expected here" if e else "")
                 out.append((c, t, why))
         return out
 
