@@ -239,3 +239,24 @@ def test_the_waves_model_scales_only_where_it_knows_the_products_dims():
     assert space.scaled_time(c, 100.0, SQUARE, {"M": 8192, "N": 1024, "K": 8192}) == pytest.approx(100.0)
     assert space.scaled_time(c, 100.0, SQUARE, {"M": 4096, "N": 4096}) is None  # K not named
     assert attrs.evolve(space, roles=None).scaled_time(c, 100.0, SQUARE, SQUARE) is None
+
+
+def test_the_model_centres_each_shape_of_the_record_on_its_own_mean():
+    """Two configurations timed at two shapes, 4096^3 four times slower than 64 rows: centred per
+    shape, each trial's deviation is its configuration's 5%, not its shape's factor of four."""
+    from kfc.factory.model import TuneContext
+    from kfc.model.records import Outcome, Trial
+
+    spec = load_kfc("kernels/gemm.kfc")
+    here = {"M": 128, "N": 8192, "K": 8192}
+    space = space_for(spec, here, TARGET)
+    fast, slow = ({**space.default(), "bm": 64, "bn": bn} for bn in (128, 256))
+    cases = [(fast, 50.0, {"M": 64, "N": 8192, "K": 8192}), (slow, 55.0, {"M": 64, "N": 8192, "K": 8192}),
+             (fast, 200.0, SQUARE), (slow, 220.0, SQUARE)]
+    prior = tuple(Trial(i, Proposal(space.pipeline(c)), Outcome(Stage.TIMED, median_us=us), 7, shape)
+                  for i, (c, us, shape) in enumerate(cases))
+    ctx = TuneContext("gemm", "fp", {}, TARGET.name, here, space, (), prior)
+    devs = [d for _, d, _ in SearchPolicy().observations(ctx)]
+    assert len(devs) == 4 and all(abs(d) < 0.06 for d in devs)  # one centre per op would give +-0.7
+    _, _, effect, _ = SearchPolicy().fit(ctx)
+    assert effect[("bn", 128)] < effect[("bn", 256)]

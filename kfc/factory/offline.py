@@ -60,8 +60,8 @@ class SearchPolicy:
     def observations(self, ctx: TuneContext) -> list[tuple[dict, float | None, float]]:
         """(configuration, log-time deviation, weight) per trial of this op and of the prior.
 
-        Trials of similar ops (prior trials not in this op's history) are centred on their own
-        mean and weighted by `transfer`: another op may be uniformly slower or faster, and what
+        Trials of similar ops and of this op's other runs (prior trials not in this run's history)
+        are centred on their own mean, one per op and shape, and weighted by `transfer`: another op may be uniformly slower or faster, and what
         it says about a choice is a hint that this op's own measurements outweigh. A failed
         trial's deviation is None."""
         own_ids = {t.candidate_id for t in ctx.history}
@@ -71,7 +71,10 @@ class SearchPolicy:
             if c is None:
                 continue
             timed = t.outcome.stage is Stage.TIMED and t.outcome.median_us
-            key = "own" if t.candidate_id in own_ids else t.op_id  # one centre per op
+            # one centre per op and shape: an op's records at 4096^3 and at 64 rows differ by 4x
+            # whatever the configuration, which one centre would charge to the choices tried there
+            shape = None if t.shape is None else repr(sorted(t.shape.items()))
+            key = "own" if t.candidate_id in own_ids else (t.op_id, shape)
             groups[key].append((c, math.log(t.outcome.median_us) if timed else None))
         out = []
         for key, ys in groups.items():
