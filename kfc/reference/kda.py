@@ -15,6 +15,8 @@ Layouts follow flash-linear-attention: either packed variable length
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["kda_recurrent", "kda_flashkda", "kda_fla_gated", "kda_prepare_flashkda", "kda_recurrence"]
@@ -129,7 +131,8 @@ def kda_prepare_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=Non
     in float64. Inputs as kda_flashkda's. With G the chunk's cumulative gate, Akk and Aqk its
     decayed key-key and query-key products and Ainv = (I + diag(beta) strict(Akk))^-1, returns per
     token row: w = Ainv diag(beta) (k e^G), u = Ainv diag(beta) v, qg = q e^G (q scaled),
-    kg = k e^(Gend - G), aqk = causal Aqk [.., C] and gend = e^Gend on every row of the chunk."""
+    kg = k e^(Gend - G), aqk = causal Aqk [.., C] and gend = e^Gend on the chunk's first row (its
+    other rows are not written: NaN here, as the check poisons them)."""
     f = torch.float64
     _, T, H, K = q.shape
     V = v.shape[-1]
@@ -138,7 +141,8 @@ def kda_prepare_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=Non
     qn, kn, vf, b, gate = _l2norm(q)[0] * scale, _l2norm(k)[0], v.to(f)[0], torch.sigmoid(beta.to(f))[0], gate[0]
     bounds = [int(x) for x in cu_seqlens.tolist()]
     out = {n: torch.zeros(T, H, d, dtype=f, device=q.device)
-           for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", C), ("gend", K))}
+           for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", C))}
+    out["gend"] = torch.full((T, H, K), math.nan, dtype=f, device=q.device)
     for a, e in ((t, min(t + C, end)) for bos, end in zip(bounds, bounds[1:]) for t in range(bos, end, C)):
         G = gate[a:e].cumsum(0).transpose(0, 1)                     # [H, L, K]
         kc, qc, vc, bc = (x[a:e].transpose(0, 1) for x in (kn, qn, vf, b))   # [H, L, ...], bc [H, L]
@@ -151,9 +155,9 @@ def kda_prepare_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=Non
         Gend = G[:, -1, :]                                           # [H, K]
         put = {"w": Ainv @ (bc[:, :, None] * kc * G.exp()), "u": Ainv @ (bc[:, :, None] * vc),
                "qg": qc * G.exp(), "kg": kc * (Gend[:, None, :] - G).exp(),
-               "gend": Gend.exp()[:, None, :].expand(H, L, K)}
+               "gend": Gend.exp()[:, None, :]}
         for n, x in put.items():
-            out[n][a:e] = x.transpose(0, 1)
+            out[n][a:a + x.shape[1]] = x.transpose(0, 1)
         out["aqk"][a:e, :, :L] = Aqk.transpose(0, 1)
     return tuple(out[n][None].float() for n in ("w", "u", "qg", "kg", "aqk", "gend"))
 
