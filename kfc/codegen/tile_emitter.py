@@ -74,7 +74,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
     def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True,
                  prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
-                 product_epilogues: bool = True) -> None:
+                 product_epilogues: bool = True, early_loads: bool = False) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -100,6 +100,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.tri_inv_lanes = tri_inv_lanes  # a triangular inverse a lane a row (TileLoops)
         self.product_epilogues = product_epilogues  # a tile alone reading a product written from it (TileMma)
         self.whole_groups = whole_groups  # rows read along them whole groups, read so (lane_read)
+        self.early_loads = early_loads  # the CTA's loads all stored in its first phase of loads
         self.last_store = None  # (len(lines) after it, its tensors): the last store's phase (TilePhases)
         self.reopenable = None  # (len(lines) after it, its step, what it read): a phase a later write may continue
         self.reopened = False   # the last phase was taken back up: the next begin_phase continues it (TilePhases)
@@ -453,6 +454,11 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
 
         if r.ttype.rank == 0:
             self.emit(f"const {C_TYPES[r.ttype.dtype]} {self.name(r)} = {expr(())};")
+        elif self.early_loads and op in self.loop.body.ops and self.plan.storable(r) and tensor not in self.written \
+                and all(x.ttype.rank == 0 for x in op.operands[1:]) and any(map(self.plain_load, self.pending)):
+            # a tile read late would be read from memory then, its latency in that phase: in
+            # shared memory, it joins the loads stored together (flush_for), all in flight at once
+            self.pending[r] = expr
         else:
             self.define(op, expr)
 
