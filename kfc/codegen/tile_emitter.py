@@ -74,7 +74,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
     def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True,
                  prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
-                 product_epilogues: bool = True, early_loads: bool = False) -> None:
+                 product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -108,7 +108,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.written = written_tensors(func)
         self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
         self.prefetch = prefetch  # a loop's next loads issued before its work (TilePrefetch)
-        self.prefetched: set[Op] = set()  # loads stored from registers at their loop's head
+        self.prefetched: set[Op] = set()  # loads (and casts of them) stored from registers at their loop's head
+        self.widen_prefetched = widen_prefetched  # a prefetched load only products read through f32() stored so
         self.early: set[Op] = set()  # products written so, beside an earlier one
         self.lanes: dict = {}       # the lane index tuples of the group being written -> lane (TileWrites)
         self.lane_loads: dict = {}  # load op -> the C array its group's access filled

@@ -24,8 +24,10 @@ allow: its read is then not waited on in the middle of the iteration.
 from __future__ import annotations
 
 from ..ir.core import Op, Value
-from ..ir.tile_ops import ForOp, LoadOp
+from ..ir.dtypes import DType
+from ..ir.tile_ops import CastOp, ForOp, LoadOp
 from .c_names import C_TYPES, literal
+from .tile_mma import read_by_tf32_products_only
 from .tile_plan import C_SIZES, THREADS
 from .tile_writes import LANES
 
@@ -37,6 +39,7 @@ class TilePrefetch:
     arena and phases."""
 
     prefetch: bool
+    widen_prefetched: bool
 
     def prefetched_loads(self, loop: ForOp) -> list[LoadOp]:
         """The loads at the head of the loop's body to issue an iteration early. Those stored
@@ -150,21 +153,37 @@ class TilePrefetch:
             else:
                 self.names[iv] = saved
 
+    def widened_for_products(self, op: LoadOp) -> CastOp | None:
+        """The cast to f32 that alone reads the load, where only tensor-core products read the
+        cast (a bf16 workspace read by TF32 products): stored from the registers, widened and
+        rounded, in the loads' phase, instead of in a phase of its own from the stored load."""
+        users = self.plan.uses.get(op.result, ())
+        cast = users[0] if len(users) == 1 else None
+        if not (self.widen_prefetched and isinstance(cast, CastOp) and cast.result.ttype.dtype is DType.F32):
+            return None
+        return cast if read_by_tf32_products_only(cast.result, self.plan.uses.get(cast.result, ())) else None
+
     def store_prefetched(self, loads: list[LoadOp], regs: dict[LoadOp, str]) -> None:
         """The registers into new shared buffers, one phase for all (as the loads would have
-        been stored)."""
-        bufs = {op: self.rounded_buffer(op.result) for op in loads}
+        been stored); a load only products read through a cast to f32 stored as the cast."""
+        stored = {op: self.widened_for_products(op) or op for op in loads}
+        bufs = {op: self.rounded_buffer(stored[op].result) for op in loads}
         self.begin_phase()
         for op in loads:
-            buf, reg = bufs[op], regs[op]
+            buf, reg, held = bufs[op], regs[op], op.result.ttype.dtype
             self.arena.touch(buf, self.step)
+            widen = stored[op] is not op
 
-            def body(j, first, buf=buf, reg=reg):
+            def body(j, first, buf=buf, reg=reg, widen=widen, held=held):
                 lanes = [first[:-1] + (first[-1] if k == 0 else f"({first[-1]} + {k})",) for k in range(LANES)]
-                self.write_group(buf, lanes, [f"{reg}[{j}][{k}]" for k in range(LANES)])
+                values = [f"{reg}[{j}][{k}]" for k in range(LANES)]
+                self.write_group(buf, lanes, [self.as_float(x, held) for x in values] if widen else values)
 
             self.thread_groups(op.result, body)
-            self.buffers[op.result] = buf
+            self.buffers[stored[op].result] = buf
+            if widen:
+                self.prefetched.add(stored[op])  # its tile is in shared memory already
+                continue
             if not self.plan.wants_buffer(op):
                 # read where used, it would have been a global read: what reads it stays stored
                 # as it was (U = u - w S), not recomputed from two buffers at each of its reads
