@@ -234,3 +234,17 @@ def test_a_tile_read_down_its_columns_keeps_rows_a_word_past_the_banks(reads):
                   r"|expf.*\n.*reinterpret_cast<uint4\*>\(&(kfc_s\d+)\[", cu)       # a group at a time
     t = t.group(1) or t.group(2)
     assert pitches(cu, t) == {pitch}
+
+
+def test_early_loads_put_every_load_of_the_cta_in_its_first_phase_of_loads(monkeypatch):
+    """TILE_EARLY_LOADS: v, g and beta, read from memory in later phases by default, join q and
+    k in the first phase, so that all are in flight at once."""
+    def phase_of(cu: str, ref: str) -> int:
+        return next(i for i, p in enumerate(phases(cu)) if ref in p)
+
+    late = prepare().kernel.cu
+    early = built_without(monkeypatch, "TILE_EARLY_LOADS", True, prepare).kernel.cu
+    refs = ("p_q +", "p_k +", "p_v +", "p_g +", "p_beta[")
+    assert {phase_of(early, r) for r in refs} == {0}
+    assert phase_of(late, "p_v +") > phase_of(late, "p_g +") > phase_of(late, "p_q +") == 0
+    assert early.count("__syncthreads();") == late.count("__syncthreads();")

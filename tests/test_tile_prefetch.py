@@ -112,3 +112,21 @@ def test_a_block_of_columns_is_prefetched_and_moved_a_group_an_access():
     assert sorted(n for _, n in regs) == ["1", "1", "1", "2", "2", "2"]  # u [16, 64]: one group a thread
     assert "reinterpret_cast<uint4*>(kfc_pf" in cu and "p_u[" not in cu
     assert re.search(r"reinterpret_cast<uint2\*>\(&p_o\[", cu) and "p_o[" not in re.sub(r"&p_o\[", "", cu)
+
+
+def test_a_prefetched_bf16_load_only_products_read_is_stored_widened_in_the_loads_phase(monkeypatch):
+    """TILE_WIDEN_PREFETCHED: the recurrence with bf16 workspaces stores the f32 (TF32-rounded)
+    tiles its products read straight from the prefetched registers, in the loads' one phase,
+    and so takes the f32 workspaces' barriers; the f32 kernel is unchanged."""
+    def build(wd):
+        return compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": wd}),
+                          parse_target("sm_90a"), shape=SHAPE).kernel.cu
+
+    plain, f32 = build("bf16"), build("f32")
+    monkeypatch.setattr(cuda, "TILE_WIDEN_PREFETCHED", True)
+    widened, f32_widened = build("bf16"), build("f32")
+    assert f32_widened == f32
+    assert widened.count("__syncthreads();") == f32.count("__syncthreads();") < plain.count("__syncthreads();")
+    # the registers (bf16) widened and rounded as they are stored
+    assert re.search(r"kfc_round_tf32\(kfc_bf16_to_f32\(kfc_pf\d+\[", widened)
+    assert not re.search(r"kfc_round_tf32\(kfc_bf16_to_f32\(kfc_pf\d+\[", plain)
