@@ -60,10 +60,11 @@ class SearchPolicy:
     def observations(self, ctx: TuneContext) -> list[tuple[dict, float | None, float]]:
         """(configuration, log-time deviation, weight) per trial of this op and of the prior.
 
-        Trials of similar ops and of this op's other runs (prior trials not in this run's history)
-        are centred on their own mean, one per op and shape, and weighted by `transfer`: another op may be uniformly slower or faster, and what
-        it says about a choice is a hint that this op's own measurements outweigh. A failed
-        trial's deviation is None."""
+        Trials of similar ops and of this op's other runs (prior trials not in this run's
+        history) are centred on their own mean, one per op and shape, and weighted by
+        `transfer`: another op or shape may be uniformly slower or faster, and what it says
+        about a choice is a hint that this run's own measurements outweigh. A failed trial's
+        deviation is None."""
         own_ids = {t.candidate_id for t in ctx.history}
         groups: dict[Any, list[tuple[dict, float | None]]] = defaultdict(list)
         for t in list(ctx.history) + [t for t in ctx.prior if t.candidate_id not in own_ids]:
