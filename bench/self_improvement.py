@@ -132,10 +132,13 @@ def summarize(cold, warm, runs: dict, shapes: list) -> tuple[list[dict], dict]:
     return rows, curves
 
 
+FIRST = 4  # the candidates of each run whose pipelines a comparison keeps
+
+
 def compare_runs(cold_kb, cold_run, warm_kb, warm_run) -> tuple[dict, dict]:
     """A cold and a warm tune of one shape: the best time either found, the candidates each
-    needed to get within 5% of it (95% of the best speed), and both best-so-far curves (the
-    baseline left out of both)."""
+    needed to get within 5% of it (95% of the best speed), each run's first FIRST candidates
+    (pipeline, time, rationale), and both best-so-far curves (the baseline left out of both)."""
     from kfc.factory.tune import candidates_to_reach, curve
 
     trials = {"cold": cold_kb.trials(run_id=cold_run.run_id), "warm": warm_kb.trials(run_id=warm_run.run_id)}
@@ -146,7 +149,10 @@ def compare_runs(cold_kb, cold_run, warm_kb, warm_run) -> tuple[dict, dict]:
            "cold_best_us": min(t.outcome.median_us for t in search["cold"] if t.outcome.median_us),
            "warm_best_us": min(t.outcome.median_us for t in search["warm"] if t.outcome.median_us),
            "baseline_us": cold_run.baseline.outcome.median_us,
-           "cold_run": cold_run.run_id, "warm_run": warm_run.run_id}
+           "cold_run": cold_run.run_id, "warm_run": warm_run.run_id,
+           # what each run tried first and why: where a warm run's prior came from, kept with the result
+           "first_candidates": {k: [{"pipeline": t.proposal.pipeline, "us": t.outcome.median_us,
+                                     "why": t.proposal.rationale} for t in ts[:FIRST]] for k, ts in search.items()}}
     return row, {k: curve(ts) for k, ts in search.items()}
 
 

@@ -164,6 +164,10 @@ def test_the_gemm_self_improvement_experiment_compares_cold_and_warm_tunes_per_s
         assert r["warm_within_fraction"] == (r["warm_candidates_to_95"] is not None and (
             r["cold_candidates_to_95"] is None or r["warm_candidates_to_95"] <= r["cold_candidates_to_95"] / 3))
     assert all(len(c) == 6 for seed in curves.values() for c in seed.values())
+    # each run's first candidates kept with the result: the warm run's first is the prior's
+    firsts = rows[0]["first_candidates"]
+    assert [len(firsts[k]) for k in ("cold", "warm")] == [4, 4]
+    assert firsts["warm"][0]["why"].startswith("prior from the knowledge base") and firsts["warm"][0]["us"] > 0
     assert sorted(p.name for p in tmp_path.glob("*.sqlite")) == [
         "kb-cold-seed0.sqlite", "kb-cold-seed1.sqlite", "kb-others.sqlite", "kb-warm-seed0.sqlite",
         "kb-warm-seed1.sqlite"]
