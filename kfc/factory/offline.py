@@ -32,6 +32,7 @@ import numpy as np
 from .model import TuneContext
 from ..model.records import Proposal, Stage, Trial
 from ..kb.graph import paying_steps
+from ..kb.rows import canonical_shape
 
 
 class SearchPolicy:
@@ -74,8 +75,7 @@ class SearchPolicy:
             timed = t.outcome.stage is Stage.TIMED and t.outcome.median_us
             # one centre per op and shape: an op's records at 4096^3 and at 64 rows differ by 4x
             # whatever the configuration, which one centre would charge to the choices tried there
-            shape = None if t.shape is None else repr(sorted(t.shape.items()))
-            key = "own" if t.candidate_id in own_ids else (t.op_id, shape)
+            key = "own" if t.candidate_id in own_ids else (t.op_id, None if t.shape is None else canonical_shape(t.shape))
             groups[key].append((c, math.log(t.outcome.median_us) if timed else None))
         out = []
         for key, ys in groups.items():
@@ -253,7 +253,7 @@ class SearchPolicy:
         groups: dict[str, list[tuple[dict, Trial]]] = {}
         for c, t in own:
             if t.shape is not None and t.shape != ctx.shape:
-                groups.setdefault(repr(sorted(t.shape.items())), []).append((c, t))
+                groups.setdefault(canonical_shape(t.shape), []).append((c, t))
         scale = getattr(ctx.space, "scaled_time", None)
         out = here
         for group in groups.values():  # in the knowledge base's order: the nearest shape first
