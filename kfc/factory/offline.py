@@ -75,7 +75,8 @@ class SearchPolicy:
             timed = t.outcome.stage is Stage.TIMED and t.outcome.median_us
             # one centre per op and shape: an op's records at 4096^3 and at 64 rows differ by 4x
             # whatever the configuration, which one centre would charge to the choices tried there
-            key = "own" if t.candidate_id in own_ids else (t.op_id, None if t.shape is None else canonical_shape(t.shape))
+            shape = None if t.shape is None else canonical_shape(t.shape)
+            key = "own" if t.candidate_id in own_ids else (t.op_id, shape)
             groups[key].append((c, math.log(t.outcome.median_us) if timed else None))
         out = []
         for key, ys in groups.items():
