@@ -247,8 +247,11 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         """Whether pending tile v is a load of a tensor the kernel never writes, at indices that
         are scalars: storing it reads no shared memory and depends on no other phase."""
         op = self.plan.owner.get(v)
-        return (isinstance(op, LoadOp) and self.pending.get(v) is not DEFERRED_MMA
-                and op.operands[0] not in self.written and all(x.ttype.rank == 0 for x in op.operands[1:]))
+        return isinstance(op, LoadOp) and self.pending.get(v) is not DEFERRED_MMA and self.reads_fixed_memory(op)
+
+    def reads_fixed_memory(self, op: LoadOp) -> bool:
+        """Whether a load reads a tensor the kernel never writes, at scalar indices."""
+        return op.operands[0] not in self.written and all(x.ttype.rank == 0 for x in op.operands[1:])
 
     def new_buffer(self, v: Value) -> Buffer:
         owner = self.plan.owner.get(v)
@@ -455,8 +458,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
 
         if r.ttype.rank == 0:
             self.emit(f"const {C_TYPES[r.ttype.dtype]} {self.name(r)} = {expr(())};")
-        elif self.early_loads and op in self.loop.body.ops and self.plan.storable(r) and tensor not in self.written \
-                and all(x.ttype.rank == 0 for x in op.operands[1:]) and any(map(self.plain_load, self.pending)):
+        elif self.early_loads and op in self.loop.body.ops and self.plan.storable(r) and self.reads_fixed_memory(op) \
+                and any(map(self.plain_load, self.pending)):
             # a tile read late would be read from memory then, its latency in that phase: in
             # shared memory, it joins the loads stored together (flush_for), all in flight at once
             self.pending[r] = expr
