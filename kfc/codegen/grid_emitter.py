@@ -234,5 +234,5 @@ class GridKernelEmitter(CodeWriter):
         for g in L.grid:
             programs *= g
         return code, GridPlan(self.kernel_name, tuple(params), programs, L.threads, self.smem_static,
-                              self.smem_dynamic, persistent=L.persistent)
+                              self.smem_dynamic, cluster=L.cluster, persistent=L.persistent)
 

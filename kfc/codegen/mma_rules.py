@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..ir import layouts
 from ..ir.core import walk_block
 from ..ir.dtypes import DType
+from ..ir.mma_ops import ClusterRankOp
 from ..ir.mma_ops import CHUNK_BYTES, CopyStageOp, CtaBarrierOp, CtasOp, ExpectTxAtOp, FenceProxyAsyncOp, GridOp
 from ..ir.mma_ops import TileCoordsOp
 from ..ir.mma_ops import MbarrierArrayOp, MbarrierArriveOp, MbarrierWaitParityOp, RolesOp
@@ -44,7 +45,17 @@ def emit_grid(em, op: GridOp) -> None:
     em.emit("extern __shared__ __align__(1024) unsigned char kfc_smem[];")
     em.emit(f"const unsigned kfc_smem_base = ({ptx.smem_addr('kfc_smem[0]')} + 1023u) & ~1023u;")
     for inner in op.body.ops:
-        em.emit_op(inner)
+        if op.cluster > 1 and isinstance(inner, RolesOp):
+            _cluster_sync(em, "every CTA's mbarriers are initialised before a peer's copy or arrival reaches them")
+            em.emit_op(inner)
+            _cluster_sync(em, "no CTA exits while a peer may still arrive on its mbarriers")
+        else:
+            em.emit_op(inner)
+
+
+def _cluster_sync(em, why: str) -> None:
+    em.emit(f"{ptx.cluster_arrive()}  // {why}")
+    em.emit(ptx.cluster_wait())
 
 
 def _raster(em, t: str, gm: int, gn: int, group: int, pm: str, pn: str) -> None:
@@ -146,6 +157,10 @@ def emit_mbarrier_arrive(em, op: MbarrierArriveOp) -> None:
     """Lane 0 of every warp arrives, once the warp's lanes are all here (each lane's own wait on
     its wgmma groups has returned)."""
     em.emit("__syncwarp();")
+    if op.cluster:  # on the barrier at the same offset in every CTA of the cluster, this one's included
+        em.emit(f"if ((kfc_tid & 31) == 0) for (unsigned r = 0; r < {em.launch.cluster}u; ++r) "
+                f"kfc_mbarrier_arrive_cluster({barrier_at(em, *op.operands)}, r);")
+        return
     em.emit(f"if ((kfc_tid & 31) == 0) {ptx.mbarrier_arrive(barrier_at(em, *op.operands))}")
 
 
@@ -167,8 +182,18 @@ def emit_tma_load(em, op: TmaLoadOp) -> None:
     chunk_bytes = t.shape[2] * t.shape[3] * t.dtype.itemsize
     dst = (f"{em.name(tile)} + (unsigned)({em.name(stage)}) * {stage_bytes(t)}u + {op.chunk * chunk_bytes}u")
     check_issuer(em, op)
+    if op.multicast:  # into the same offset of every CTA of the cluster, each CTA's barrier counting the bytes
+        ctas = (1 << em.launch.cluster) - 1
+        em.emit(f"kfc_tma_load_2d_multicast({dst}, &{em.name(tmap)}, (int)({em.name(col)}), "
+                f"(int)({em.name(row)}), {barrier_at(em, bars, stage)}, (unsigned short){ctas});")
+        return
     em.emit(f"kfc_tma_load_2d({dst}, &{em.name(tmap)}, (int)({em.name(col)}), "
             f"(int)({em.name(row)}), {barrier_at(em, bars, stage)});")
+
+
+@rule(ClusterRankOp)
+def emit_cluster_rank(em, op: ClusterRankOp) -> None:
+    em.emit(f"const long long {em.name(op.result)} = {ptx.cluster_ctarank()};")
 
 
 @rule(CopyStageOp)

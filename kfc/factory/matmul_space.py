@@ -65,11 +65,12 @@ class MatmulSpace(SpaceMoves):
     def choices(self) -> dict[str, tuple]:
         out = {f.name: _values(f) for f in attrs.fields(AccelerateMatmul) if f.name not in FIXED}
         if not self.tma:  # the threads copy: no producer warpgroup, and its options stay off
-            out.update(producer=("mma",), inflight=(0,), registers=(0,), tiles=("grid",), consumers=("cooperative",))
+            out.update(producer=("mma",), inflight=(0,), registers=(0,), tiles=("grid",), consumers=("cooperative",),
+                       cluster=(1,))
         if self.tcgen05:  # the options of the wgmma kernel's roles do not change the tcgen05 one
             d = self.default_pass
             out.update(bm=(128,), producer=(d.producer,), inflight=(d.inflight,), registers=(d.registers,),
-                       tiles=("grid",), consumers=("cooperative",))
+                       tiles=("grid",), consumers=("cooperative",), cluster=(1,))
         # store=auto is the pass's choice between the two, made here as it makes it
         out.update(store=("direct",) if self.tcgen05 or not (self.tma_store and self.tma) else ("direct", "tma"))
         return out

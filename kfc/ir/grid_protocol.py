@@ -33,6 +33,7 @@ from .mma_ops import (CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp
                       MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagedTile, StagesAllocOp,
                       StageFragmentOp, Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmaLoadOp, TmaStoreOp,
                       TmaStoreWaitOp, TmemAllocOp, TmemLoadOp, WgmmaOp, WgmmaWaitOp)
+from .mma_ops.cluster import run_cluster
 from .smem_ops import HazardError, value_name
 from .tile_ops import ForOp, IfOp
 from .types import MemSpace, TensorType
@@ -133,13 +134,18 @@ def _walk_grid(grid: GridOp) -> None:
             walk = ProtocolWalk(None, {})
             walk.schedule_seed = seed
             walk.cta_warpgroups = grid.threads // 128
-            env = {arg: UNKNOWN for arg in grid.body.args}
+            # a cluster's CTAs run together: the walk follows the first cluster's
+            envs = [{arg: UNKNOWN for arg in grid.body.args} for _ in range(grid.cluster)]
             if tiles is not None:  # CTA 0 of a wave that gives it `tiles` of the grid's tiles
-                env[grid.body.args[0]] = np.asarray(0, dtype=np.int64)
-                walk.ctas = -(-grid.tiles // tiles)
+                for rank, env in enumerate(envs):
+                    env[grid.body.args[0]] = np.asarray(rank, dtype=np.int64)
+                walk.ctas = -(-grid.tiles // tiles // grid.cluster) * grid.cluster
             try:
-                walk.exec_iteration(grid.body, env)
-                grid.program_ends(walk)
+                if grid.cluster > 1:
+                    run_cluster(walk, grid, envs)
+                else:
+                    walk.exec_iteration(grid.body, envs[0])
+                    grid.program_ends(walk)
             except HazardError as e:
                 where = [f"roles scheduled with seed {seed}"] if specialised else []
                 where += [f"a CTA computing {-(-grid.tiles // walk.ctas)} tile(s)"] if tiles is not None else []

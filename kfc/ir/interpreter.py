@@ -239,10 +239,14 @@ class Interpreter:
         outer, self.barriers = self.barriers, []
         try:
             yielded = self.exec_block(body, env)
-            for bar, alloc in self.barriers:
-                if bar.copies:
-                    raise HazardError(f"{smem_ops.never_waited(bar.copies[0][0].name, bar.name)}: the iteration "
-                                      f"ends with {bar.outstanding()}", alloc.loc, smem_ops.HINT_WAIT_BEFORE_END)
+            self.check_barriers_drained()
             return yielded
         finally:
             self.barriers = outer
+
+    def check_barriers_drained(self) -> None:
+        """The barriers made in this iteration (or cluster of CTAs) end with no copy unwaited."""
+        for bar, alloc in self.barriers:
+            if bar.copies:
+                raise HazardError(f"{smem_ops.never_waited(bar.copies[0][0].name, bar.name)}: the iteration "
+                                  f"ends with {bar.outstanding()}", alloc.loc, smem_ops.HINT_WAIT_BEFORE_END)

@@ -42,7 +42,7 @@ from ..ir.func import FuncOp
 from ..ir import layouts
 from ..ir.mma_ops import CHUNK_BYTES, TMA_GRANULE, CopyStageOp, CtaBarrierOp, CtasOp, ExpectTxAtOp, FenceProxyAsyncOp
 from ..ir.mma_ops import GridOp, TileCoordsOp
-from ..ir.mma_ops import MbarrierArrayOp
+from ..ir.mma_ops import ClusterRankOp, MbarrierArrayOp
 from ..ir.mma_ops import MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagesAllocOp, StoreTileOp
 from ..ir.mma_ops import TmaStoreWaitOp
 from ..ir.mma_ops import TensorMapOp, TmaLoadOp, arrive_count
@@ -120,6 +120,10 @@ class AccelerateMatmul(Pass):
     # for bf16, is larger than the approximation's error); a bias-and-GELU GEMM at 4096^3 ran
     # 1-4% faster with it on an H100
     approx: str = option("auto", choices=("auto", "on", "off"))
+    # with a producer warpgroup: CTAs of two output tiles next to each other along M run as a
+    # cluster sharing B's tiles: each CTA's producer loads half of B's chunks and multicasts them
+    # to both, and a stage is free once both CTAs' consumers have freed it (half B's L2 reads)
+    cluster: int = option(1, choices=(1, 2))
 
     @property
     def warpgroups(self) -> int:
@@ -145,6 +149,10 @@ class AccelerateMatmul(Pass):
                                        or self.consumers != "cooperative"):
             return ("inflight, registers, tiles=persistent and consumers=pingpong apply to a producer warpgroup",
                     "add producer=warpgroup, or leave them out")
+        if self.cluster > 1 and (self.producer == "mma" or self.group % self.cluster):
+            return (f"a cluster of {self.cluster} CTAs shares B's tiles between a producer warpgroup's CTAs, "
+                    f"launched {self.cluster} rows of tiles together", f"add producer=warpgroup and a group that is a "
+                    f"multiple of {self.cluster}, or leave cluster at 1")
         if self.consumers == "pingpong" and self.tiles != "persistent":
             return ("consumers=pingpong gives each consumer warpgroup tiles of its own, taken in turn from a "
                     "persistent CTA's tiles", "add tiles=persistent, or leave consumers at cooperative")
@@ -174,6 +182,9 @@ class AccelerateMatmul(Pass):
         approximated = tanh_approximated(self.approx, m, ctx, func)
         ops = attrs.evolve(self.operands(m, mma, ctx.target), approx_tanh=bool(approximated))
         if mma == "tcgen05":
+            if self.cluster > 1:
+                raise PassError("accelerate-matmul: clusters are built for wgmma's producer and consumer roles, not "
+                                "the tcgen05 kernel", m.dot.loc, "leave cluster at 1 for tcgen05")
             if ops.store == "tma":
                 raise PassError("accelerate-matmul: store=tma stages wgmma's fragments; the tcgen05 kernel stores "
                                 "from tensor memory directly", m.dot.loc, "leave store at direct for tcgen05")
@@ -187,6 +198,9 @@ class AccelerateMatmul(Pass):
         specialise = self.producer == "warpgroup" and ops.copy == "tma"
         if self.producer == "warpgroup" and not specialise:
             ctx.note(self, "no producer warpgroup: it issues TMA loads, and the threads copy these operands")
+        if self.cluster > 1 and not specialise:
+            raise PassError("accelerate-matmul: a cluster multicasts TMA loads, and the threads copy these operands"
+                            f"{ops.why_copy}", m.dot.loc, "leave cluster at 1")
         self.check_smem(ops, ctx, func)
         # without roles there are no consumers to take turns: the MMA warpgroups share each tile
         build = self if specialise else attrs.evolve(self, consumers="cooperative")
@@ -293,8 +307,8 @@ class AccelerateMatmul(Pass):
             it = b.binary("add", base, loop.iv, name="it")
             s = b.binary("rem", it, b.as_index(S), name="s")
             uses = b.binary("div", it, b.as_index(S))
-            b.create(MbarrierWaitParityOp, [empty, s, b.binary("rem", b.binary("add", uses, b.as_index(1)), b.as_index(2),
-                                                               name="parity")], [])
+            parity = b.binary("rem", b.binary("add", uses, b.as_index(1)), b.as_index(2), name="parity")
+            b.create(MbarrierWaitParityOp, [empty, s, parity], [])
             load(loop.iv, s, row0, col0)
 
     def _build(self, m: MatmulMatch, ops: Operands, specialise: bool) -> list[Op]:
@@ -303,7 +317,8 @@ class AccelerateMatmul(Pass):
         acc_t = TensorType(DType.F32, (bm, bn), layout=layouts.WgmmaAccumulator(warpgroups=self.warpgroups,
                                                                                pieces=self.pieces).as_layout())
         b = Builder()
-        grid = (-(-M // bm), -(-N // bn))
+        cluster = self.cluster if specialise else 1
+        grid = (-(-M // (bm * cluster)) * cluster, -(-N // bn))  # a cluster's rows of tiles: past M its loads are zeros
         persistent = self.tiles == "persistent" and specialise
         args = (Value(TensorType(DType.INDEX), "cta"),) if persistent else \
             (Value(TensorType(DType.INDEX), "pm"), Value(TensorType(DType.INDEX), "pn"))
@@ -339,7 +354,8 @@ class AccelerateMatmul(Pass):
                                   group=self.group).results
                 n = b.binary("div", b.binary("sub", loop.iv, args[0]), ctas, name="n")
                 own = b.binary("div", n, b.as_index(step), name="own") if step > 1 else n
-                body(*origin(pm, pn), n, own, b.cmp("lt", b.binary("add", loop.iv, ctas), b.as_index(grid[0] * grid[1])))
+                more = b.cmp("lt", b.binary("add", loop.iv, ctas), b.as_index(grid[0] * grid[1]))
+                body(*origin(pm, pn), n, own, more)
 
         with b.at(m.dot.loc), b.region() as top:
             with b.region() as inner:
@@ -357,7 +373,7 @@ class AccelerateMatmul(Pass):
                         b.create(TmaStoreWaitOp, [], [], pending=0)
             threads = (self.warpgroups * (self.consumer_roles if specialise else 1) + specialise) * 128
             top.append(GridOp(regions=(Block(args, inner),), grid=grid, threads=threads,
-                              group=self.group, persistent=persistent, loc=m.dot.loc))
+                              group=self.group, persistent=persistent, cluster=cluster, loc=m.dot.loc))
         return [*m.prelude, *top]
 
     def staged_tiles(self, b: Builder, A: Value, B: Value, count: int) -> tuple[Value, Value]:
@@ -413,6 +429,7 @@ class AccelerateMatmul(Pass):
             *b_box, CHUNK_BYTES).as_layout())], box=b_box, swizzle=CHUNK_BYTES, name=f"tm_{B.name}").result
         sa, sb = self.staged_tiles(b, A, B, S)
         full = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=1, name="full").result
+        rank = b.create(ClusterRankOp, [], [TensorType(DType.INDEX)], name="rank").result if self.cluster > 1 else None
 
         def load(kt: Value, s: Value, row0: Value, col0: Value) -> None:
             k0 = b.binary("mul", kt, b.const(bk, DType.INDEX))
@@ -421,8 +438,14 @@ class AccelerateMatmul(Pass):
                 b.create(TmaLoadOp, [tma_a, sa, full, s, row0, b.binary("add", k0, b.const(j * chunk, DType.INDEX))],
                          [], chunk=j)
             for j in range(bn // chunk):
-                b.create(TmaLoadOp, [tma_b, sb, full, s, k0, b.binary("add", col0, b.const(j * chunk, DType.INDEX))],
-                         [], chunk=j)
+                operands = [tma_b, sb, full, s, k0, b.binary("add", col0, b.const(j * chunk, DType.INDEX))]
+                if self.cluster == 1:
+                    b.create(TmaLoadOp, operands, [], chunk=j)
+                    continue
+                # CTA r of the cluster loads B's chunks j = r (mod cluster) into every CTA's stage
+                with b.region() as mine:
+                    b.create(TmaLoadOp, operands, [], chunk=j, multicast=True)
+                b.if_(b.cmp("eq", rank, b.as_index(j % self.cluster)), mine, [], [], [], [])
 
         return sa, sb, full, load
 
@@ -440,8 +463,10 @@ class AccelerateMatmul(Pass):
 
 
         sa, sb, full, load = self.tma_stages(b, A, B)
-        empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)], arrivals=arrive_count(self.warpgroups),
-                         name="empty").result
+        # a stage multicast into every CTA of the cluster is free once all their consumers freed it
+        empty = b.create(MbarrierArrayOp, [], [barrier_array_type(S)],
+                         arrivals=arrive_count(self.warpgroups) * self.cluster, name="empty").result
+        shared = self.cluster > 1
 
         roles = self.consumer_roles
         # pingpong: order[c] tells consumer c that the other has waited on every stage of the
@@ -483,16 +508,16 @@ class AccelerateMatmul(Pass):
                 b.create(WgmmaWaitOp, [], [], pending=self.inflight)
                 if self.inflight:
                     with b.region() as free:  # k-tile kt - 1's wgmma has retired: its stage is free
-                        b.create(MbarrierArriveOp, [empty, b.binary("rem", b.binary("add", it, b.as_index(S - 1)), b.as_index(S))],
-                                 [])
+                        b.create(MbarrierArriveOp, [empty, b.binary("rem", b.binary("add", it, b.as_index(S - 1)),
+                                                                    b.as_index(S))], [], cluster=shared)
                     b.if_(b.cmp("gt", kt, b.as_index(0)), free, [], [], [], [])
                 else:
-                    b.create(MbarrierArriveOp, [empty, s], [])
+                    b.create(MbarrierArriveOp, [empty, s], [], cluster=shared)
                 loop.yielded = (acc,)
             b.create(WgmmaWaitOp, [], [], pending=0)
             if self.inflight:
                 last = b.binary("rem", b.binary("add", base, b.as_index(kt_count - 1)), b.as_index(S))
-                b.create(MbarrierArriveOp, [empty, last], [])
+                b.create(MbarrierArriveOp, [empty, last], [], cluster=shared)
             if order is not None:  # the other consumer's turn, where the CTA has a tile for it
                 with b.region() as hand_over:
                     b.create(MbarrierArriveOp, [order, b.as_index(1 - consumer)], [])

@@ -181,7 +181,11 @@ SPECIALISED = ["accelerate-matmul{producer=warpgroup}",
                "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent}",
                "accelerate-matmul{producer=warpgroup,tiles=persistent,stages=3}",
                PINGPONG + "}", PINGPONG.replace("inflight=1", "inflight=0") + ",stages=3}",
-               PINGPONG.replace("bm=64", "bm=128,bn=128") + "}"]
+               PINGPONG.replace("bm=64", "bm=128,bn=128") + "}",
+               # clusters of two CTAs sharing B's tiles by multicast (kfc.ir.mma_ops.cluster)
+               "accelerate-matmul{producer=warpgroup,inflight=1,cluster=2}",
+               "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,cluster=2}",
+               PINGPONG.replace("bm=64", "bm=128,bn=128") + ",cluster=2}"]
 SPECIALISED_SHAPES = [(1, 8, 8), (33, 72, 24), (128, 256, 512), (4095, 4104, 136), (256, 512, 4096),
                       (4096, 4096, 4096)]
 
@@ -202,7 +206,8 @@ TMA_STORED = ["accelerate-matmul{store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,bn=192,stages=3,store=tma}",
               "accelerate-matmul{producer=warpgroup,inflight=1,bm=64,bn=128,stages=6,store=tma}",
               PINGPONG + ",store=tma}", PINGPONG + ",bn=192,stages=3,store=tma}",
-              PINGPONG.replace("bm=64", "bm=128,bn=128") + ",stages=5,store=tma}"]
+              PINGPONG.replace("bm=64", "bm=128,bn=128") + ",stages=5,store=tma}",
+              "accelerate-matmul{producer=warpgroup,inflight=1,store=tma,cluster=2}"]
 
 
 @pytest.mark.parametrize("pipeline", TMA_STORED)

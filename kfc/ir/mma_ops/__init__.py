@@ -53,6 +53,8 @@ staged shared-memory tiles, arrays of mbarriers, warpgroup MMAs (wgmma) and thei
         warp specialisation: region i runs on the next warpgroups[i] warpgroups, all at once
     gpu.mbarrier_arrive %bars, %s
         every warp of the role arrives on bars[s] (a consumer frees a stage for the producer)
+    %r = gpu.cluster_rank, gpu.tma_load {multicast = true}, gpu.mbarrier_arrive {cluster = true}
+        a cluster's CTAs sharing stages (kfc.ir.mma_ops.cluster)
     %acc = gpu.tmem_alloc, gpu.tcgen05_mma, gpu.tcgen05_commit, gpu.tmem_load, gpu.tmem_dealloc
         Blackwell's MMA: the accumulator in tensor memory (kfc.ir.mma_ops.tcgen05)
 
@@ -69,6 +71,7 @@ from .tma import (CopyStageOp, ExpectTxAtOp, FenceProxyAsyncOp, MbarrierArrayOp,
                   TensorMapOp, TmaLoadOp)
 from .tcgen05 import (TMEM_LOAD_COLUMNS, Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmemAllocOp, TmemDeallocOp,
                       TmemLoadOp)
+from .cluster import CLUSTER_SIZES, ClusterRankOp
 from .roles import REGISTER_BUDGETS, MbarrierArriveOp, RolesOp, arrive_count
 from .tma_store import STORE_ROWS, StageFragmentOp, TmaStoreOp, TmaStoreWaitOp
 from .wgmma import LoadColumnsOp, StoreTileOp, WgmmaOp, WgmmaWaitOp, wgmma_operands

@@ -8,11 +8,12 @@ import attrs
 import numpy as np
 
 from ...diagnostics import InterpretError
-from ..core import Op, define_op
+from ..core import Op, define_op, walk_block
 from ..dtypes import DType
 from ..gpu_ops import check_layouts
 from ..smem_ops import HINT_WAIT_BEFORE_READ, HazardError
 from ..types import MemSpace, TensorType
+from .cluster import CLUSTER_SIZES, cluster_members, cluster_rank_of, roles_index, run_cluster
 from .schedule import scheduler_of, yield_point
 
 TMA_BOX_LIMIT = 256     # elements along each dim of a TMA box
@@ -116,7 +117,11 @@ class StoreGroup:
 
 
 def store_groups_of(machine) -> list:
-    """The TMA stores issued and not yet retired by a gpu.tma_store_wait, oldest first."""
+    """The TMA stores the current CTA issued and not yet retired by a gpu.tma_store_wait,
+    oldest first."""
+    by_cta = getattr(machine, "cluster_store_groups", None)
+    if by_cta is not None:
+        return by_cta[cluster_rank_of(machine)]
     if not hasattr(machine, "store_groups"):
         machine.store_groups = []
     return machine.store_groups
@@ -169,8 +174,8 @@ def stage_index(op: Op, value, stages: int) -> int:
 
 # the CTAs the interpreter runs a persistent grid on: fewer than its tiles, so that a CTA takes
 # several in turn, as on the GPU, where one wave of CTAs runs however many tiles there are
-def persistent_ctas(tiles: int) -> int:
-    return max(1, -(-tiles // 3))
+def persistent_ctas(tiles: int, cluster: int = 1) -> int:
+    return -(-max(1, -(-tiles // 3)) // cluster) * cluster
 
 
 @define_op("gpu.grid", traits={"loop"}, operands=0, results=0)
@@ -178,12 +183,14 @@ class GridOp(Op):
     """Independent programs over an N-D grid of program ids (the region's index arguments), one
     CTA of `threads` threads each. A `persistent` grid launches one wave of CTAs instead, its
     region's one argument the CTA's index; the CTAs loop over the grid's tiles themselves
-    (gpu.ctas, gpu.tile_coords)."""
+    (gpu.ctas, gpu.tile_coords). With `cluster` > 1 the programs form clusters of that many
+    along the first grid dim (kfc.ir.mma_ops.cluster), run together by the interpreter."""
 
     grid: tuple[int, ...] = attrs.field(converter=tuple)
     threads: int = 128
     group: int = 1  # raster order: program rows launched together along the first grid dim
     persistent: bool = False
+    cluster: int = 1
 
     @property
     def tiles(self) -> int:
@@ -212,16 +219,41 @@ class GridOp(Op):
                 raise op.error(f"its roles take {op.threads} threads; the grid's CTA has {self.threads}",
                                "give the grid 128 threads for each warpgroup of every role")
         check_layouts(self.body, self.threads, 1, 1)
+        self.verify_cluster()
+
+    def verify_cluster(self) -> None:
+        """A cluster is whole programs along the first grid dim, which the raster order keeps
+        together, and CTAs specialised into roles (run together by the interpreter); ops that
+        reach other CTAs need one."""
+        if self.cluster not in CLUSTER_SIZES:
+            raise self.error(f"cluster is one of {CLUSTER_SIZES} CTAs, not {self.cluster}")
+        if self.cluster == 1:
+            for op in walk_block(self.body):
+                if getattr(op, "multicast", False) or getattr(op, "cluster", False) or op.NAME == "gpu.cluster_rank":
+                    raise op.error("reaches the other CTAs of a cluster, and this grid's CTAs form none",
+                                   "give the gpu.grid a cluster of 2 or 4")
+            return
+        if len(self.grid) != 2 or self.grid[0] % self.cluster or self.group % self.cluster:
+            raise self.error(f"a cluster of {self.cluster} takes a 2-D grid whose first dim and group are multiples "
+                             f"of it, not grid = {list(self.grid)}, group = {self.group}")
+        if roles_index(self.body) is None:
+            raise self.error("a cluster's CTAs are warp-specialised: its body holds a gpu.roles")
 
     def interpret(self, interp, ins, env):
         interp.cta_warpgroups = self.threads // 128
-        interp.ctas = persistent_ctas(self.tiles)
-        for pid in np.ndindex(interp.ctas) if self.persistent else np.ndindex(*self.grid):
-            for arg, i in zip(self.body.args, pid):
-                env[arg] = np.asarray(i, dtype=np.int64)
+        interp.ctas = persistent_ctas(self.tiles, self.cluster)
+        programs = list(np.ndindex(interp.ctas) if self.persistent else np.ndindex(*self.grid))
+        for members in cluster_members(self, programs):
+            envs = [env] if self.cluster == 1 else [dict(env) for _ in members]
+            for e, pid in zip(envs, members):
+                for arg, i in zip(self.body.args, pid):
+                    e[arg] = np.asarray(i, dtype=np.int64)
             interp.wgmma_groups, interp.tcgen05_groups, interp.store_groups = [], [], []
-            interp.exec_iteration(self.body, env)
-            self.program_ends(interp)
+            if self.cluster == 1:
+                interp.exec_iteration(self.body, env)
+                self.program_ends(interp)
+            else:
+                run_cluster(interp, self, envs)
         return None
 
     def program_ends(self, machine) -> None:

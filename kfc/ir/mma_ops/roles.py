@@ -7,9 +7,11 @@
         warpgroup 0); inside it, thread and warpgroup numbers count from its first warpgroup.
         With `registers`, each role first sets its threads' register budget (setmaxnreg): the
         producer gives registers back, the consumers take them.
-    gpu.mbarrier_arrive %bars, %s
+    gpu.mbarrier_arrive %bars, %s {cluster = false}
         every warp of the role (or of the CTA, outside gpu.roles) arrives once on bars[s]: an
-        array made with `arrivals` = 4 x its warpgroups completes a phase when all have
+        array made with `arrivals` = 4 x its warpgroups completes a phase when all have. With
+        `cluster`, on bars[s] of every CTA of the cluster (a stage a multicast load fills in
+        every CTA is free only once every CTA's consumers have freed it)
 
 The roles talk only through mbarriers and the stages they guard; a gpu.cta_barrier inside a
 role would wait for threads that never reach it. The interpreter runs the roles as coroutines
@@ -23,7 +25,8 @@ import attrs
 from ..core import Op, define_op, walk_block
 from ..tile_ops.checks import check_int_scalar
 from .grid import WARPS_PER_WARPGROUP, CtaBarrierOp, is_barrier_array, stage_index, wgmma_groups_of
-from .schedule import RoleScheduler, scheduler_of, yield_point
+from .cluster import peer_values
+from .schedule import run_roles, scheduler_of, yield_point
 
 # setmaxnreg's range: multiples of 8 from 24 to 256 registers a thread
 REGISTER_BUDGETS = range(24, 257, 8)
@@ -71,10 +74,11 @@ class RolesOp(Op):
     def interpret(self, interp, ins, env):
         """Each role a coroutine on a copy of the environment (values defined in a role stay in
         it); a different seeded schedule each time the interpreter runs the roles."""
-        seed = getattr(interp, "schedule_seed", 0) + getattr(interp, "schedules_run", 0)
-        interp.schedules_run = getattr(interp, "schedules_run", 0) + 1
-        sched = RoleScheduler(seed, self.warpgroups)
+        run_roles(interp, self.warpgroups, (0,) * len(self.regions), self.bodies(interp, env))
+        return None
 
+    def bodies(self, interp, env: dict) -> list:
+        """What each role runs: its region on a copy of env, ending with no wgmma in flight."""
         def role(region):
             def body():
                 interp.exec_block(region, dict(env))
@@ -83,16 +87,15 @@ class RolesOp(Op):
                                      "end the role's MMAs with gpu.wgmma_wait {pending = 0}")
             return body
 
-        interp.scheduler = sched
-        try:
-            sched.run([role(r) for r in self.regions])
-        finally:
-            interp.scheduler = None
-        return None
+        return [role(r) for r in self.regions]
+
 
 
 @define_op("gpu.mbarrier_arrive", traits={"writes_memory"}, operands=2, results=0)
 class MbarrierArriveOp(Op):
+    # arrive on bars[s] of every CTA of the cluster (kfc.ir.mma_ops.cluster), not this CTA's alone
+    cluster: bool = False
+
     def verify_(self) -> None:
         if not is_barrier_array(self.operands[0].type):
             raise self.error(f"arrives on an array of mbarriers (i64[stages] @shared), not {self.operands[0].type}")
@@ -101,14 +104,15 @@ class MbarrierArriveOp(Op):
     def advance(self, machine, ins) -> None:
         """Every warp of the role arrives; a phase that needs no bytes ends with its last arrival."""
         yield_point(machine)
-        bars = ins[0]
-        bar = bars[stage_index(self, ins[1], len(bars))]
+        s = stage_index(self, ins[1], len(ins[0]))
         sched = scheduler_of(machine)
         warpgroups = sched.warpgroups[sched.current()] if sched is not None else machine.cta_warpgroups
-        for _ in range(arrive_count(warpgroups)):
-            bar.arrive(self)
-        if not bar.copies and bar.blocker(self) is None:
-            bar.complete(self)
+        for bars in peer_values(machine, self, 0, ins[0]) if self.cluster else [ins[0]]:
+            bar = bars[s]
+            for _ in range(arrive_count(warpgroups)):
+                bar.arrive(self)
+            if not bar.copies and bar.blocker(self) is None:
+                bar.complete(self)
 
     def interpret(self, interp, ins, env):
         self.advance(interp, ins)

@@ -23,8 +23,10 @@ class _Aborted(Exception):
 
 
 class RoleScheduler:
-    def __init__(self, seed: int, warpgroups: tuple[int, ...]) -> None:
+    def __init__(self, seed: int, warpgroups: tuple[int, ...], ctas: tuple[int, ...] | None = None) -> None:
         self.warpgroups = warpgroups  # per role
+        # per role, the rank of its CTA in the cluster (a cluster's CTAs run their roles together)
+        self.ctas = ctas if ctas is not None else (0,) * len(warpgroups)
         self.seed = seed
         self.rng = random.Random(seed)
         self.cond = threading.Condition()
@@ -37,6 +39,9 @@ class RoleScheduler:
     # --- what the roles' ops call ------------------------------------------------------------
     def current(self) -> int:
         return self.local.role
+
+    def current_cta(self) -> int:
+        return self.ctas[self.local.role]
 
     def switch(self, ready: Callable[[], bool] | None = None,
                deadlock: Callable[[], KfcError] | None = None) -> None:
@@ -101,6 +106,18 @@ class RoleScheduler:
             _, deadlock = self.waits[min(self.waits)]
             self.error = deadlock()
         self.cond.notify_all()
+
+
+def run_roles(interp, warpgroups: tuple[int, ...], ctas: tuple[int, ...], bodies: list) -> None:
+    """Run the bodies as roles of one schedule (role i has warpgroups[i] warpgroups and is in
+    the cluster's CTA ctas[i]), a different seeded schedule each time the interpreter runs one."""
+    seed = getattr(interp, "schedule_seed", 0) + getattr(interp, "schedules_run", 0)
+    interp.schedules_run = getattr(interp, "schedules_run", 0) + 1
+    interp.scheduler = RoleScheduler(seed, warpgroups, ctas)
+    try:
+        interp.scheduler.run(bodies)
+    finally:
+        interp.scheduler = None
 
 
 def role_speeds(seed: int, roles: int, rng: random.Random) -> list[float]:

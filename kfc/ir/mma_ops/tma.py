@@ -13,6 +13,7 @@ from ..dtypes import poison_value
 from ..smem_ops import HINT_WAIT_BEFORE_REUSE, HazardError, MBarrier, value_name
 from ..tile_ops.checks import check_int_scalar, tensor_of
 from ..types import MemSpace
+from .cluster import peer_values
 from .schedule import scheduler_of, yield_point
 from .grid import (TMA_BOX_LIMIT, StagedCopy, StagedTile, is_barrier_array, is_staged_tile, stage_index,
                    unfenced_of)
@@ -120,6 +121,9 @@ class TmaLoadOp(Op):
     column in the tensor."""
 
     chunk: int = 0
+    # the box lands in this chunk and stage of every CTA of the cluster, its bytes counted
+    # against each CTA's barrier (kfc.ir.mma_ops.cluster)
+    multicast: bool = False
 
     def verify_(self) -> None:
         tm = tensor_of(self, self.operands[0], "tensor map")
@@ -146,18 +150,21 @@ class TmaLoadOp(Op):
         """The copy is issued: its bytes count against the stage's barrier, and it lands (box)
         when that barrier's phase completes."""
         yield_point(machine)
-        tile, bars = ins[1], ins[2]
-        s = stage_index(self, ins[3], len(bars))
-        tile.refill(self, machine, s)
-        if (s, self.chunk) in tile.pending:
-            raise HazardError(f"{self.NAME}: copies over stage {s} of {tile.name} while the copy into it before is in "
-                              f"flight (nobody waited on {tile.pending[(s, self.chunk)].name})", self.loc,
-                              HINT_WAIT_BEFORE_REUSE)
+        s = stage_index(self, ins[3], len(ins[2]))
         t = self.operands[1].ttype
-        bar = bars[s]
-        bar.delivered += t.shape[2] * t.shape[3] * t.dtype.itemsize  # a box's bytes, zero-filled ones included
-        tile.pending[(s, self.chunk)] = bar
-        bar.copies.append((StagedCopy(tile, s, self.chunk), box))
+        targets = zip(peer_values(machine, self, 1, ins[1]), peer_values(machine, self, 2, ins[2])) \
+            if self.multicast else [(ins[1], ins[2])]
+        for rank, (tile, bars) in enumerate(targets):
+            where = f" of the cluster's CTA {rank}" if self.multicast else ""
+            tile.refill(self, machine, s)
+            if (s, self.chunk) in tile.pending:
+                raise HazardError(f"{self.NAME}: copies over stage {s} of {tile.name}{where} while the copy into it "
+                                  f"before is in flight (nobody waited on {tile.pending[(s, self.chunk)].name})",
+                                  self.loc, HINT_WAIT_BEFORE_REUSE)
+            bar = bars[s]
+            bar.delivered += t.shape[2] * t.shape[3] * t.dtype.itemsize  # a box's bytes, zero-filled ones included
+            tile.pending[(s, self.chunk)] = bar
+            bar.copies.append((StagedCopy(tile, s, self.chunk), box))
 
     def interpret(self, interp, ins, env):
         src, tile = ins[0], ins[1]
