@@ -108,6 +108,30 @@ def test_fla_without_final_state_returns_none():
     assert ht is None and o.shape == (1, 9, 1, 8)
 
 
+def test_fla_heads_of_256_run_over_blocks_of_their_columns(monkeypatch):
+    """K = V = 256 (fla's D = 256 cases): the whole state does not fit one CTA, so chunk_kda runs
+    kernels/kda_fwd_fla_split.kfc, four CTAs of 64 columns a head, as the float64 recurrence;
+    heads of 128 keep the whole kernel."""
+    launched = []
+
+    def recorded(name, bind, given, outs):
+        launched.append((name, bind))
+        interpreted(name, bind, given, outs)
+
+    monkeypatch.setattr(kda, "run", recorded)
+    q, k, v, raw, beta, h0 = draw(1, 19, 1, 1, 256, 256)
+    q, k = (F.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+    g = F.logsigmoid(raw)
+    o, ht = kda.chunk_kda(q, k, v, g, beta.sigmoid().bfloat16(), initial_state=h0, output_final_state=True)
+    assert launched == [("kda_fwd_fla_split", dict(C=16, SD="f32", V=256, VB=64))]
+    want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), beta.sigmoid().bfloat16().double(),
+                                    None, h0.double())
+    close("o", o, want_o)
+    close("ht", ht, want_ht)
+    assert kda.fla_kernel(128, 128) == ("kda_fwd_fla", {}) and kda.fla_kernel(64, 256) == ("kda_fwd_fla", {})
+    assert kda.fla_kernel(128, 256) == ("kda_fwd_fla_split", dict(V=256, VB=128))
+
+
 def test_flash_kda_fwd_writes_out_and_the_final_state_in_place():
     """FlashKDA's fwd: a batch of two, bf16 states V-first, out and final_state written in place."""
     q, k, v, raw, beta, h0 = draw(2, 19, 2, 2, 16, 8)

@@ -45,7 +45,10 @@ SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound it is exact for (Flash
 # VB): None, as recurrence_columns chooses; 0, all of V in one CTA (kernels/kda_recurrence.kfc)
 RECURRENCE_COLUMNS: Optional[int] = None
 SPLIT_V = (128, 64, 256)  # kernels/kda_recurrence_split.kfc's V
-SPLIT_VB = (32, 64, 128)  # ... and its VB
+SPLIT_VB = (32, 64, 128)  # ... and its VB (kernels/kda_fwd_fla_split.kfc's too)
+# the most state elements a CTA of kernels/kda_fwd_fla.kfc holds (f32 [128, 128], 64 KB, beside
+# its chunk's tiles); past it chunk_kda takes the kernel over blocks of V's columns
+WHOLE_STATE = 128 * 128
 GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
 
 
@@ -119,7 +122,8 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
                  lower_bound=float(-5.0 if lower_bound is None else lower_bound),
                  qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), beta_logits=int(bool(use_beta_sigmoid_in_kernel)),
                  beta_max=2.0 if allow_neg_eigval else 1.0)
-    run("kda_fwd_fla", dict(C=chunk, SD=_kfc_dtype(sd)), given, (o, ht))
+    name, columns = fla_kernel(K, V)
+    run(name, dict(C=chunk, SD=_kfc_dtype(sd), **columns), given, (o, ht))
     final = None
     if output_final_state:
         final = ht.transpose(-1, -2).contiguous() if state_v_first else ht
@@ -204,6 +208,17 @@ def recurrence_columns(pairs: int, V: int, device: torch.device) -> int:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     fit = [vb for vb in SPLIT_VB if vb < V and V % vb == 0 and pairs * (V // vb) <= sms]
     return min(fit, default=0)
+
+
+def fla_kernel(K: int, V: int) -> tuple[str, dict]:
+    """The kernel of chunk_kda at head dims K and V, and its size bindings: kernels/kda_fwd_fla.kfc,
+    or where one CTA's shared memory holds less than the whole state with the chunk's tiles
+    beside it, kernels/kda_fwd_fla_split.kfc over the widest blocks of V's columns whose state
+    does (K = V = 256: four CTAs a head, [256, 64] each)."""
+    if K * V <= WHOLE_STATE or V not in SPLIT_V:
+        return "kda_fwd_fla", {}
+    fit = [vb for vb in SPLIT_VB if vb < V and V % vb == 0 and K * vb <= WHOLE_STATE]
+    return ("kda_fwd_fla_split", dict(V=V, VB=max(fit))) if fit else ("kda_fwd_fla", {})
 
 
 def run(name: str, bind: dict, given: dict, outs: tuple) -> None:

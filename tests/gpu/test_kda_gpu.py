@@ -77,6 +77,8 @@ ENTRY_CASES = [  # (B, lengths or None, H, HV, K, V, dtype, options, chunk: None
     (1, [150, 77], 1, 2, 100, 60, torch.bfloat16,
      dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,
           allow_neg_eigval=True, state_v_first=True, use_qk_l2norm_in_kernel=True), 64),
+    # fla's D = 256: the state over blocks of V's columns (kernels/kda_fwd_fla_split.kfc)
+    (1, [300, 77], 1, 2, 256, 256, torch.bfloat16, dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True), None),
 ]
 
 
