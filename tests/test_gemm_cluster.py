@@ -26,7 +26,7 @@ CLUSTER = "accelerate-matmul{producer=warpgroup,cluster=2"
     (1, 8, 8, CLUSTER + "}"),  # one tile of rows: the cluster's second CTA computes rows past M
     (130, 264, 200, CLUSTER + "}"),
     (300, 600, 200, CLUSTER + ",inflight=1,stages=3}"),  # 3 rows of tiles rounded up to 4
-    (100, 72, 136, CLUSTER + ",inflight=1,bm=64,bn=64,stages=2}"),  # one chunk of B: rank 1 loads none
+    (100, 72, 136, CLUSTER + ",inflight=1,bm=64,bn=128,stages=2}"),  # a chunk of B each
     (300, 600, 200, CLUSTER + ",inflight=1,tiles=persistent,stages=3}"),
     (300, 600, 200, CLUSTER + ",inflight=1,registers=232,bm=128,bn=128,tiles=persistent,consumers=pingpong,"
                               "stages=3}"),
@@ -101,8 +101,9 @@ def test_a_cluster_needs_whole_pairs_of_tile_rows():
 
 
 @pytest.mark.parametrize("opts,why", [("cluster=2", "producer warpgroup"),
-                                      ("producer=warpgroup,cluster=2,group=1", "multiple of 2")])
-def test_a_cluster_needs_a_producer_warpgroup_and_an_even_group(opts, why):
+                                      ("producer=warpgroup,cluster=2,group=1", "multiple of 2"),
+                                      ("producer=warpgroup,cluster=2,bn=64", "share of B's 64-column chunks")])
+def test_a_cluster_needs_a_producer_warpgroup_an_even_group_and_chunks_of_b_for_each_cta(opts, why):
     with pytest.raises(KfcError, match=why):
         lowered(load_kfc("kernels/gemm.kfc"), {"M": 256, "N": 256, "K": 128}, f"canonicalize,accelerate-matmul{{{opts}}}")
 

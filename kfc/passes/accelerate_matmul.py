@@ -55,6 +55,7 @@ from .matmul_match import MatmulMatch, match_matmul, tma_movable
 from .matmul_tcgen05 import run_tcgen05
 
 SMEM_RESERVE = 1024  # bytes of a CTA's shared memory left beside the dynamic (mbarriers, alignment)
+CHUNK_COLUMNS = CHUNK_BYTES // 2  # a 16-bit operand's columns in one 128-byte chunk
 PINGPONG_TILE = 128 * 128  # a pingpong consumer's accumulator: 128 f32 registers of each of its threads
 
 
@@ -153,6 +154,11 @@ class AccelerateMatmul(Pass):
             return (f"a cluster of {self.cluster} CTAs shares B's tiles between a producer warpgroup's CTAs, "
                     f"launched {self.cluster} rows of tiles together", f"add producer=warpgroup and a group that is a "
                     f"multiple of {self.cluster}, or leave cluster at 1")
+        if self.cluster > 1 and self.bn // CHUNK_COLUMNS < self.cluster:
+            # a CTA loading none of B would not wait on its peer's producer, and its peer's
+            # consumers could free its stages before its own producer's first wait on them
+            return (f"each CTA of a cluster of {self.cluster} loads a share of B's {CHUNK_COLUMNS}-column chunks",
+                    f"take bn of {CHUNK_COLUMNS * self.cluster} or more, or leave cluster at 1")
         if self.consumers == "pingpong" and self.tiles != "persistent":
             return ("consumers=pingpong gives each consumer warpgroup tiles of its own, taken in turn from a "
                     "persistent CTA's tiles", "add tiles=persistent, or leave consumers at cooperative")
