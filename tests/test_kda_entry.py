@@ -132,6 +132,35 @@ def test_fla_heads_of_256_run_over_blocks_of_their_columns(monkeypatch):
     assert kda.fla_kernel(128, 256) == ("kda_fwd_fla_split", dict(V=256, VB=128))
 
 
+def test_fla_intermediate_states_are_the_states_before_each_64_tokens():
+    """return_intermediate_states (fla's test_chunk_return_intermediate_states): h [B, NT, HV, K, V]
+    in q's dtype, h[:, i] the state after each sequence's first 64 i tokens (the float64
+    recurrence on that prefix); with cu_seqlens [1, NT, ...], every sequence's chunks in turn;
+    o and the final state as without it."""
+    q, k, v, raw, beta, h0 = draw(2, 150, 2, 2, 8, 8)
+    q, k = (F.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+    g, b = F.logsigmoid(raw), beta.sigmoid().bfloat16()
+    o, ht, h = kda.chunk_kda(q, k, v, g, b, initial_state=h0, output_final_state=True,
+                             return_intermediate_states=True)
+    assert h.shape == (2, 3, 2, 8, 8) and h.dtype == torch.bfloat16
+    want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), b.double(), None, h0.double())
+    close("o", o, want_o)
+    close("ht", ht, want_ht)
+    for i in range(3):
+        t = 64 * i
+        want = h0 if i == 0 else kda_recurrent(q[:, :t].double(), k[:, :t].double(), v[:, :t].double(),
+                                               g[:, :t].double(), b[:, :t].double(), None, h0.double())[1]
+        close(f"h[:, {i}]", h[:, i], want)
+    cu = torch.tensor([0, 100, 230])
+    x = [t.reshape(1, 300, *t.shape[2:])[:, :230] for t in (q, k, v, g, b)]
+    o, ht, h = kda.chunk_kda(*x, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                             return_intermediate_states=True, state_v_first=False)
+    assert h.shape == (1, 5, 2, 8, 8)  # 2 chunks of the first sequence, 3 of the second
+    torch.testing.assert_close(h[0, [0, 2]].float(), h0.bfloat16().float())
+    want = kda_recurrent(*(t[:, :64].double() for t in x), None, h0[:1].double())[1]
+    close("h[0, 1]", h[0, 1:2], want)
+
+
 def test_flash_kda_fwd_writes_out_and_the_final_state_in_place():
     """FlashKDA's fwd: a batch of two, bf16 states V-first, out and final_state written in place."""
     q, k, v, raw, beta, h0 = draw(2, 19, 2, 2, 16, 8)
@@ -153,7 +182,6 @@ def test_flash_kda_fwd_writes_out_and_the_final_state_in_place():
     (dict(use_gate_in_kernel=True), "A_log must be given"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(1), safe_gate=True), "needs lower_bound in \\[-5, 0\\)"),
     (dict(cu_seqlens=torch.tensor([0, 5, 9])), "with cu_seqlens the batch size must be 1, got 2"),
-    (dict(return_intermediate_states=True), "return_intermediate_states is not supported"),
     (dict(initial_state=torch.zeros(2, 1, 8, 4)), "initial_state has shape \\(2, 1, 8, 4\\), not \\(2, 1, 8, 8\\)"),
     (dict(bogus=1), "unexpected argument 'bogus'"),
 ])

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ..diagnostics import KfcError
 from ..library import kernel
+from .kda_states import intermediate_states
 from .ops import ready
 
 CHUNKS = (64, 32, 16)  # the chunk sizes the kernels are written for (their type parameter C)
@@ -69,7 +70,10 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
     or bf16, [N, HV, K, V] ([N, HV, V, K] with state_v_first); the final state has its dtype (f32
     without one). chunk_size, as fla's, 32 or 64 (a ValueError otherwise, fla's); left out, kfc
     takes its fastest, 16. It changes the speed, not the result. disable_recompute and
-    cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused."""
+    cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused. With
+    return_intermediate_states, (o, final state, h): h the state before each 64-token chunk of
+    every sequence, [B, NT, HV, K, V] (with cu_seqlens [1, NT, ...], NT every sequence's chunks)
+    in q's dtype, computed one launch per chunk (kfc.nn.kda_states): correct, not fast."""
     what = "chunk_kda"
     if chunk_size is not None and chunk_size not in FLA_CHUNKS:
         raise ValueError(f"`chunk_size` must be either 32 or 64, got {chunk_size} (kfc.nn.kda.chunk_kda takes fla's "
@@ -79,12 +83,23 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
     if kwargs:
         raise KfcError(f"{what}: unexpected argument {next(iter(kwargs))!r}",
                        hint="kfc.nn.kda.chunk_kda takes fla's chunk_kda arguments; see its docstring")
-    if return_intermediate_states:
-        raise KfcError(f"{what}: return_intermediate_states is not supported: kfc's kernel keeps each chunk's "
-                       "state on chip", hint="call without it; the final state comes with output_final_state=True")
     if cp_context is not None:
         raise KfcError(f"{what}: context parallelism (cp_context) is not supported",
                        hint="run each device's sequences with cu_seqlens and pass states between them")
+    if return_intermediate_states:  # (o, final state, h): chunk by chunk (kfc.nn.kda_states)
+        B, T, H, K, HV, V = _shapes(what, q, k, v, g, beta, gate_heads=True)
+        N, _ = _sequences(what, cu_seqlens, B, T, q.device, torch.int64)
+        _state(what, initial_state, N, HV, K, V, state_v_first)
+        options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound, A_log=A_log,
+                       dt_bias=dt_bias, chunk_size=chunk_size)
+        o, final, h = intermediate_states(chunk_kda, q, k, v, g, beta, initial_state, cu_seqlens, state_v_first,
+                                          options)
+        if state_v_first:
+            final, h = final.transpose(-1, -2).contiguous(), h.transpose(-1, -2).contiguous()
+        sd = torch.float32 if initial_state is None else initial_state.dtype
+        return o, final.to(sd) if output_final_state else None, h
     chunk = _chunk(what, chunk_size)
     B, T, H, K, HV, V = _shapes(what, q, k, v, g, beta, gate_heads=True)
     if q.dtype not in INPUT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:

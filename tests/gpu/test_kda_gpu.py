@@ -156,3 +156,28 @@ def test_flash_kda_fwd_in_flashkdas_interface_on_the_gpu(state):
     for name, got, ref in pairs:
         _, rel, ok, note = compare(got.float().cpu().numpy(), ref.float().numpy(), TOLERANCE)
         assert ok, f"state {state}: {name}: {note or f'relative RMSE {rel:.3g}'}"
+
+
+def test_chunk_kda_intermediate_states_on_the_gpu():
+    """return_intermediate_states: h[0, i] is the state before each sequence's i-th 64 tokens (the
+    fp64 recurrence's final state on that prefix), o and the final state as in one launch."""
+    from kfc.nn.kda import chunk_kda
+
+    lengths = [130, 64, 7]
+    q, k, v, gate, beta, cu, h0 = inputs(lengths, 2, 64, 64, True, 5)
+    dev = [x.cuda() for x in (q, k, v, gate, beta, cu, h0)]
+    with torch.no_grad():
+        o, ht, h = chunk_kda(*dev[:5], initial_state=dev[6], output_final_state=True, cu_seqlens=dev[5],
+                             return_intermediate_states=True)
+        o1, ht1 = chunk_kda(*dev[:5], initial_state=dev[6], output_final_state=True, cu_seqlens=dev[5])
+    assert h.shape == (1, 3 + 1 + 1, 2, 64, 64) and h.dtype == torch.bfloat16
+    for name, got, ref in (("o", o, o1), ("ht", ht, ht1)):
+        _, rel, ok, note = compare(got.float().cpu().numpy(), ref.float().cpu().numpy(), TOLERANCE)
+        assert ok, f"{name}: {note or f'relative RMSE {rel:.3g}'}"
+    want = [h0[0], kda_recurrent(q[:, :64].double(), k[:, :64].double(), v[:, :64].double(), gate[:, :64].double(),
+                                 beta[:, :64].double(), None, h0[:1].double())[1][0],
+            kda_recurrent(q[:, :128].double(), k[:, :128].double(), v[:, :128].double(), gate[:, :128].double(),
+                          beta[:, :128].double(), None, h0[:1].double())[1][0], h0[1], h0[2]]
+    for i, ref in enumerate(want):
+        _, rel, ok, note = compare(h[0, i].float().cpu().numpy(), ref.float().numpy(), TOLERANCE)
+        assert ok, f"h[0, {i}]: {note or f'relative RMSE {rel:.3g}'}"
