@@ -124,3 +124,18 @@ def test_the_clustered_gemm_builds_for_sm90a_with_multicast_loads():
     sass = disassemble(r.kernel.cubin)
     assert "UTMALDG.2D.MULTICAST" in sass and "UCGABAR_WAIT" in sass and "HGMMA.64x256x16.F32.BF16" in sass
     assert r.kernel.report.spills == 0 and "C7514" not in r.kernel.ptxas_log
+
+
+@pytest.mark.parametrize("opts", ["", ",inflight=1,bm=64,bn=128,stages=2", ",inflight=1,tiles=persistent,stages=3",
+                                  ",inflight=1,registers=232,bm=128,bn=128,tiles=persistent,consumers=pingpong,"
+                                  "stages=2,store=tma"])
+def test_the_cluster_protocol_holds_under_many_schedules(opts, monkeypatch):
+    """The barrier check walks a cluster's two CTAs' roles under 32 seeded interleavings, not 4:
+    a producer far ahead of its peer's consumers, or the reverse, finds no hazard."""
+    from kfc.ir import grid_protocol
+
+    _, low = lowered(load_kfc("kernels/gemm.kfc"), {"M": 256, "N": 512, "K": 640}, f"canonicalize,{CLUSTER}{opts}}}")
+    [grid] = [op for op in low.walk() if isinstance(op, GridOp)]
+    monkeypatch.setattr(grid_protocol, "SCHEDULES", 32)
+    monkeypatch.setattr(grid_protocol, "_SOUND", {})
+    grid_protocol.check_grid_protocol(grid)
