@@ -105,7 +105,8 @@ def test_a_cluster_needs_whole_pairs_of_tile_rows():
                                       ("producer=warpgroup,cluster=2,bn=64", "share of B's 64-column chunks")])
 def test_a_cluster_needs_a_producer_warpgroup_an_even_group_and_chunks_of_b_for_each_cta(opts, why):
     with pytest.raises(KfcError, match=why):
-        lowered(load_kfc("kernels/gemm.kfc"), {"M": 256, "N": 256, "K": 128}, f"canonicalize,accelerate-matmul{{{opts}}}")
+        lowered(load_kfc("kernels/gemm.kfc"), {"M": 256, "N": 256, "K": 128},
+                f"canonicalize,accelerate-matmul{{{opts}}}")
 
 
 def test_tcgen05_refuses_a_cluster():

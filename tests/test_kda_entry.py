@@ -143,7 +143,8 @@ def test_fla_intermediate_states_are_the_states_before_each_64_tokens():
     o, ht, h = kda.chunk_kda(q, k, v, g, b, initial_state=h0, output_final_state=True,
                              return_intermediate_states=True)
     assert h.shape == (2, 3, 2, 8, 8) and h.dtype == torch.bfloat16
-    want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), b.double(), None, h0.double())
+    want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), b.double(), None,
+                                    h0.double())
     close("o", o, want_o)
     close("ht", ht, want_ht)
     for i in range(3):

@@ -374,13 +374,16 @@ static __device__ __forceinline__ void kfc_tma_load_2d(unsigned dst, const void*
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(mbar) : "memory");
 }
-static __device__ __forceinline__ void kfc_tma_load_2d_multicast(unsigned dst, const void* map, int inner, int outer, unsigned mbar, unsigned short ctas) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+static __device__ __forceinline__ void kfc_tma_load_2d_multicast(unsigned dst, const void* map, int inner, int outer,
+                                                                 unsigned mbar, unsigned short ctas) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;"
                :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(mbar), "h"(ctas) : "memory");
 }
 static __device__ __forceinline__ void kfc_mbarrier_arrive_cluster(unsigned mbar, unsigned rank) {
   asm volatile("{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-               " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" :: "r"(mbar), "r"(rank) : "memory");
+               " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+               :: "r"(mbar), "r"(rank) : "memory");
 }
 static __device__ __forceinline__ void kfc_tma_store_2d_part(const void* map, unsigned src, int inner, int outer) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"

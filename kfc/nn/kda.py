@@ -91,7 +91,8 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
         N, _ = _sequences(what, cu_seqlens, B, T, q.device, torch.int64)
         _state(what, initial_state, N, HV, K, V, state_v_first)
         options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                       use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                       use_gate_in_kernel=use_gate_in_kernel,
+                       use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound, A_log=A_log,
                        dt_bias=dt_bias, chunk_size=chunk_size)
         o, final, h = intermediate_states(chunk_kda, q, k, v, g, beta, initial_state, cu_seqlens, state_v_first,

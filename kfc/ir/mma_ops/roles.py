@@ -90,7 +90,6 @@ class RolesOp(Op):
         return [role(r) for r in self.regions]
 
 
-
 @define_op("gpu.mbarrier_arrive", traits={"writes_memory"}, operands=2, results=0)
 class MbarrierArriveOp(Op):
     # arrive on bars[s] of every CTA of the cluster (kfc.ir.mma_ops.cluster), not this CTA's alone
