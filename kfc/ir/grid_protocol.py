@@ -33,7 +33,6 @@ from .mma_ops import (CopyStageOp, CtaBarrierOp, ExpectTxAtOp, FenceProxyAsyncOp
                       MbarrierArriveOp, MbarrierWaitParityOp, RolesOp, SingleThreadOp, StagedTile, StagesAllocOp,
                       StageFragmentOp, Tcgen05CommitOp, Tcgen05MmaOp, TensorMemoryTile, TmaLoadOp, TmaStoreOp,
                       TmaStoreWaitOp, TmemAllocOp, TmemLoadOp, WgmmaOp, WgmmaWaitOp)
-from .mma_ops.cluster import run_cluster
 from .smem_ops import HazardError, value_name
 from .tile_ops import ForOp, IfOp
 from .types import MemSpace, TensorType
@@ -141,11 +140,7 @@ def _walk_grid(grid: GridOp) -> None:
                     env[grid.body.args[0]] = np.asarray(rank, dtype=np.int64)
                 walk.ctas = -(-grid.tiles // tiles // grid.cluster) * grid.cluster
             try:
-                if grid.cluster > 1:
-                    run_cluster(walk, grid, envs)
-                else:
-                    walk.exec_iteration(grid.body, envs[0])
-                    grid.program_ends(walk)
+                grid.run_programs(walk, envs)
             except HazardError as e:
                 where = [f"roles scheduled with seed {seed}"] if specialised else []
                 where += [f"a CTA computing {-(-grid.tiles // walk.ctas)} tile(s)"] if tiles is not None else []

@@ -13,7 +13,7 @@ from ..dtypes import DType
 from ..gpu_ops import check_layouts
 from ..smem_ops import HINT_WAIT_BEFORE_READ, HazardError
 from ..types import MemSpace, TensorType
-from .cluster import CLUSTER_SIZES, cluster_members, cluster_rank_of, roles_index, run_cluster
+from .cluster import CLUSTER_SIZES, ClusterRankOp, cluster_members, cluster_rank_of, roles_index, run_cluster
 from .schedule import scheduler_of, yield_point
 
 TMA_BOX_LIMIT = 256     # elements along each dim of a TMA box
@@ -229,7 +229,7 @@ class GridOp(Op):
             raise self.error(f"cluster is one of {CLUSTER_SIZES} CTAs, not {self.cluster}")
         if self.cluster == 1:
             for op in walk_block(self.body):
-                if getattr(op, "multicast", False) or getattr(op, "cluster", False) or op.NAME == "gpu.cluster_rank":
+                if getattr(op, "multicast", False) or getattr(op, "cluster", False) or isinstance(op, ClusterRankOp):
                     raise op.error("reaches the other CTAs of a cluster, and this grid's CTAs form none",
                                    "give the gpu.grid a cluster of 2 or 4")
             return
@@ -249,12 +249,17 @@ class GridOp(Op):
                 for arg, i in zip(self.body.args, pid):
                     e[arg] = np.asarray(i, dtype=np.int64)
             interp.wgmma_groups, interp.tcgen05_groups, interp.store_groups = [], [], []
-            if self.cluster == 1:
-                interp.exec_iteration(self.body, env)
-                self.program_ends(interp)
-            else:
-                run_cluster(interp, self, envs)
+            self.run_programs(interp, envs)
         return None
+
+    def run_programs(self, machine, envs: list[dict]) -> None:
+        """One program (envs[0]), or one cluster's CTAs together (CTA r on envs[r]), on `machine`:
+        the interpreter, or the barrier check's walk; then what must not be in flight at the end."""
+        if self.cluster > 1:
+            run_cluster(machine, self, envs)
+            return
+        machine.exec_iteration(self.body, envs[0])
+        self.program_ends(machine)
 
     def program_ends(self, machine) -> None:
         if wgmma_groups_of(machine):
