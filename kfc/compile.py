@@ -20,6 +20,7 @@ import attrs
 
 from .model.version import __version__
 from .codegen.backend import build_arch, kernel_features, program_kind
+from .codegen import cuda as codegen_cuda
 from .codegen.cuda import LaunchPlan, generate_cuda, unlowered_ops
 from .codegen.grid_emitter import GridPlan
 from .codegen.resources import check_resources
@@ -241,9 +242,16 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
             ctx.notes.append(("backend", arch_note))
         t1 = time.perf_counter()
         kernel = compile_cuda(code, arch)
-        while kernel.report.spills and tile_kernel_held(plan):
-            # held to more CTAs an SM than its registers allow: one fewer
-            code, plan = generate_cuda(lowering.func, tile_ctas=plan.min_ctas_per_sm - 1)
+        columns, ctas = None, None
+        while kernel.report.spills and (tile_kernel_held(plan) or getattr(plan, "register_columns", 0)):
+            if getattr(plan, "register_columns", 0):
+                # a carried tile's columns in registers left too few for the rest: in shared memory
+                columns = False
+                ctx.notes.append(("compile", f"the carried tile's columns in registers spilled "
+                                             f"{kernel.report.spill_stores} bytes; kept in shared memory"))
+            else:  # held to more CTAs an SM than its registers allow: one fewer
+                ctas = plan.min_ctas_per_sm - 1
+            code, plan = generate_cuda(lowering.func, tile_ctas=ctas, column_registers=columns)
             kernel = compile_cuda(code, arch)
         return ctx, lowering, plan, arch, kernel, t_passes, time.perf_counter() - t1
 
@@ -318,17 +326,20 @@ def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Targe
     kept = [p for p in pipe if not isinstance(p, Tf32Dots)]
     if len(kept) == len(pipe):
         return pipe, lowered, None
-    generated = generate_cuda(lowered)
+    # sized as the shared-memory form, which a kernel holding a tile in registers falls back to
+    # where that spills (compile_op's build); rebuilt there where the registers are asked for
+    generated = generate_cuda(lowered, column_registers=False)
+    reused = None if codegen_cuda.TILE_COLUMN_REGISTERS else generated
     needed = generated[1].smem_dynamic
     if needed <= target.smem_per_block:
-        return pipe, lowered, generated
+        return pipe, lowered, reused
     plain = parse_pipeline(",".join(map(str, kept)))
     other = attrs.evolve(ctx, notes=[], approximations=[], stages=None if ctx.stages is None else [], stats={},
                          timings=[])
     plain_ir = PassManager(plain, other).run(special)
-    plain_generated = generate_cuda(plain_ir)
+    plain_generated = generate_cuda(plain_ir, column_registers=False)
     if plain_generated[1].smem_dynamic >= needed:
-        return pipe, lowered, generated
+        return pipe, lowered, reused
     # the run that is kept replaces the other's records
     notes, approximations, stages = before
     ctx.notes[notes:] = other.notes + [("compile", f"the products on tensor cores needed {needed} bytes of shared "
@@ -337,7 +348,7 @@ def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Targe
     if stages is not None:
         ctx.stages[stages:] = other.stages
     ctx.stats.update(other.stats)
-    return plain, plain_ir, plain_generated
+    return plain, plain_ir, None if codegen_cuda.TILE_COLUMN_REGISTERS else plain_generated
 
 
 def single_role(lowering: Lowering) -> str | None:

@@ -49,6 +49,8 @@ class GridPlan:
     # a tile kernel's (kfc.codegen.tile_emitter), whose tiles live in shared memory: which of
     # them are live together where they take the most
     shared_tiles: str = ""
+    # the columns of a loop's carried tile a tile kernel holds in registers (kfc.codegen.tile_columns)
+    register_columns: int = 0
 
     @property
     def grid(self) -> tuple[str, str, str]:

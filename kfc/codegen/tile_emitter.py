@@ -25,6 +25,7 @@ from . import elementwise_rules  # noqa: F401  (registers the rules RULE_OPS are
 from .c_names import C_TYPES, argument_params, as_float, c_extent, c_param, dim_params, from_float, literal
 from .errors import CodegenError
 from .grid_emitter import GridPlan
+from .tile_columns import TileColumns, column_loop, column_skew
 from .tile_loops import TileLoops
 from .tile_mma import DEFERRED_MMA, TileMma, fragment_skew, mma_dot, read_along_rows
 from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, Buffer, SharedArena, TilePlan, ctas_per_sm, row_major
@@ -64,7 +65,7 @@ def tile_program_problem(func: FuncOp) -> str | None:
     return None
 
 
-class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases, CodeWriter):
+class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases, CodeWriter):
     """Writes one tile program's kernel: `generate()` gives its CUDA C++ and launch plan."""
 
     as_float = staticmethod(as_float)
@@ -74,7 +75,8 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
     def __init__(self, func: FuncOp, kernel_name: str, group_loads: bool = True, share_b: bool = True,
                  prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
-                 product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False) -> None:
+                 product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False,
+                 column_registers: bool = False) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -101,6 +103,7 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         self.product_epilogues = product_epilogues  # a tile alone reading a product written from it (TileMma)
         self.whole_groups = whole_groups  # rows read along them whole groups, read so (lane_read)
         self.early_loads = early_loads  # the CTA's loads all stored in its first phase of loads
+        self.column_registers = column_registers  # a carried tile whose columns never mix in registers
         self.last_store = None  # (len(lines) after it, its tensors): the last store's phase (TilePhases)
         self.reopenable = None  # (len(lines) after it, its step, what it read): a phase a later write may continue
         self.reopened = False   # the last phase was taken back up: the next begin_phase continues it (TilePhases)
@@ -155,6 +158,9 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         """A tile written where it is read, or one to store: stored just before the first op
         that reads it (flush_for), so that its buffer lives no longer than it must."""
         r = op.result
+        if self.column_capture is not None and self.columns and r in self.columns.values:
+            self.column_capture[r] = expr_of_idx  # a column tile: into registers (TileColumns)
+            return
         if self.plan.wants_buffer(op):
             path = self.plan.narrow_source(op, self.inline)
             if not path:
@@ -257,8 +263,9 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         owner = self.plan.owner.get(v)
         label = v.name or (f"{owner.operands[0].name}[...]" if isinstance(owner, LoadOp) else "")
         first = self.step if self.in_phase else self.step + 1  # the phase that writes it
+        skew = column_skew(v, self.columns) or fragment_skew(v, self.plan.uses.get(v, ()))
         buf = self.arena.new(self.fresh("kfc_s"), C_TYPES[v.ttype.dtype], tuple(v.ttype.shape), first,
-                             f"{label + ' ' if label else ''}{v.type}", fragment_skew(v, self.plan.uses.get(v, ())))
+                             f"{label + ' ' if label else ''}{v.type}", skew)
         buf.rows = read_along_rows(v, self.plan.uses, self.tri_inv_lanes) if self.whole_groups else None
         return buf
 
@@ -299,12 +306,13 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
         decls += [f"  {b.ctype}* const {b.name} = reinterpret_cast<{b.ctype}*>(kfc_smem + {b.offset});"
                   for b in self.arena.buffers]
         sig = ", ".join(p.decl() for p in params)
-        ctas = self.ctas or ctas_per_sm(smem)
+        ctas = self.ctas or min(ctas_per_sm(smem), self.column_ctas)
         code = (f'extern "C" __global__ void __launch_bounds__({THREADS}, {ctas}) {self.kernel_name}({sig}) {{\n'
                 + "\n".join(decls + self.lines) + "\n}\n")
         peak = ", ".join(f"{b.what} ({b.nbytes} B)" for b in self.arena.busiest()[:6])
         return code, GridPlan(self.kernel_name, tuple(params), self.programs(), THREADS, 0, smem,
-                              min_ctas_per_sm=ctas, shared_tiles=f"at the busiest phase: {peak}")
+                              min_ctas_per_sm=ctas, shared_tiles=f"at the busiest phase: {peak}",
+                              register_columns=self.register_columns)
 
     def grid_expr(self, v: Value) -> str:
         """A top-level scalar as an expression of the dims (the launch contract's grid)."""
@@ -482,6 +490,10 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
 
     # --- loops ----------------------------------------------------------------------------------
     def emit_for(self, op: ForOp) -> None:
+        plan = column_loop(op) if self.column_registers else None
+        if plan is not None:
+            self.emit_column_for(op, plan)
+            return
         lo, hi, step = (self.name(v) for v in op.operands[:3])
         args = op.body.args[1:]
         carried = {}
@@ -579,20 +591,3 @@ class TileKernelEmitter(TileLoops, TileMma, TileWrites, TilePrefetch, TilePhases
             self.emit(f"{self.names[a]} = {t};")
         for a in carried:
             self.buffers[a] = carried[a]
-
-    def touches(self, v: Value, arg: Value) -> bool:
-        """Whether v's inline expression reads the carried tile arg."""
-        if v is arg:
-            return True
-        if v not in self.inline or v not in self.plan.owner:
-            return False
-        return any(self.touches(o, arg) for o in self.plan.owner[v].operands)
-
-    def pointwise(self, v: Value, arg: Value) -> bool:
-        """Whether v's inline expression reads arg only at the element it computes."""
-        if v is arg or v not in self.inline or v not in self.plan.owner:
-            return True
-        op = self.plan.owner[v]
-        if isinstance(op, POINTWISE_OPS):
-            return all(self.pointwise(o, arg) for o in op.operands)
-        return not self.touches(v, arg)

@@ -251,19 +251,15 @@ class TileMma:
         self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_K}) {{")
         self.indent += 1
 
-        def bits(v, idx):  # an operand's element as TF32 bits: rounded here unless its buffer holds it so
-            held = v not in self.inline and v in self.buffers and self.buffers[v].tf32
-            return f"__float_as_uint({self.elem(v, idx)})" if held else f"kfc_tf32_bits({self.elem(v, idx)})"
-
         cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
         for p, q in enumerate(ops):
             x = q.operands[0]
-            at_a = lambda i, c, x=x: bits(x, (c, i) if op.trans_a else (i, c))  # A's element (row i, contraction c)
+            at_a = lambda i, c, x=x: self.tf32_bits(x, (c, i) if op.trans_a else (i, c))  # A's element (row i, contraction c)
             for u in range(bm):
                 rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
                 frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
                 self.emit(f"const unsigned {fa}{p * bm + u}[4] = {{{', '.join(frag)}}};")
-        at_b = lambda c, j: bits(b, (j, c) if op.trans_b else (c, j))  # B's element (contraction c, column j)
+        at_b = lambda c, j: self.tf32_bits(b, (j, c) if op.trans_b else (c, j))  # B's element (contraction c, column j)
         for v in range(bn):
             col = f"{j0} + {v * MMA_N} + {g}"
             self.emit(f"const unsigned {fb}{v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
@@ -283,6 +279,11 @@ class TileMma:
         for p, (q, buf) in enumerate(zip(ops, bufs)):
             if p or not into:  # else the caller's tile's buffer
                 self.buffers[q.result] = buf
+
+    def tf32_bits(self, v: Value, idx) -> str:
+        """An operand's element as TF32 bits: rounded here unless its buffer holds it so."""
+        held = v not in self.inline and v in self.buffers and self.buffers[v].tf32
+        return f"__float_as_uint({self.elem(v, idx)})" if held else f"kfc_tf32_bits({self.elem(v, idx)})"
 
     def write_accumulators(self, r: Value, buf, acc: str, first: int, block, into) -> None:
         """A warp's accumulators acc[first:] of product r into buf, or through into's expression.

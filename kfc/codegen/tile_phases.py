@@ -178,3 +178,20 @@ class TilePhases:
         self.end_phase(reopenable=True)
         tensors = (self.last_store[1] if joined else frozenset()) | {op.operands[1]}
         self.last_store = (len(self.lines), tensors)
+
+    def touches(self, v: Value, arg: Value) -> bool:
+        """Whether v's inline expression reads the carried tile arg."""
+        if v is arg:
+            return True
+        if v not in self.inline or v not in self.plan.owner:
+            return False
+        return any(self.touches(o, arg) for o in self.plan.owner[v].operands)
+
+    def pointwise(self, v: Value, arg: Value) -> bool:
+        """Whether v's inline expression reads arg only at the element it computes."""
+        if v is arg or v not in self.inline or v not in self.plan.owner:
+            return True
+        op = self.plan.owner[v]
+        if isinstance(op, POINTWISE_OPS):
+            return all(self.pointwise(o, arg) for o in op.operands)
+        return not self.touches(v, arg)

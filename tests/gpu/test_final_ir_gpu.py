@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from kfc.check.runner import compare, make_inputs, scale_down  # noqa: E402
 from kfc.check.tensors import to_torch  # noqa: E402
+from kfc.codegen import cuda  # noqa: E402
 from kfc.frontend import instances, load_kfc  # noqa: E402
 from kfc.ir.dtypes import DType  # noqa: E402
 from kfc.ir.interpreter import run  # noqa: E402
@@ -263,3 +264,15 @@ def test_quantisation_writes_torchs_bytes(name, dtype, m, n):
     assert torch.equal(got_s.cpu().view(torch.int32), scale.view(torch.int32)), "scales differ from torch's"
     diff = got_q.cpu().view(torch.uint8) != want_q.view(torch.uint8)
     assert not diff.any(), f"{int(diff.sum())} of {m * n} codes differ from torch's, first at {diff.nonzero()[0].tolist()}"
+
+
+@pytest.mark.parametrize("name", ["kda_recurrence_c16", "kda_recurrence_c32", "kda_recurrence_split"])
+def test_column_registers_compute_what_the_final_ir_computes(name, tmp_path, monkeypatch):
+    """The recurrence with its state in registers, a warp to 16 columns (kfc.codegen.tile_columns,
+    off by default until timed): its check shapes take it at V = 128 and 32 (two warps of
+    eight), the default emitter at V = 24 and 8; the split's first instance at VB = 64 (four warps).
+    Its own JIT cache: the switch is not in the key."""
+    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", True)
+    monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path / "jit"))
+    path = ROOT / "kernels" / "kda_recurrence_split.kfc" if name == "kda_recurrence_split" else Path(f"{name}.kfc")
+    test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)

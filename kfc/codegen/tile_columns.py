@@ -1,0 +1,312 @@
+"""A loop's carried tile in registers, a warp to each 16 of its columns (kfc.codegen.tile_emitter).
+
+A tile.for carrying one f32 tile S [R, V] whose columns never mix (KDA's recurrence: U = u - w S,
+o = qg S + aqk U, S = e^Gend * S + kg^T U) is written with S, and every tile computed from it in
+the loop (its "column tiles"), in registers: warp w holds columns 16 w to 16 w + 15 of each. A
+column tile X [rows, V] is held transposed, as the accumulators of m16n8 products: slot (j, e) of
+a lane (g = lane / 4, t = lane % 4) is X[8 j + 2 t + e % 2, 16 w + g + 8 (e / 2)].
+
+Where the columns never mix, every product reads a column tile only as its B: dot(A, X) [M, V]
+is computed transposed, X^T A^T, on `mma.sync.m16n8k8` with X^T's accumulators as the A
+fragments. A's four registers are rows g, g + 8 at contraction t and t + 4 (the PTX ISA's
+fragment layout); the accumulator holds columns 2 t and 2 t + 1. So the contraction is
+permuted, t -> 2 t and t + 4 -> 2 t + 1 within each step of eight, B's rows alike: a sum is the
+same under any order of its terms, up to f32 rounding, as the interpreter's tf32 product is. The
+products, the elementwise work and the state's update then need no shared memory and no barrier:
+a chunk waits only for its loads. A product summed onto an earlier column tile (o's second term,
+the state's decay) starts its accumulators from that tile.
+
+The tiles the products read beside (w, qg, kg, aqk) are in shared memory as the emitter stores
+them; one read as A's rows is padded to 8 words past the banks and read two words at a time,
+one read transposed to 4 past (column_skew): conflict-free either way.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..ir.core import Op, Value
+from ..ir.dtypes import DType
+from ..ir.mma_ops.roles import REGISTER_FILE
+from ..ir.tile_ops import BinaryOp, DotOp, ForOp, StoreOp
+from .c_names import C_TYPES
+from .tile_mma import mma_dot
+from .tile_plan import POINTWISE_OPS, THREADS, WARP
+from .tile_prefetch import PREFETCH_REGISTERS
+
+WARPS = THREADS // WARP
+COLUMNS = 16  # a warp's columns: the M of a product computed transposed
+STEP = 8      # a slot group's rows: the N and the K of m16n8k8
+A_FROM_SLOTS = (0, 2, 1, 3)  # A's registers a0..a3 from a slot group's accumulators, contraction permuted
+
+
+def slot_row(j: int, e: int, t: int) -> int:
+    """The row of a column tile that slot (j, e) of lane group t holds."""
+    return STEP * j + 2 * t + (e & 1)
+
+
+def slot_column(e: int, g: int) -> int:
+    """The column, within its warp's 16, that slot e of lane group g holds."""
+    return g + 8 * (e >> 1)
+
+
+@attrs.frozen
+class ColumnLoop:
+    """A loop whose carried tile lives in registers: its column tiles, and the products summed
+    onto an earlier column tile (product -> (that tile, the sum))."""
+
+    loop: ForOp
+    carried: Value
+    columns: int
+    values: frozenset
+    sums: dict
+
+    @property
+    def warps(self) -> int:
+        return self.columns // COLUMNS
+
+    def reads(self, op: Op) -> bool:
+        return any(x in self.values for x in op.operands)
+
+
+def column_loop(loop: ForOp) -> ColumnLoop | None:
+    """The loop's plan where it carries one f32 tile, and nothing else, whose columns never mix
+    in its body; else None."""
+    args = loop.body.args[1:]
+    if len(args) != 1 or args[0].ttype.rank != 2:
+        return None
+    s = args[0]
+    shape = s.ttype.shape
+    if s.ttype.dtype is not DType.F32 or not all(isinstance(d, int) for d in shape):
+        return None
+    rows, columns = shape
+    if rows % STEP or columns % COLUMNS or columns > COLUMNS * WARPS:
+        return None
+    body = loop.body.ops
+    values = {s}
+    for op in body[:-1]:
+        if op.regions:
+            return None
+        read = [x for x in op.operands if x in values]
+        if not read:
+            continue
+        if not column_op(op, values, columns):
+            return None
+        values.update(op.results)
+    if body[-1].operands[0] not in values:
+        return None
+    return ColumnLoop(loop, s, columns, frozenset(values), summed_products(body, values))
+
+
+def column_op(op: Op, values: set, columns: int) -> bool:
+    """Whether op, reading a column tile, keeps the columns apart: a tensor-core product reading
+    one as its B only, an elementwise op at its shape, or a store of one."""
+    if isinstance(op, StoreOp):
+        return op.operands[0] in values and not any(x in values for x in op.operands[1:])
+    if not op.results or op.result.ttype.rank != 2:
+        return False
+    rows, cols = op.result.ttype.shape
+    if cols != columns or rows % STEP:
+        return False
+    if isinstance(op, DotOp):
+        a, b = op.operands
+        return mma_dot(op) and b in values and a not in values and not op.trans_b
+    if isinstance(op, POINTWISE_OPS):
+        return all(x in values or x.ttype.rank == 0 or x.ttype.shape == op.result.ttype.shape for x in op.operands)
+    return False
+
+
+def summed_products(body, values) -> dict:
+    """The products a column tile's sum alone reads, with an addend computed before them:
+    product -> (addend, sum)."""
+    order = {op: i for i, op in enumerate(body)}
+    owner = {r: op for op in body for r in op.results}
+    readers: dict[Value, list[Op]] = {}
+    for op in body:
+        for x in op.operands:
+            readers.setdefault(x, []).append(op)
+    sums = {}
+    for op in body:
+        if not (isinstance(op, BinaryOp) and op.NAME == "tile.add" and op.result in values):
+            continue
+        for d, addend in ((op.operands[1], op.operands[0]), (op.operands[0], op.operands[1])):
+            made = owner.get(d)
+            if (isinstance(made, DotOp) and d in values and addend in values and readers.get(d) == [op]
+                    and order.get(owner.get(addend), -1) < order[made] and d not in sums):
+                sums[d] = (addend, op.result)
+                break
+    return sums
+
+
+def column_skew(v: Value, plan: ColumnLoop | None) -> int | None:
+    """The pitch (in words, modulo the banks) for a buffer of v that the loop's products read
+    beside a column tile: 8 read along its rows two words at a time, 4 read transposed; None
+    where none reads it or they disagree."""
+    if plan is None:
+        return None
+    skews = {4 if op.trans_a else 8 for op in plan.loop.body.ops
+             if isinstance(op, DotOp) and op.result in plan.values and op.operands[0] is v}
+    return skews.pop() if len(skews) == 1 else None
+
+
+class TileColumns:
+    """Mixed into TileKernelEmitter: a ColumnLoop written through its elem, flush_for, phases,
+    prefetch, access and rules."""
+
+    column_registers: bool
+    columns = None  # the ColumnLoop being written
+    column_ctas = REGISTER_FILE  # the CTAs an SM the column tiles' registers allow (no bound where none)
+    register_columns = 0  # the columns of the last loop written so
+    column_capture = None  # op result -> its expression, where define would write it
+
+    def emit_column_for(self, op: ForOp, plan: ColumnLoop) -> None:
+        self.columns, self.column_regs, self.column_slots = plan, {}, {}
+        self.register_columns = plan.columns
+        # about three column tiles of the carried one's size live at once (the state, its decay
+        # and the sum), besides the prefetched loads and the fragments
+        words = 3 * plan.carried.ttype.shape[0] // STEP * 4 + PREFETCH_REGISTERS + 16
+        self.column_ctas = max(1, min(self.column_ctas, REGISTER_FILE // (THREADS * words)))
+        w, g, t = self.fresh("kfc_w"), self.fresh("kfc_g"), self.fresh("kfc_t")
+        self.column_lanes = (w, g, t)
+        self.emit(f"const int {w} = threadIdx.x >> 5, {g} = (threadIdx.x & 31) >> 2, {t} = threadIdx.x & 3;")
+        init = op.inits[0]
+        self.flush_for([init])
+        regs = self.declare_column(plan.carried)
+        self.for_slots(plan.carried, lambda j, e, idx: f"{regs}[{j}][{e}] = {self.elem(init, idx)};")
+        self.end_unsynced_step()  # the initial tile's buffer, if any, is free for the loop's
+        lo, hi, step = (self.name(v) for v in op.operands[:3])
+        iv = self.name(op.body.args[0])
+        loads, prefetch_regs = self.begin_prefetched_loop(op)
+        self.prefetched.update(loads)
+        self.emit(f"for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
+        self.indent += 1
+        start = self.step + 1
+        self.head_of_prefetched_iteration(op, loads, prefetch_regs)
+        for inner in op.body.ops[:-1]:
+            if plan.reads(inner):
+                self.emit_column_op(inner)
+            else:
+                self.emit_body_op(inner)
+        y = op.body.ops[-1].operands[0]
+        if y is not plan.carried:
+            self.for_slots(plan.carried, lambda j, e, idx: f"{regs}[{j}][{e}] = {self.column_regs[y]}[{j}][{e}];")
+        self.end_unsynced_step()  # the next iteration's loads overwrite what this one's products read
+        self.indent -= 1
+        self.emit("}")
+        self.arena.close_loop(start, self.step)
+        # the final state into shared memory, for what reads it after the loop
+        res = op.results[0]
+        buf = self.new_buffer(res)
+        self.begin_phase()
+        self.arena.touch(buf, self.step)
+        self.for_slots(plan.carried, lambda j, e, idx: f"{buf.at(idx)} = {regs}[{j}][{e}];")
+        self.end_phase()
+        self.buffers[res] = buf
+        self.columns = None
+
+    def end_unsynced_step(self) -> None:
+        """A barrier after reads of shared buffers outside a phase, counted as a step of its own:
+        the buffers those reads kept live end there, before what follows may reuse their bytes."""
+        if self.unsynced_reads:
+            self.sync_scalar_reads()
+            self.step += 1
+
+    def declare_column(self, v: Value) -> str:
+        """A column tile's registers: a lane's slots, row group j by slot e."""
+        name = self.fresh("kfc_x")
+        self.emit(f"{C_TYPES[v.ttype.dtype]} {name}[{v.ttype.shape[0] // STEP}][4];")
+        self.column_regs[v] = name
+        self.inline[v] = lambda idx, v=v: f"{self.column_regs[v]}[{self.column_slots[tuple(idx)]}]"
+        return name
+
+    def slot_index(self, j: int, e: int) -> tuple[str, str]:
+        """Slot (j, e)'s element indices, as C expressions of the lane; known to elem."""
+        w, g, t = self.column_lanes
+        idx = (f"{STEP * j + (e & 1)} + 2 * {t}", f"{w} * {COLUMNS} + {g} + {8 * (e >> 1)}")
+        self.column_slots[idx] = f"{j}][{e}"
+        return idx
+
+    def for_slots(self, v: Value, line_of) -> None:
+        """line_of(j, e, indices) for each of a lane's slots of column tile v, in the warps that
+        hold columns."""
+        guarded = self.columns.warps < WARPS
+        if guarded:
+            self.emit(f"if ({self.column_lanes[0]} < {self.columns.warps}) {{")
+            self.indent += 1
+        for j in range(v.ttype.shape[0] // STEP):
+            for e in range(4):
+                self.emit(line_of(j, e, self.slot_index(j, e)))
+        if guarded:
+            self.indent -= 1
+            self.emit("}")
+
+    def emit_column_op(self, op: Op) -> None:
+        plan = self.columns
+        self.flush_for([x for x in op.operands if x not in plan.values])
+        if isinstance(op, StoreOp):
+            value, tensor = op.operands[:2]
+
+            def store(j, e, idx):
+                offset, conds = self.access(op, tensor, op.operands[2:], idx)
+                write = f"{self.name(tensor)}[{offset}] = {self.column_regs[value]}[{j}][{e}];"
+                return f"if ({' && '.join(conds)}) {write}" if conds else write
+
+            self.for_slots(value, store)
+        elif isinstance(op, DotOp):
+            self.emit_column_dot(op)
+        elif any(s == op.result for _, s in plan.sums.values()):
+            # written by the product it sums (emit_column_dot)
+            self.column_regs[op.result] = self.column_regs[next(d for d, (_, s) in plan.sums.items() if s == op.result)]
+            self.inline[op.result] = self.inline[next(d for d, (_, s) in plan.sums.items() if s == op.result)]
+        else:
+            self.column_capture = {}
+            self.emit_op(op)  # its rule's define hands the expression over (column_capture)
+            expr = self.column_capture.pop(op.result)
+            self.column_capture = None
+            regs = self.declare_column(op.result)
+            self.for_slots(op.result, lambda j, e, idx: f"{regs}[{j}][{e}] = {expr(idx)};")
+        self.reopenable = None  # no later write continues a phase from before these reads
+        self.last_store = None
+
+    def emit_column_dot(self, op: DotOp) -> None:
+        """dot(A, X) with X a column tile, transposed: X^T's accumulators as the A fragments,
+        A's elements as B's, the contraction permuted alike (the module's docstring)."""
+        a, x = op.operands
+        m, _, k, _ = DotOp.mnk(a.ttype, x.ttype, op.trans_a, op.trans_b)
+        w, g, t = self.column_lanes
+        start = self.columns.sums.get(op.result)
+        regs = self.declare_column(op.result)
+        xs = self.column_regs[x]
+        lines = []
+        buf = self.buffers.get(a) if a not in self.inline else None
+        pairs = buf is not None and not op.trans_a and buf.ctype == "float" and buf.pitch % 2 == 0
+        for j in range(m // STEP):
+            for e in range(4):
+                first = f"{self.column_regs[start[0]]}[{j}][{e}]" if start else "0.0f"
+                lines.append(f"{regs}[{j}][{e}] = {first};")
+        for kk in range(k // STEP):
+            fa = self.fresh("kfc_a")
+            frag = ", ".join(f"kfc_tf32_bits({xs}[{kk}][{s}])" for s in A_FROM_SLOTS)
+            lines.append(f"const unsigned {fa}[4] = {{{frag}}};")
+            c0 = f"{STEP * kk} + 2 * {t}"
+            for j in range(m // STEP):
+                row = f"{STEP * j} + {g}"
+                if pairs:
+                    self.elem(a, (row, c0))  # marks the buffer read in this step
+                    p = self.fresh("kfc_p")
+                    lines.append(f"const float2 {p} = *reinterpret_cast<const float2*>(&{buf.at((row, c0))});")
+                    b = [f"{p}.x", f"{p}.y"]
+                    b = [f"__float_as_uint({v})" if buf.tf32 else f"kfc_tf32_bits({v})" for v in b]
+                else:
+                    at = [(c, row) if op.trans_a else (row, c) for c in (c0, f"{c0} + 1")]
+                    b = [self.tf32_bits(a, i) for i in at]
+                lines.append(f"kfc_mma_tf32({regs}[{j}], {fa}[0], {fa}[1], {fa}[2], {fa}[3], {b[0]}, {b[1]});")
+        guarded = self.columns.warps < WARPS
+        if guarded:
+            self.emit(f"if ({w} < {self.columns.warps}) {{")
+            self.indent += 1
+        for line in lines:
+            self.emit(line)
+        if guarded:
+            self.indent -= 1
+            self.emit("}")

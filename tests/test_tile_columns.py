@@ -1,0 +1,142 @@
+"""A loop's carried tile in registers, a warp to 16 of its columns (kfc.codegen.tile_columns):
+the fragment mapping it rests on, which loops take it, and what KDA's recurrence then builds to
+for Hopper and Blackwell. The GPU computing what the final IR computes with it is checked on the
+GPU machine (tests/gpu/test_final_ir_gpu.py::test_column_registers_compute_what_the_final_ir_computes)."""
+
+import re
+
+import numpy as np
+import pytest
+
+from kfc.codegen import cuda
+from kfc.codegen.tile_columns import A_FROM_SLOTS, COLUMNS, STEP, column_loop, slot_column, slot_row
+from kfc.codegen.toolchain import disassemble
+from kfc.compile import compile_op
+from kfc.frontend import load_kfc, parse_kfc
+from kfc.ir.tile_ops import DotOp, ForOp
+from kfc.model.target import parse_target
+from kfc.proof import lower_stages
+
+SHAPE = {"T": 4096, "K": 128, "V": 128}
+
+
+def mma_m16n8k8(a, b, c):
+    """mma.sync.m16n8k8 .row.col on one warp's fragments, as the PTX ISA lays them out
+    (g = lane / 4, t = lane % 4): A's a0..a3 are rows g, g + 8 at column t, then at t + 4; B's
+    b0, b1 rows t, t + 4 at column g; C's c0..c3 row g at columns 2t, 2t + 1, then row g + 8."""
+    A, B = np.zeros((16, 8)), np.zeros((8, 8))
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4] = a[lane]
+        B[t, g], B[t + 4, g] = b[lane]
+    D = A @ B
+    out = [list(c[lane]) for lane in range(32)]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        out[lane] = [out[lane][0] + D[g, 2 * t], out[lane][1] + D[g, 2 * t + 1],
+                     out[lane][2] + D[g + 8, 2 * t], out[lane][3] + D[g + 8, 2 * t + 1]]
+    return out
+
+
+def test_a_column_tiles_accumulators_are_the_a_fragments_of_its_transposed_product():
+    """dot(A, X) computed as X^T A^T: X's slots (its accumulators) fed as A's registers in
+    A_FROM_SLOTS order, A's elements as B at the slot rows of the same step, sum the product
+    exactly, the contraction permuted alike on both sides."""
+    rng = np.random.default_rng(0)
+    rows, m = 24, 16  # X [rows, 16 columns] (one warp's), A [m, rows]
+    X, A = rng.standard_normal((rows, COLUMNS)), rng.standard_normal((m, rows))
+    slots = {(lane, j, e): X[slot_row(j, e, lane % 4), slot_column(e, lane // 4)]
+             for lane in range(32) for j in range(rows // STEP) for e in range(4)}
+    acc = {mj: [[0.0] * 4 for _ in range(32)] for mj in range(m // STEP)}
+    for kk in range(rows // STEP):
+        a = [[slots[(lane, kk, s)] for s in A_FROM_SLOTS] for lane in range(32)]
+        for mj in range(m // STEP):
+            b = [[A[STEP * mj + lane // 4, slot_row(kk, e, lane % 4)] for e in (0, 1)] for lane in range(32)]
+            acc[mj] = mma_m16n8k8(a, b, acc[mj])
+    want = A @ X  # [m, 16]: the result's slots hold it as X's hold X
+    for mj in range(m // STEP):
+        for lane in range(32):
+            for e in range(4):
+                assert acc[mj][lane][e] == pytest.approx(want[slot_row(mj, e, lane % 4), slot_column(e, lane // 4)])
+
+
+def final_loop(spec, shape: dict) -> ForOp:
+    final = lower_stages(spec, parse_target("sm_90a"), None, shape).stages[-1][1]
+    return next(op for op in final.walk() if isinstance(op, ForOp))
+
+
+def test_kdas_recurrence_keeps_its_state_in_registers_with_two_products_summed_onto_earlier_tiles():
+    loop = final_loop(load_kfc("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": "f32"}), SHAPE)
+    plan = column_loop(loop)
+    assert plan is not None and plan.columns == 128 and plan.warps == 8
+    dots = [op for op in loop.body.ops if isinstance(op, DotOp)]
+    assert all(op.result in plan.values for op in dots) and len(dots) == 4
+    # o = qg S + aqk U and S = e^Gend * S + kg^T U: the second product of each starts from the first term
+    assert sorted(str(d.ttype.shape) for d in plan.sums) == ["(128, 128)", "(16, 128)"]
+    assert all(plan.carried is not d for d in plan.sums)
+
+
+MIXING = """
+op mixing(x: f32[T, 32], a: f32[T, 16], s0: f32[16, 32]) -> (y: f32[16, 32]) {{
+  parallel i in 0..1 {{
+    S = s0[:, :]
+    for t in 0..T step 16 carry (S) {{
+      S = {update}
+    }}
+    y[:, :] = S
+  }}
+}}
+check {{
+  tolerance = {{f32: 5e-3}}
+}}
+"""
+
+
+@pytest.mark.parametrize("update, why", [
+    ("S + dot(a[t:t+16, :], S) * 0.5", None),  # columns apart: taken
+    ("S + dot(S, x[t:t+32, :])", "a product reading S as its A mixes S's columns"),
+    ("S * sum(S, axis=1)[:, None]", "a reduction along a row mixes the columns"),
+    ("S + cumsum(S, axis=1)", "a scan along a row mixes the columns"),
+])
+def test_loops_whose_columns_mix_are_not_taken(update, why):
+    loop = final_loop(parse_kfc(MIXING.format(update=update), "mixing.kfc"), {"T": 64})
+    assert (column_loop(loop) is None) == (why is not None), why
+
+
+def chunk_loop(cu: str) -> str:
+    """The body of the kernel's loop over the chunks (at the kernel body's indent)."""
+    return cu.split("\n  for (long long", 1)[1].split("\n  }\n", 1)[0]
+
+
+def with_columns(monkeypatch, build):
+    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", True)
+    return build()
+
+
+def recurrence(target="sm_90a", bind=None, path="kernels/kda_recurrence.kfc", shape=SHAPE):
+    return compile_op(load_kfc(path, {"C": "16", "SD": "f32", "WD": "f32", **(bind or {})}), parse_target(target),
+                      shape=shape)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_kdas_recurrence_with_its_state_in_registers_waits_only_for_its_loads(target, monkeypatch):
+    plain = recurrence(target)
+    r = with_columns(monkeypatch, lambda: recurrence(target))
+    cu = r.kernel.cu
+    loop = chunk_loop(cu)
+    # one barrier after the chunk's loads are stored, one before the next chunk's overwrite them
+    assert loop.count("__syncthreads();") == 2 < chunk_loop(plain.kernel.cu).count("__syncthreads();")
+    assert re.search(r"float kfc_x\d+\[16\]\[4\];", cu)  # the state: 16 slot groups of four a lane
+    assert "float2" in loop and "kfc_mma_tf32" in loop
+    assert not r.kernel.report.spills
+    assert r.plan.smem_dynamic < plain.plan.smem_dynamic
+    if target == "sm_90a":
+        assert "HMMA.1688.F32.TF32" in disassemble(r.kernel.cubin)
+
+
+def test_columns_split_over_fewer_warps_leave_the_others_out_of_the_products(monkeypatch):
+    r = with_columns(monkeypatch, lambda: recurrence(path="kernels/kda_recurrence_split.kfc", bind={"VB": "64"},
+                                                      shape={"T": 4096, "K": 128}))
+    cu = r.kernel.cu
+    assert re.search(r"if \(kfc_w\d+ < 4\) \{", cu)  # four warps hold the 64 columns
+    assert not r.kernel.report.spills
