@@ -128,6 +128,10 @@ def test_kdas_recurrence_with_its_state_in_registers_waits_only_for_its_loads(ta
     assert loop.count("__syncthreads();") == 2 < chunk_loop(plain.kernel.cu).count("__syncthreads();")
     assert re.search(r"float kfc_x\d+\[16\]\[4\];", cu)  # the state: 16 slot groups of four a lane
     assert "float2" in loop and "kfc_mma_tf32" in loop
+    # S's A fragments made once a step for w S and qg S together (16 steps of its 128 rows), U's
+    # for aqk U and for the update (2 steps of its 16 rows each)
+    assert loop.count("const unsigned kfc_a") == 16 + 2 + 2
+    assert loop.count("kfc_mma_tf32(") == 16 * 2 * 2 + 2 * 2 + 2 * 16
     assert not r.kernel.report.spills
     assert r.plan.smem_dynamic < plain.plan.smem_dynamic
     if target == "sm_90a":

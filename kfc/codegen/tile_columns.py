@@ -160,7 +160,7 @@ class TileColumns:
     column_capture = None  # op result -> its expression, where define would write it
 
     def emit_column_for(self, op: ForOp, plan: ColumnLoop) -> None:
-        self.columns, self.column_regs, self.column_slots = plan, {}, {}
+        self.columns, self.column_regs, self.column_slots, self.columns_written = plan, {}, {}, set()
         self.register_columns = plan.columns
         # about three column tiles of the carried one's size live at once (the state, its decay
         # and the sum), besides the prefetched loads and the fragments
@@ -242,6 +242,8 @@ class TileColumns:
 
     def emit_column_op(self, op: Op) -> None:
         plan = self.columns
+        if op in self.columns_written:  # beside a product sharing its column tile
+            return
         self.flush_for([x for x in op.operands if x not in plan.values])
         if isinstance(op, StoreOp):
             value, tensor = op.operands[:2]
@@ -268,39 +270,63 @@ class TileColumns:
         self.reopenable = None  # no later write continues a phase from before these reads
         self.last_store = None
 
+    def sharing_column(self, op: DotOp) -> list[DotOp]:
+        """op and the later products of the loop reading the same column tile as their B whose A
+        and first term are computed already (KDA's w S and qg S): written together, each step's
+        A fragments made once for all and their sums in flight together."""
+        x, body = op.operands[1], self.columns.loop.body.ops
+        order = {o: i for i, o in enumerate(body)}
+        owner = {r: o for o in body for r in o.results}
+        found = [op]
+        for q in body[order[op] + 1:]:
+            if not isinstance(q, DotOp) or q.operands[1] is not x or q.result not in self.columns.values:
+                continue
+            start = self.columns.sums.get(q.result)
+            ready = order.get(owner.get(q.operands[0]), -1) < order[op]
+            if ready and (start is None or start[0] in self.column_regs):
+                found.append(q)
+        return found
+
     def emit_column_dot(self, op: DotOp) -> None:
         """dot(A, X) with X a column tile, transposed: X^T's accumulators as the A fragments,
-        A's elements as B's, the contraction permuted alike (the module's docstring)."""
-        a, x = op.operands
-        m, _, k, _ = DotOp.mnk(a.ttype, x.ttype, op.trans_a, op.trans_b)
+        A's elements as B's, the contraction permuted alike (the module's docstring); beside it
+        the products sharing X (sharing_column)."""
+        group = self.sharing_column(op)
+        self.columns_written.update(group[1:])
+        self.flush_for([q.operands[0] for q in group[1:]])
+        x = op.operands[1]
+        k = x.ttype.shape[0]
         w, g, t = self.column_lanes
-        start = self.columns.sums.get(op.result)
-        regs = self.declare_column(op.result)
-        xs = self.column_regs[x]
-        lines = []
-        buf = self.buffers.get(a) if a not in self.inline else None
-        pairs = buf is not None and not op.trans_a and buf.ctype == "float" and buf.pitch % 2 == 0
-        for j in range(m // STEP):
-            for e in range(4):
-                first = f"{self.column_regs[start[0]]}[{j}][{e}]" if start else "0.0f"
-                lines.append(f"{regs}[{j}][{e}] = {first};")
+        xs, lines, products = self.column_regs[x], [], []
+        for q in group:
+            a = q.operands[0]
+            start = self.columns.sums.get(q.result)
+            regs = self.declare_column(q.result)
+            buf = self.buffers.get(a) if a not in self.inline else None
+            pairs = buf is not None and not q.trans_a and buf.ctype == "float" and buf.pitch % 2 == 0
+            products.append((q, a, regs, buf, pairs))
+            for j in range(q.result.ttype.shape[0] // STEP):
+                for e in range(4):
+                    first = f"{self.column_regs[start[0]]}[{j}][{e}]" if start else "0.0f"
+                    lines.append(f"{regs}[{j}][{e}] = {first};")
         for kk in range(k // STEP):
             fa = self.fresh("kfc_a")
             frag = ", ".join(f"kfc_tf32_bits({xs}[{kk}][{s}])" for s in A_FROM_SLOTS)
             lines.append(f"const unsigned {fa}[4] = {{{frag}}};")
             c0 = f"{STEP * kk} + 2 * {t}"
-            for j in range(m // STEP):
-                row = f"{STEP * j} + {g}"
-                if pairs:
-                    self.elem(a, (row, c0))  # marks the buffer read in this step
-                    p = self.fresh("kfc_p")
-                    lines.append(f"const float2 {p} = *reinterpret_cast<const float2*>(&{buf.at((row, c0))});")
-                    b = [f"{p}.x", f"{p}.y"]
-                    b = [f"__float_as_uint({v})" if buf.tf32 else f"kfc_tf32_bits({v})" for v in b]
-                else:
-                    at = [(c, row) if op.trans_a else (row, c) for c in (c0, f"{c0} + 1")]
-                    b = [self.tf32_bits(a, i) for i in at]
-                lines.append(f"kfc_mma_tf32({regs}[{j}], {fa}[0], {fa}[1], {fa}[2], {fa}[3], {b[0]}, {b[1]});")
+            for q, a, regs, buf, pairs in products:
+                for j in range(q.result.ttype.shape[0] // STEP):
+                    row = f"{STEP * j} + {g}"
+                    if pairs:
+                        self.elem(a, (row, c0))  # marks the buffer read in this step
+                        p = self.fresh("kfc_p")
+                        lines.append(f"const float2 {p} = *reinterpret_cast<const float2*>(&{buf.at((row, c0))});")
+                        bits = "__float_as_uint" if buf.tf32 else "kfc_tf32_bits"
+                        b = [f"{bits}({p}.x)", f"{bits}({p}.y)"]
+                    else:
+                        at = [(c, row) if q.trans_a else (row, c) for c in (c0, f"{c0} + 1")]
+                        b = [self.tf32_bits(a, i) for i in at]
+                    lines.append(f"kfc_mma_tf32({regs}[{j}], {fa}[0], {fa}[1], {fa}[2], {fa}[3], {b[0]}, {b[1]});")
         guarded = self.columns.warps < WARPS
         if guarded:
             self.emit(f"if ({w} < {self.columns.warps}) {{")
