@@ -132,7 +132,11 @@ class Interpreter:
 
     # --- blocks -----------------------------------------------------------------------------
     def exec_block(self, block: Block, env: dict) -> list | None:
-        for op in block.ops:
+        return self.exec_ops(block.ops, env)
+
+    def exec_ops(self, ops, env: dict) -> list | None:
+        """Run ops in order; a yield among them ends the run with its values."""
+        for op in ops:
             if isinstance(op, YieldOp):
                 return [env[v] for v in op.operands]
             try:

@@ -80,14 +80,14 @@ def run_cluster(machine, grid, envs: list[dict]) -> None:
     try:
         for rank, env in enumerate(envs):
             machine.cluster_rank = rank
-            _exec(machine, ops[:k], env)
+            machine.exec_ops(ops[:k], env)
         roles = ops[k]
         bodies = [body for env in envs for body in roles.bodies(machine, env)]
         run_roles(machine, tuple(roles.warpgroups) * len(envs),
                   tuple(rank for rank in range(len(envs)) for _ in roles.regions), bodies)
         for rank, env in enumerate(envs):
             machine.cluster_rank = rank
-            _exec(machine, ops[k + 1:], env)
+            machine.exec_ops(ops[k + 1:], env)
         machine.check_barriers_drained()
         for stores in machine.cluster_store_groups:
             machine.store_groups = stores
@@ -95,13 +95,6 @@ def run_cluster(machine, grid, envs: list[dict]) -> None:
     finally:
         machine.barriers, machine.cluster_envs, machine.cluster_store_groups = outer, None, None
         machine.cluster_rank = 0
-
-
-def _exec(machine, ops, env: dict) -> None:
-    for op in ops:
-        outs = machine.exec_op(op, env)
-        if outs is not None:
-            env.update(zip(op.results, outs))
 
 
 def cluster_members(grid, programs: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
