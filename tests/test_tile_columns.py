@@ -144,3 +144,13 @@ def test_columns_split_over_fewer_warps_leave_the_others_out_of_the_products(mon
     cu = r.kernel.cu
     assert re.search(r"if \(kfc_w\d+ < 4\) \{", cu)  # four warps hold the 64 columns
     assert not r.kernel.report.spills
+
+
+def test_bf16_workspaces_widened_as_stored_keep_the_two_barriers(monkeypatch):
+    """With bf16 workspaces, the loads only products read are stored widened to f32 where they are
+    stored (TILE_WIDEN_PREFETCHED): the column products read them two at a time as with f32."""
+    monkeypatch.setattr(cuda, "TILE_WIDEN_PREFETCHED", True)
+    r = with_columns(monkeypatch, lambda: recurrence(bind={"WD": "bf16"}))
+    loop = chunk_loop(r.kernel.cu)
+    assert loop.count("__syncthreads();") == 2 and "const float2 kfc_p" in loop
+    assert not r.kernel.report.spills

@@ -28,7 +28,8 @@ import attrs
 from ..ir.core import Op, Value
 from ..ir.dtypes import DType
 from ..ir.mma_ops.roles import REGISTER_FILE
-from ..ir.tile_ops import BinaryOp, DotOp, ForOp, StoreOp
+from ..ir.tile_ops import BinaryOp, CastOp, DotOp, ForOp, StoreOp
+from . import float16
 from .c_names import C_TYPES
 from .tile_mma import mma_dot
 from .tile_plan import POINTWISE_OPS, THREADS, WARP
@@ -287,6 +288,18 @@ class TileColumns:
                 found.append(q)
         return found
 
+    def pair_source(self, a: Value) -> tuple:
+        """(The shared buffer, the C type of two adjacent elements) where a product's A, read
+        along its rows, is a buffer of f32, or an f32 cast of one of bf16 or f16, at an even
+        pitch: B's two registers read in one access (their elements adjacent, the first at an
+        even column). A 16-bit float widened is TF32 already. (None, None) otherwise."""
+        owner = self.plan.owner.get(a)
+        if a in self.inline and isinstance(owner, CastOp) and a.ttype.dtype is DType.F32:
+            a = owner.operands[0]
+        buf = self.buffers.get(a) if a not in self.inline else None
+        pair = {"float": "float2", **{C_TYPES[d]: p for d, p in float16.PAIR.items()}}.get(buf and buf.ctype)
+        return (buf, pair) if pair and buf.pitch % 2 == 0 else (None, None)
+
     def emit_column_dot(self, op: DotOp) -> None:
         """dot(A, X) with X a column tile, transposed: X^T's accumulators as the A fragments,
         A's elements as B's, the contraction permuted alike (the module's docstring); beside it
@@ -302,9 +315,8 @@ class TileColumns:
             a = q.operands[0]
             start = self.columns.sums.get(q.result)
             regs = self.declare_column(q.result)
-            buf = self.buffers.get(a) if a not in self.inline else None
-            pairs = buf is not None and not q.trans_a and buf.ctype == "float" and buf.pitch % 2 == 0
-            products.append((q, a, regs, buf, pairs))
+            buf, pair = self.pair_source(a) if not q.trans_a else (None, None)
+            products.append((q, a, regs, buf, pair))
             for j in range(q.result.ttype.shape[0] // STEP):
                 for e in range(4):
                     first = f"{self.column_regs[start[0]]}[{j}][{e}]" if start else "0.0f"
@@ -314,14 +326,14 @@ class TileColumns:
             frag = ", ".join(f"kfc_tf32_bits({xs}[{kk}][{s}])" for s in A_FROM_SLOTS)
             lines.append(f"const unsigned {fa}[4] = {{{frag}}};")
             c0 = f"{STEP * kk} + 2 * {t}"
-            for q, a, regs, buf, pairs in products:
+            for q, a, regs, buf, pair in products:
                 for j in range(q.result.ttype.shape[0] // STEP):
                     row = f"{STEP * j} + {g}"
-                    if pairs:
+                    if pair:
                         self.elem(a, (row, c0))  # marks the buffer read in this step
                         p = self.fresh("kfc_p")
-                        lines.append(f"const float2 {p} = *reinterpret_cast<const float2*>(&{buf.at((row, c0))});")
-                        bits = "__float_as_uint" if buf.tf32 else "kfc_tf32_bits"
+                        lines.append(f"const {pair} {p} = *reinterpret_cast<const {pair}*>(&{buf.at((row, c0))});")
+                        bits = "kfc_tf32_bits" if buf.ctype == "float" and not buf.tf32 else "__float_as_uint"
                         b = [f"{bits}({p}.x)", f"{bits}({p}.y)"]
                     else:
                         at = [(c, row) if q.trans_a else (row, c) for c in (c0, f"{c0} + 1")]
