@@ -154,3 +154,23 @@ def test_bf16_workspaces_widened_as_stored_keep_the_two_barriers(monkeypatch):
     loop = chunk_loop(r.kernel.cu)
     assert loop.count("__syncthreads();") == 2 and "const float2 kfc_p" in loop
     assert not r.kernel.report.spills
+
+
+def test_two_copies_of_the_loads_leave_one_barrier_a_chunk(monkeypatch):
+    """TILE_DOUBLE_BUFFER: each chunk stores its loads into the copy the last chunk did not read,
+    so only the barrier after the store remains; one after the loop guards the bytes the final
+    state's buffer may share with them."""
+    monkeypatch.setattr(cuda, "TILE_DOUBLE_BUFFER", True)
+    r = with_columns(monkeypatch, lambda: recurrence())
+    cu = r.kernel.cu
+    loop = chunk_loop(cu)
+    assert loop.count("__syncthreads();") == 1
+    flips = re.findall(r"(kfc_s\d+) = \1_base \+ (kfc_h\d+) \* (\d+);", loop)
+    assert len(flips) == 6 and len({h for _, h, _ in flips}) == 1  # w, u, qg, kg, aqk, gend
+    assert re.search(rf"{flips[0][1]} \^= 1;", loop)
+    after = cu.split("\n  for (long long", 1)[1].split("\n  }\n", 1)[1]
+    assert after.lstrip().startswith("__syncthreads();")
+    assert not r.kernel.report.spills
+    # a loop whose loads are not all prefetched keeps one copy and its two barriers (C = 32)
+    r32 = with_columns(monkeypatch, lambda: recurrence(bind={"C": "32"}))
+    assert "_base" not in r32.kernel.cu and chunk_loop(r32.kernel.cu).count("__syncthreads();") == 2

@@ -32,7 +32,7 @@ from ..ir.tile_ops import BinaryOp, CastOp, DotOp, ForOp, StoreOp
 from . import float16
 from .c_names import C_TYPES
 from .tile_mma import mma_dot
-from .tile_plan import POINTWISE_OPS, THREADS, WARP
+from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, WARP
 from .tile_prefetch import PREFETCH_REGISTERS
 
 WARPS = THREADS // WARP
@@ -155,6 +155,7 @@ class TileColumns:
     prefetch, access and rules."""
 
     column_registers: bool
+    double_buffer: bool  # two copies of a column loop's loads, one barrier an iteration
     columns = None  # the ColumnLoop being written
     column_ctas = REGISTER_FILE  # the CTAs an SM the column tiles' registers allow (no bound where none)
     register_columns = 0  # the columns of the last loop written so
@@ -179,6 +180,9 @@ class TileColumns:
         iv = self.name(op.body.args[0])
         loads, prefetch_regs = self.begin_prefetched_loop(op)
         self.prefetched.update(loads)
+        halves = self.fresh("kfc_h")
+        if self.double_buffer and loads:
+            self.emit(f"int {halves} = 0;")
         self.emit(f"for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step}) {{")
         self.indent += 1
         start = self.step + 1
@@ -191,10 +195,23 @@ class TileColumns:
         y = op.body.ops[-1].operands[0]
         if y is not plan.carried:
             self.for_slots(plan.carried, lambda j, e, idx: f"{regs}[{j}][{e}] = {self.column_regs[y]}[{j}][{e}];")
-        self.end_unsynced_step()  # the next iteration's loads overwrite what this one's products read
+        doubled = self.doubled_loads(op, loads)
+        if doubled:
+            # the next iteration's loads go to the other copies: no barrier before they are
+            # stored, only the one after (two iterations apart, every warp has passed it)
+            self.emit(f"{halves} ^= 1;")
+            for b in doubled:
+                b.halves = 2
+            for b in doubled:
+                self.emit(f"{b.name} = {b.name}_base + {halves} * {b.elements};")
+            self.unsynced_reads = False
+        self.end_unsynced_step()  # else the next iteration's loads overwrite what this one's products read
         self.indent -= 1
         self.emit("}")
         self.arena.close_loop(start, self.step)
+        if doubled:  # what follows may take their bytes once every warp is done with them
+            self.unsynced_reads = True
+            self.end_unsynced_step()
         # the final state into shared memory, for what reads it after the loop
         res = op.results[0]
         buf = self.new_buffer(res)
@@ -204,6 +221,19 @@ class TileColumns:
         self.end_phase()
         self.buffers[res] = buf
         self.columns = None
+
+    def doubled_loads(self, loop: ForOp, loads) -> list:
+        """The buffers of the loop's prefetched loads, to keep two copies of, where they are all
+        its body writes into shared memory (every other op a column op, a view or a scalar's):
+        each iteration then stores into the copy the last did not read. [] otherwise."""
+        if not (self.double_buffer and loads):
+            return []
+        stored = {(self.widened_for_products(o) or o) for o in loads} | set(loads)
+        for o in loop.body.ops[:-1]:
+            if not (o in stored or self.columns.reads(o) or isinstance(o, VIEW_OPS)
+                    or all(x.ttype.rank == 0 for x in (*o.operands, *o.results))):
+                return []
+        return [self.buffers[(self.widened_for_products(o) or o).result] for o in loads]
 
     def end_unsynced_step(self) -> None:
         """A barrier after reads of shared buffers outside a phase, counted as a step of its own:

@@ -76,7 +76,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                  prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
                  product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False,
-                 column_registers: bool = False) -> None:
+                 column_registers: bool = False, double_buffer: bool = False) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -104,6 +104,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         self.whole_groups = whole_groups  # rows read along them whole groups, read so (lane_read)
         self.early_loads = early_loads  # the CTA's loads all stored in its first phase of loads
         self.column_registers = column_registers  # a carried tile whose columns never mix in registers
+        self.double_buffer = double_buffer  # and two copies of its loop's loads (TileColumns)
         self.last_store = None  # (len(lines) after it, its tensors): the last store's phase (TilePhases)
         self.reopenable = None  # (len(lines) after it, its step, what it read): a phase a later write may continue
         self.reopened = False   # the last phase was taken back up: the next begin_phase continues it (TilePhases)
@@ -303,8 +304,9 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                 self.emit_op(op)
         smem = self.arena.place()
         decls = ["  extern __shared__ __align__(128) unsigned char kfc_smem[];"] if self.arena.buffers else []
-        decls += [f"  {b.ctype}* const {b.name} = reinterpret_cast<{b.ctype}*>(kfc_smem + {b.offset});"
-                  for b in self.arena.buffers]
+        decls += [f"  {b.ctype}* const {b.name}{'_base' if b.halves > 1 else ''} = "
+                  f"reinterpret_cast<{b.ctype}*>(kfc_smem + {b.offset});" for b in self.arena.buffers]
+        decls += [f"  {b.ctype}* {b.name} = {b.name}_base;" for b in self.arena.buffers if b.halves > 1]
         sig = ", ".join(p.decl() for p in params)
         ctas = self.ctas or min(ctas_per_sm(smem), self.column_ctas)
         code = (f'extern "C" __global__ void __launch_bounds__({THREADS}, {ctas}) {self.kernel_name}({sig}) {{\n'

@@ -163,6 +163,7 @@ class Buffer:
     skew: int | None = None  # rows this many words past a multiple of the 32 banks (kfc.codegen.tile_mma)
     tf32: bool = False  # holds its values rounded to TF32: only tensor-core products read it
     rows: str | None = None  # how it is read, where only along rows (kfc.codegen.tile_mma.read_along_rows)
+    halves: int = 1  # 2: two copies, its name a pointer to the one in use (kfc.codegen.tile_columns)
 
     @property
     def pitch(self) -> int:
@@ -184,11 +185,17 @@ class Buffer:
         return last
 
     @property
-    def nbytes(self) -> int:
+    def elements(self) -> int:
+        """The elements from one copy to the next: rows `pitch` apart, 16-byte aligned."""
         n = self.pitch
         for d in self.shape[:-1]:
             n *= d
-        return n * C_SIZES[self.ctype]
+        size = C_SIZES[self.ctype]
+        return n if self.halves == 1 else -(-n * size // 16) * 16 // size
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * C_SIZES[self.ctype] * self.halves
 
     def at(self, idx) -> str:
         """The element at these indices (C expressions), rows `pitch` apart."""
