@@ -4,12 +4,13 @@ for Hopper and Blackwell. The GPU computing what the final IR computes with it i
 GPU machine (tests/gpu/test_final_ir_gpu.py::test_column_registers_compute_what_the_final_ir_computes)."""
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from kfc.codegen import cuda
-from kfc.codegen.tile_columns import A_FROM_SLOTS, COLUMNS, STEP, column_loop, slot_column, slot_row
+from kfc.codegen.tile_columns import A_FROM_SLOTS, COLUMNS, STEP, TileColumns, column_loop, slot_column, slot_row
 from kfc.codegen.toolchain import disassemble
 from kfc.compile import compile_op
 from kfc.frontend import load_kfc, parse_kfc
@@ -174,3 +175,17 @@ def test_two_copies_of_the_loads_leave_one_barrier_a_chunk(monkeypatch):
     # a loop whose loads are not all prefetched keeps one copy and its two barriers (C = 32)
     r32 = with_columns(monkeypatch, lambda: recurrence(bind={"C": "32"}))
     assert "_base" not in r32.kernel.cu and chunk_loop(r32.kernel.cu).count("__syncthreads();") == 2
+
+
+def test_the_emitted_slot_indices_are_the_slots_the_products_assume():
+    """The C indices the emitter gives slot (j, e) of a lane, evaluated for every lane and warp,
+    name the element slot_row and slot_column say it holds (what A_FROM_SLOTS relies on)."""
+    em = SimpleNamespace(column_lanes=("w", "g", "t"), column_slots={})
+    for j in range(3):
+        for e in range(4):
+            row, col = TileColumns.slot_index(em, j, e)
+            for w in range(8):
+                for lane in range(32):
+                    at = {"w": w, "g": lane // 4, "t": lane % 4}
+                    assert eval(row, {}, at) == slot_row(j, e, lane % 4)
+                    assert eval(col, {}, at) == COLUMNS * w + slot_column(e, lane // 4)
