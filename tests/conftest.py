@@ -36,3 +36,11 @@ def pytest_collection_modifyitems(config, items):
 def _repo_root_cwd(monkeypatch):
     """Tests name files relative to the repository root, as a user does."""
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def shared_memory_form(monkeypatch):
+    """Tile kernels with every tile in shared memory: tests of that form (the fallback of a
+    carried tile in registers, kfc.codegen.tile_columns) keep it whatever the default."""
+    from kfc.codegen import cuda  # lazy: only the tests that ask for it build kernels
+    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", False)

@@ -121,6 +121,7 @@ def recurrence(target="sm_90a", bind=None, path="kernels/kda_recurrence.kfc", sh
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_kdas_recurrence_with_its_state_in_registers_waits_only_for_its_loads(target, monkeypatch):
+    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", False)
     plain = recurrence(target)
     r = with_columns(monkeypatch, lambda: recurrence(target))
     cu = r.kernel.cu

@@ -225,7 +225,7 @@ def test_a_reduction_of_few_long_lines_is_a_warp_a_line():
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
-def test_kda_split_pair_compiles_with_its_products_on_tensor_cores(target):
+def test_kda_split_pair_compiles_with_its_products_on_tensor_cores(target, shared_memory_form):
     """kernels/kda_prepare_flashkda.kfc: a CTA per (chunk, head), its decayed products and the
     solve's on tensor cores; kernels/kda_recurrence.kfc: a CTA per (sequence, head), its four
     products with the state on tensor cores, each step's six loads stored in one phase."""

@@ -69,7 +69,7 @@ def test_a_write_reading_nothing_the_last_phase_wrote_continues_it():
     assert len(inverse) == 1 and "expf(" in inverse[0]
 
 
-def test_a_state_updated_in_place_continues_a_phase_only_where_that_phase_did_not_read_it(monkeypatch):
+def test_a_state_updated_in_place_continues_a_phase_only_where_that_phase_did_not_read_it(monkeypatch, shared_memory_form):
     def built(stored: str, reopen: bool = True):
         build = lambda: compile_op(parse_kfc(CARRIED.format(stored=stored), "carried.kfc"),  # noqa: E731
                                    parse_target("sm_90a")).kernel.cu
@@ -179,7 +179,7 @@ def test_kdas_prepare_kernel_is_built_for_as_many_ctas_as_fit_without_spills(mon
     assert "__launch_bounds__(256, 1)" in one.kernel.cu and one.kernel.report.registers > 48
 
 
-def test_a_kernel_whose_shared_memory_allows_one_cta_is_built_for_one():
+def test_a_kernel_whose_shared_memory_allows_one_cta_is_built_for_one(shared_memory_form):
     r = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32"}), parse_target("sm_90a"),
                    shape=SHAPE)
     assert r.plan.smem_dynamic > 116 * 1024 and "__launch_bounds__(256, 1)" in r.kernel.cu

@@ -100,7 +100,7 @@ def test_narrow_loads_are_prefetched_in_their_own_width():
     assert not r.kernel.report.spills
 
 
-def test_a_block_of_columns_is_prefetched_and_moved_a_group_an_access():
+def test_a_block_of_columns_is_prefetched_and_moved_a_group_an_access(shared_memory_form):
     """KDA's recurrence over blocks of 64 of V's 128 columns (kernels/kda_recurrence_split.kfc):
     u's and o's blocks start at multiples of 64, so their groups of four are whole accesses, and
     u's block is issued an iteration early like the whole rows of w, qg, kg, aqk and gend."""
