@@ -171,7 +171,9 @@ def test_two_copies_of_the_loads_leave_one_barrier_a_chunk(monkeypatch):
     assert len(flips) == 6 and len({h for _, h, _ in flips}) == 1  # w, u, qg, kg, aqk, gend
     assert re.search(rf"{flips[0][1]} \^= 1;", loop)
     after = cu.split("\n  for (long long", 1)[1].split("\n  }\n", 1)[1]
-    assert after.lstrip().startswith("__syncthreads();")
+    # the pointers back at the first copies (a loop run again starts there), then the barrier
+    resets = re.findall(r"(kfc_s\d+) = \1_base;", after.split("__syncthreads();", 1)[0])
+    assert sorted(resets) == sorted(name for name, _, _ in flips) and "__syncthreads();" in after
     assert not r.kernel.report.spills
     # a loop whose loads are not all prefetched keeps one copy and its two barriers (C = 32)
     r32 = with_columns(monkeypatch, lambda: recurrence(bind={"C": "32"}))

@@ -210,6 +210,8 @@ class TileColumns:
         self.emit("}")
         self.arena.close_loop(start, self.step)
         if doubled:  # what follows may take their bytes once every warp is done with them
+            for b in doubled:  # and a later run of the loop starts from the first copies again
+                self.emit(f"{b.name} = {b.name}_base;")
             self.unsynced_reads = True
             self.end_unsynced_step()
         # the final state into shared memory, for what reads it after the loop
