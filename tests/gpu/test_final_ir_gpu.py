@@ -160,7 +160,7 @@ WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8"
 # one-kernel kda_fwd's are run against the fp64 recurrence by tests/gpu/test_kda_gpu.py) and the
 # pair with bf16 workspaces (f32 is each one's first)
 BOUND = {"kda_recurrence_c16": ("kda_recurrence", {"C": "16"}), "kda_recurrence_c32": ("kda_recurrence", {"C": "32"}),
-         "kda_fwd_flashkda_c16": ("kda_fwd_flashkda", {"C": "16"}),
+         "kda_fwd_flashkda_c16": ("kda_fwd_flashkda", {"C": "16"}), "kda_fwd_fla_c16": ("kda_fwd_fla", {"C": "16"}),
          "kda_recurrence_c16_bf16": ("kda_recurrence", {"C": "16", "WD": "bf16"}),
          "kda_prepare_flashkda_bf16": ("kda_prepare_flashkda", {"WD": "bf16"})}
 
@@ -268,12 +268,12 @@ def test_quantisation_writes_torchs_bytes(name, dtype, m, n):
 
 @pytest.mark.parametrize("name, double", [("kda_recurrence_c16", False), ("kda_recurrence_c16", True),
                                           ("kda_recurrence_c32", False), ("kda_recurrence_split", False),
-                                          ("kda_fwd_flashkda_c16", False)])
+                                          ("kda_fwd_flashkda_c16", False), ("kda_fwd_fla_c16", False)])
 def test_column_registers_compute_what_the_final_ir_computes(name, double, tmp_path, monkeypatch):
     """The recurrence with its state in registers, a warp to 16 columns (kfc.codegen.tile_columns,
     off by default until timed), and with two copies of its loads: its check shapes take it at
     V = 128 and 32 (two warps of eight), the default emitter at V = 24 and 8; the split's first
-    instance at VB = 64 (four warps); the one-kernel FlashKDA form. Its own JIT cache: the
+    instance at VB = 64 (four warps); the one-kernel FlashKDA and fla forms. Its own JIT cache: the
     switches are not in the key."""
     monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", True)
     monkeypatch.setattr(cuda, "TILE_DOUBLE_BUFFER", double)
