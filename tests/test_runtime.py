@@ -79,8 +79,21 @@ def test_cache_keys_separate_what_changes_the_binary():
                   cache.cache_key("ir", "tile", "sm_90a", {"N": 4096}, "13.0"),
                   cache.cache_key("ir", "", "sm_100a", {"N": 4096}, "13.0"),
                   cache.cache_key("ir", "", "sm_90a", {"N": 2048}, "13.0"),
-                  cache.cache_key("ir", "", "sm_90a", {"N": 4096}, "12.8")]:
+                  cache.cache_key("ir", "", "sm_90a", {"N": 4096}, "12.8"),
+                  cache.cache_key("ir", "", "sm_90a", {"N": 4096}, "13.0", "TILE_COLUMN_REGISTERS=True")]:
         assert other != base
+
+
+def test_the_jit_key_of_a_kernel_follows_the_code_generators_switches(monkeypatch):
+    """A kernel built with a switch of kfc.codegen.cuda set is not served to a process that set
+    another (an A/B of two forms in one process, or one test beside another)."""
+    from kfc.codegen import cuda
+    from kfc.frontend import load_kfc
+    from kfc.runtime.kernel import kernel_cache_key
+    spec, target, dims = load_kfc("kernels/kda_recurrence.kfc", {"C": "16"}), parse_target("sm_90a"), {"T": 64}
+    plain = kernel_cache_key(spec, target, None, dims)
+    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", True)
+    assert kernel_cache_key(spec, target, None, dims) != plain
 
 
 def test_a_keyword_call_is_planned_as_the_positional_call_it_equals():

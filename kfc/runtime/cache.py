@@ -47,10 +47,11 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(ir_text: str, pipeline: str, target: str, dims: dict[str, int], toolchain: str) -> str:
+def cache_key(ir_text: str, pipeline: str, target: str, dims: dict[str, int], toolchain: str,
+              codegen: str = "") -> str:
     doc = json.dumps({"ir": ir_text, "pipeline": pipeline, "target": target, "dims": sorted(dims.items()),
-                      "toolchain": toolchain, "kfc": __version__, "compiler": compiler_fingerprint()},
-                     sort_keys=True)
+                      "toolchain": toolchain, "kfc": __version__, "compiler": compiler_fingerprint(),
+                      "codegen": codegen}, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:24]
 
 

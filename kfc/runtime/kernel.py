@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..codegen.cuda import switches as codegen_switches
 from ..codegen.toolchain import find_toolchain
 from ..compile import build_advised, compile_op, fixed_dims
 from ..diagnostics import GpuUnavailable, KfcError
@@ -277,7 +278,8 @@ _UNRESOLVED = _Unresolved()
 def kernel_cache_key(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]) -> str:
     """The JIT cache's key for `spec` built with `pipeline` at `dims`."""
     fixed = fixed_dims(spec.func, dims)
-    return cache.cache_key(print_ir(spec.func), pipeline or "", target.name, fixed, find_toolchain().version_text)
+    return cache.cache_key(print_ir(spec.func), pipeline or "", target.name, fixed, find_toolchain().version_text,
+                           codegen_switches())
 
 
 def cached_compile(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]):

@@ -273,10 +273,9 @@ def test_column_registers_compute_what_the_final_ir_computes(name, double, tmp_p
     """The recurrence with its state in registers, a warp to 16 columns (kfc.codegen.tile_columns,
     off by default until timed), and with two copies of its loads: its check shapes take it at
     V = 128 and 32 (two warps of eight), the default emitter at V = 24 and 8; the split's first
-    instance at VB = 64 (four warps); the one-kernel FlashKDA and fla forms. Its own JIT cache: the
-    switches are not in the key."""
+    instance at VB = 64 (four warps); the one-kernel FlashKDA and fla forms. The switches are
+    part of the JIT cache's key (kfc.codegen.cuda.switches)."""
     monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", True)
     monkeypatch.setattr(cuda, "TILE_DOUBLE_BUFFER", double)
-    monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path / "jit"))
     path = ROOT / "kernels" / "kda_recurrence_split.kfc" if name == "kda_recurrence_split" else Path(f"{name}.kfc")
     test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
