@@ -69,7 +69,8 @@ def test_a_write_reading_nothing_the_last_phase_wrote_continues_it():
     assert len(inverse) == 1 and "expf(" in inverse[0]
 
 
-def test_a_state_updated_in_place_continues_a_phase_only_where_that_phase_did_not_read_it(monkeypatch, shared_memory_form):
+def test_a_state_updated_in_place_continues_a_phase_only_where_that_phase_did_not_read_it(monkeypatch,
+                                                                                         shared_memory_form):
     def built(stored: str, reopen: bool = True):
         build = lambda: compile_op(parse_kfc(CARRIED.format(stored=stored), "carried.kfc"),  # noqa: E731
                                    parse_target("sm_90a")).kernel.cu

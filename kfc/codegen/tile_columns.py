@@ -66,6 +66,11 @@ class ColumnLoop:
     def warps(self) -> int:
         return self.columns // COLUMNS
 
+    @property
+    def summed(self) -> dict:
+        """sum -> the product whose accumulators hold it."""
+        return {s: d for d, (_, s) in self.sums.items()}
+
     def reads(self, op: Op) -> bool:
         return any(x in self.values for x in op.operands)
 
@@ -289,10 +294,9 @@ class TileColumns:
             self.for_slots(value, store)
         elif isinstance(op, DotOp):
             self.emit_column_dot(op)
-        elif any(s == op.result for _, s in plan.sums.values()):
-            # written by the product it sums (emit_column_dot)
-            self.column_regs[op.result] = self.column_regs[next(d for d, (_, s) in plan.sums.items() if s == op.result)]
-            self.inline[op.result] = self.inline[next(d for d, (_, s) in plan.sums.items() if s == op.result)]
+        elif op.result in plan.summed:  # written by the product it sums (emit_column_dot)
+            product = plan.summed[op.result]
+            self.column_regs[op.result], self.inline[op.result] = self.column_regs[product], self.inline[product]
         else:
             self.column_capture = {}
             self.emit_op(op)  # its rule's define hands the expression over (column_capture)

@@ -254,7 +254,8 @@ class TileMma:
         cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
         for p, q in enumerate(ops):
             x = q.operands[0]
-            at_a = lambda i, c, x=x: self.tf32_bits(x, (c, i) if op.trans_a else (i, c))  # A's element (row i, contraction c)
+            # A's element (row i, contraction c)
+            at_a = lambda i, c, x=x: self.tf32_bits(x, (c, i) if op.trans_a else (i, c))
             for u in range(bm):
                 rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
                 frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
