@@ -1,7 +1,8 @@
 """Kimi Delta Attention's forward: kfc against FlashKDA and fla, in one run on one GPU.
 
     python -m bench.kda [--cases T=8192:H=96,varlen=1300+547+2048:H=96,...] [--chunks 16,32,64]
-                        [--state none|f32|bf16] [--workspaces f32,bf16] [--one-kernel] [--out FILE]
+                        [--state none|f32|bf16] [--workspaces f32,bf16] [--one-kernel]
+                        [--codegen TILE_COLUMN_REGISTERS=True,...] [--out FILE]
 
 FlashKDA's interface (its benchmark's): B = 1, K = V = 128, bf16 q, k, v, raw gates and beta
 logits, the gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound -5, q and k
@@ -14,11 +15,14 @@ recurrence; with --one-kernel also `kfc[C=..,one kernel]`, kernels/kda_fwd_flash
 the run exits non-zero; the error is recorded. Timing: eager, triton.testing.do_bench median with
 the L2 flushed before each call (the headline); CUDA graph, do_bench_cudagraph median, beside it.
 `speedup_vs_<peer>` = the peer's eager time / kfc's best chunk's (> 1: kfc faster).
+--codegen sets kfc.codegen.cuda's switches for the run (every kfc contender is built with them;
+the JIT cache keys on them), recorded in the result: two runs, each with the peers, A/B a switch.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import itertools
 import json
 import sys
@@ -177,6 +181,22 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None,
     return rows, failures
 
 
+def set_codegen(text: str) -> str:
+    """Set kfc.codegen.cuda's switches from NAME=VALUE,... (Python literals); the switches as set
+    now. A name that is no switch is a ValueError naming those that are."""
+    from kfc.codegen import cuda
+
+    for item in filter(None, (text or "").split(",")):
+        name, _, value = item.partition("=")
+        if name not in cuda.SWITCHES:
+            raise ValueError(f"{name!r} is no switch of kfc.codegen.cuda; the switches: {', '.join(cuda.SWITCHES)}")
+        try:
+            setattr(cuda, name, ast.literal_eval(value))
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{item!r}: the value must be a Python literal (True, False, None, 2)") from None
+    return cuda.switches()
+
+
 def off(out, ref) -> str:
     """What is wrong with an output by the benchmark's rule ("" when it holds): every element
     finite where the reference is, the relative RMSE within TOL. Not element by element: FlashKDA's
@@ -210,8 +230,14 @@ def main(argv=None) -> int:
                          "(half the traffic between the kernels) or f32,bf16")
     ap.add_argument("--one-kernel", action="store_true",
                     help="also time kfc's single kernel per (sequence, head) at each chunk, beside the split pair")
+    ap.add_argument("--codegen", default="",
+                    help="kfc.codegen.cuda's switches for this run, NAME=VALUE,... (e.g. TILE_COLUMN_REGISTERS=True)")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
     args = ap.parse_args(argv)
+    try:
+        codegen = set_codegen(args.codegen)
+    except ValueError as e:
+        ap.error(str(e))
     cases = args.cases.split(",") if args.cases else CASES
     chunks = [int(c) for c in args.chunks.split(",")]
     prov = harness.provenance(["fla-core", "flash_kda"])
@@ -223,7 +249,7 @@ def main(argv=None) -> int:
                 "timing": "eager: triton.testing.do_bench median, L2 flushed before each call; "
                           "graph: triton.testing.do_bench_cudagraph median",
                 "speedup": "peer eager time / kfc's best chunk's eager time (> 1: kfc faster)",
-                "env": prov, "cases": rows, "failures": failures}
+                "codegen": codegen, "env": prov, "cases": rows, "failures": failures}
 
     def progress(rows, failures):
         if args.out:

@@ -68,3 +68,19 @@ def test_bench_kda_judges_an_output_by_its_relative_rmse_not_element_by_element(
     unwritten = near.clone()
     unwritten[3] = float("nan")
     assert "1 not finite" in off(unwritten, ref)
+
+
+def test_bench_kda_sets_the_code_generators_switches_by_name(monkeypatch):
+    from bench.kda import main, set_codegen
+    from kfc.codegen import cuda
+
+    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", False)
+    assert "TILE_COLUMN_REGISTERS=True" in set_codegen("TILE_COLUMN_REGISTERS=True")
+    assert cuda.TILE_COLUMN_REGISTERS is True
+    with pytest.raises(ValueError, match="no switch of kfc.codegen.cuda; the switches: TILE_PREFETCH"):
+        set_codegen("TILE_COLUMNS=True")
+    with pytest.raises(ValueError, match="Python literal"):
+        set_codegen("TILE_DOUBLE_BUFFER=yes")
+    with pytest.raises(SystemExit):  # argparse's error: one message, exit 2, before any GPU work
+        main(["--codegen", "NOPE=1"])
+
