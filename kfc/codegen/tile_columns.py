@@ -267,13 +267,17 @@ class TileColumns:
     def for_slots(self, v: Value, line_of) -> None:
         """line_of(j, e, indices) for each of a lane's slots of column tile v, in the warps that
         hold columns."""
+        self.in_column_warps([line_of(j, e, self.slot_index(j, e))
+                              for j in range(v.ttype.shape[0] // STEP) for e in range(4)])
+
+    def in_column_warps(self, lines: list[str]) -> None:
+        """The lines, run by the warps that hold columns (all eight where V is 128)."""
         guarded = self.columns.warps < WARPS
         if guarded:
             self.emit(f"if ({self.column_lanes[0]} < {self.columns.warps}) {{")
             self.indent += 1
-        for j in range(v.ttype.shape[0] // STEP):
-            for e in range(4):
-                self.emit(line_of(j, e, self.slot_index(j, e)))
+        for line in lines:
+            self.emit(line)
         if guarded:
             self.indent -= 1
             self.emit("}")
@@ -345,7 +349,7 @@ class TileColumns:
         self.flush_for([q.operands[0] for q in group[1:]])
         x = op.operands[1]
         k = x.ttype.shape[0]
-        w, g, t = self.column_lanes
+        _, g, t = self.column_lanes
         xs, lines, products = self.column_regs[x], [], []
         for q in group:
             a = q.operands[0]
@@ -375,12 +379,4 @@ class TileColumns:
                         at = [(c, row) if q.trans_a else (row, c) for c in (c0, f"{c0} + 1")]
                         b = [self.tf32_bits(a, i) for i in at]
                     lines.append(f"kfc_mma_tf32({regs}[{j}], {fa}[0], {fa}[1], {fa}[2], {fa}[3], {b[0]}, {b[1]});")
-        guarded = self.columns.warps < WARPS
-        if guarded:
-            self.emit(f"if ({w} < {self.columns.warps}) {{")
-            self.indent += 1
-        for line in lines:
-            self.emit(line)
-        if guarded:
-            self.indent -= 1
-            self.emit("}")
+        self.in_column_warps(lines)
