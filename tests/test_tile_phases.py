@@ -167,12 +167,15 @@ def test_ctas_an_sm_follow_shared_memory_while_threads_keep_48_registers():
 
 def test_kdas_prepare_kernel_is_built_for_as_many_ctas_as_fit_without_spills(monkeypatch):
     r = prepare()
-    # its shared memory allows 5 CTAs; held to 48 registers a thread it spills a few bytes (the
-    # whole groups' reads hold more), so it is built for 4
+    # its shared memory allows 5 CTAs, and held to 48 registers a thread it does not spill
     assert ctas_per_sm(r.plan.smem_dynamic) == 5
-    assert "__launch_bounds__(256, 4)" in r.kernel.cu and r.plan.min_ctas_per_sm == 4
-    assert r.kernel.report.registers <= 64 and not r.kernel.report.spills
-    assert r.report["kernels"][0]["min_ctas_per_sm"] == 4
+    assert "__launch_bounds__(256, 5)" in r.kernel.cu and r.plan.min_ctas_per_sm == 5
+    assert r.kernel.report.registers <= 48 and not r.kernel.report.spills
+    assert r.report["kernels"][0]["min_ctas_per_sm"] == 5
+    # with w and u written together (TILE_SHARE_A) both products' buffers live at once: 4 fit,
+    # and it is built for 4
+    shared = built_without(monkeypatch, "TILE_SHARE_A", True, prepare)
+    assert ctas_per_sm(shared.plan.smem_dynamic) == 4 and "__launch_bounds__(256, 4)" in shared.kernel.cu
     plain = built_without(monkeypatch, "TILE_WHOLE_GROUPS", False, prepare)
     assert "__launch_bounds__(256, 5)" in plain.kernel.cu and plain.kernel.report.registers <= 48
     assert not plain.kernel.report.spills
@@ -249,3 +252,23 @@ def test_early_loads_put_every_load_of_the_cta_in_its_first_phase_of_loads(monke
     assert {phase_of(early, r) for r in refs} == {0}
     assert phase_of(late, "p_v +") > phase_of(late, "p_g +") > phase_of(late, "p_q +") == 0
     assert early.count("__syncthreads();") == late.count("__syncthreads();")
+
+
+def test_products_sharing_their_a_are_written_in_one_phase_from_the_same_fragments(monkeypatch):
+    """The prepare kernel's w = Ainv (beta k e^G) and u = Ainv (beta v), computed before either
+    is stored: with TILE_SHARE_A one phase writes both, each step of the contraction loading
+    Ainv's fragments once and each B's for its own products; the stores follow in one phase."""
+    plain = prepare().kernel.cu
+    shared = built_without(monkeypatch, "TILE_SHARE_A", True, prepare)
+    cu = shared.kernel.cu
+    assert plain.count("__syncthreads();") == 10 and cu.count("__syncthreads();") == 8
+    assert not shared.kernel.report.spills
+    products = [p for p in phases(cu) if "kfc_mma_tf32(kfc_c" in p]
+    assert len(products) == 2  # Akk with Aqk (sharing their B), then w with u
+    both = products[-1]
+    calls = re.findall(r"kfc_mma_tf32\((\w+)\[(\d+)\], (\w+)\[0\].*?, (\w+)\[0\], \w+\[1\]\);", both)
+    assert len(calls) == 4 and len({a for _, _, a, _ in calls}) == 1  # one A fragment, Ainv's
+    assert len({b for *_, b in calls}) == 4 and len({(acc, i) for acc, i, _, _ in calls}) == 4
+    assert len(re.findall(r"const unsigned kfc_a\w+\[4\]", both)) == 1
+    stores = [p for p in phases(cu) if "&p_w[" in p or "&p_u[" in p]
+    assert len(stores) == 1 and "&p_w[" in stores[0] and "&p_u[" in stores[0]

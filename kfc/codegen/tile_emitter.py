@@ -76,7 +76,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                  prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
                  product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False,
-                 column_registers: bool = False, double_buffer: bool = False) -> None:
+                 column_registers: bool = False, double_buffer: bool = False, share_a: bool = False) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -111,6 +111,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         self.phase_reads: set[str] = set()  # the buffers the phase being written reads
         self.written = written_tensors(func)
         self.share_b = share_b  # write products sharing a B in one phase (TileMma.sharing_b)
+        self.share_a = share_a  # or sharing an A (TileMma.sharing_a)
         self.prefetch = prefetch  # a loop's next loads issued before its work (TilePrefetch)
         self.prefetched: set[Op] = set()  # loads (and casts of them) stored from registers at their loop's head
         self.widen_prefetched = widen_prefetched  # a prefetched load only products read through f32() stored so

@@ -18,7 +18,9 @@ Each warp takes a block of result tiles at a time (mma_block): the A fragments o
 rows and the B fragments of its columns are loaded once a step of the contraction and each used
 by every product of the block, not loaded again per tile. A tile that only products read is
 stored rounded to TF32 (rounded_buffer, stored) and its fragments loaded as they are: rounding
-twice gives the bits rounding once does.
+twice gives the bits rounding once does. Products of one block reading the same B (sharing_b),
+or with TILE_SHARE_A the same A (sharing_a), are written in one phase, the shared operand's
+fragments loaded once a step for all of them.
 
 A product is written where it is first needed. Where that is the next value of a carried tile
 that reads it only at the element it writes (S = exp(Gend) * S + dot(...), KDA's state update),
@@ -201,22 +203,37 @@ class TileMma:
         same way at the same shapes, with an A already stored: written in op's phase, B's
         fragments loaded once for all (KDA's w S and qg S), as many as a warp holds the
         accumulators of."""
-        a, b = op.operands
-        m, n, _, _ = DotOp.mnk(a.ttype, b.ttype, op.trans_a, op.trans_b)
+        return self.sharing_operand(op, 1)
+
+    def sharing_a(self, op: DotOp) -> list[DotOp]:
+        """As sharing_b for products reading op's A (the prepare kernel's w and u, both
+        Ainv times a tile), each B already stored or written where read from stored tiles."""
+        return self.sharing_operand(op, 0) if self.share_a else []
+
+    def sharing_operand(self, op: DotOp, shared: int) -> list[DotOp]:
+        """The products of sharing_b (shared = 1) or sharing_a (shared = 0)."""
+        x = op.operands[shared]
+        other = op.operands[1 - shared]
+        m, n, _, _ = DotOp.mnk(op.operands[0].ttype, op.operands[1].ttype, op.trans_a, op.trans_b)
         bm, bn = mma_block(m // MMA_M, n // MMA_N)
         block = self.plan.block_of.get(op) if self.share_b else None
         found = []
         for q in (block.ops if block is not None else ()):
             if (len(found) + 2) * bm * bn > MAX_BLOCK_TILES:  # a warp's accumulators for them all
                 break
-            if q is op or not mma_dot(q) or q in self.early or q.operands[1] is not b:
+            if q is op or not mma_dot(q) or q in self.early or q.operands[shared] is not x:
                 continue
             if self.plan.order[q] < self.plan.order[op] and self.pending.get(q.result) is not DEFERRED_MMA:
                 continue
-            same = (q.trans_a, q.trans_b, q.operands[0].ttype.shape) == (op.trans_a, op.trans_b, a.ttype.shape)
-            if same and q.operands[0] in self.buffers:
+            y = q.operands[1 - shared]
+            same = (q.trans_a, q.trans_b, y.ttype.shape) == (op.trans_a, op.trans_b, other.ttype.shape)
+            if same and (y in self.buffers or shared == 0 and self.written_from_buffers(y)):
                 found.append(q)
         return found
+
+    def written_from_buffers(self, v: Value) -> bool:
+        """Whether tile v is written where read, reading stored tiles only (no pending one)."""
+        return v in self.inline and not any(x in self.pending for x in self.reached([v]))
 
     def emit_mma_dot(self, op: DotOp, into=None) -> None:
         """The product into a new shared buffer, or `into` = (a buffer, its tile's expression,
@@ -224,9 +241,13 @@ class TileMma:
         product at each accumulator. Each warp takes blocks of bm x bn result tiles
         (mma_block): per step of the contraction it loads bm A fragments and bn B fragments and
         issues bm * bn products. The products sharing its B (sharing_b) are written in the same
-        phase from the same B fragments, each into a buffer of its own."""
+        phase from the same B fragments, each into a buffer of its own; else those sharing its A
+        (sharing_a) from the same A fragments."""
         in_place = bool(into) and into[2]
         ops = [op] + ([] if in_place else self.sharing_b(op))
+        if len(ops) == 1 and not in_place:
+            ops += self.sharing_a(op)
+        shared_a = len(ops) > 1 and ops[1].operands[0] is op.operands[0]
         for q in ops[1:]:
             self.early.add(q)
             self.pending.pop(q.result, None)
@@ -252,7 +273,7 @@ class TileMma:
         self.indent += 1
 
         cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
-        for p, q in enumerate(ops):
+        for p, q in enumerate(ops[:1] if shared_a else ops):
             x = q.operands[0]
             # A's element (row i, contraction c)
             at_a = lambda i, c, x=x: self.tf32_bits(x, (c, i) if op.trans_a else (i, c))
@@ -260,16 +281,19 @@ class TileMma:
                 rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
                 frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
                 self.emit(f"const unsigned {fa}{p * bm + u}[4] = {{{', '.join(frag)}}};")
-        at_b = lambda c, j: self.tf32_bits(b, (j, c) if op.trans_b else (c, j))  # B's element (contraction c, column j)
-        for v in range(bn):
-            col = f"{j0} + {v * MMA_N} + {g}"
-            self.emit(f"const unsigned {fb}{v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
+        for p, q in enumerate(ops if shared_a else ops[:1]):
+            y = q.operands[1]
+            at_b = lambda c, j, y=y: self.tf32_bits(y, (j, c) if op.trans_b else (c, j))  # B's (contraction c, column j)
+            for v in range(bn):
+                col = f"{j0} + {v * MMA_N} + {g}"
+                self.emit(f"const unsigned {fb}{p * bn + v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
         for p in range(len(ops)):
+            pa, pb = (0, p) if shared_a else (p, 0)
             for u in range(bm):
                 for v in range(bn):
-                    f = f"{fa}{p * bm + u}"
+                    f, h = f"{fa}{pa * bm + u}", f"{fb}{pb * bn + v}"
                     self.emit(f"kfc_mma_tf32({acc}[{p * tiles + u * bn + v}], {f}[0], {f}[1], {f}[2], {f}[3], "
-                              f"{fb}{v}[0], {fb}{v}[1]);")
+                              f"{h}[0], {h}[1]);")
         self.indent -= 1
         self.emit("}")
         for p, (q, buf) in enumerate(zip(ops, bufs)):

@@ -279,3 +279,13 @@ def test_column_registers_compute_what_the_final_ir_computes(name, double, tmp_p
     monkeypatch.setattr(cuda, "TILE_DOUBLE_BUFFER", double)
     path = ROOT / "kernels" / "kda_recurrence_split.kfc" if name == "kda_recurrence_split" else Path(f"{name}.kfc")
     test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
+
+
+def test_products_sharing_their_a_compute_what_the_final_ir_computes(tmp_path, monkeypatch):
+    """The prepare kernel's w and u (both Ainv times a tile) in one phase from the same A
+    fragments (kfc.codegen.tile_mma.sharing_a, off by default until timed), and with every load
+    in the first phase."""
+    monkeypatch.setattr(cuda, "TILE_SHARE_A", True)
+    test_the_gpu_computes_what_the_final_ir_computes(ROOT / "kernels" / "kda_prepare_flashkda.kfc", tmp_path)
+    monkeypatch.setattr(cuda, "TILE_EARLY_LOADS", True)
+    test_the_gpu_computes_what_the_final_ir_computes(ROOT / "kernels" / "kda_prepare_flashkda.kfc", tmp_path / "early")
