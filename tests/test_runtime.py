@@ -96,6 +96,18 @@ def test_the_jit_key_of_a_kernel_follows_the_code_generators_switches(monkeypatc
     assert kernel_cache_key(spec, target, None, dims) != plain
 
 
+def test_the_jit_key_of_a_kernel_built_with_the_default_pipeline_follows_the_default(monkeypatch):
+    """A kernel built with the default pipeline is not served once the default has changed."""
+    import kfc.passes
+    from kfc.frontend import load_kfc
+    from kfc.runtime.kernel import kernel_cache_key
+    spec, target, dims = load_kfc("kernels/kda_recurrence.kfc", {"C": "16"}), parse_target("sm_90a"), {"T": 64}
+    plain = kernel_cache_key(spec, target, None, dims)
+    assert kernel_cache_key(spec, target, kfc.passes.TILE_PIPELINE, dims) != plain  # named, not the default
+    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", "approx-math," + kfc.passes.TILE_PIPELINE)
+    assert kernel_cache_key(spec, target, None, dims) != plain
+
+
 def test_a_keyword_call_is_planned_as_the_positional_call_it_equals():
     from kfc.runtime.calls import keyword_plan
 

@@ -1,7 +1,7 @@
 """Passes over the IR: one module per pass, registered by name for pipeline strings."""
 
 from . import (  # noqa: F401 - registration
-    accelerate_matmul, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads, linearize, lower_ptx,
+    accelerate_matmul, approx_math, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads, linearize, lower_ptx,
     lower_reductions, lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tf32_dots, tile,
     tri_inv_doubling,
 )
@@ -24,6 +24,12 @@ SKINNY_MATMUL_PIPELINE = ("canonicalize,cse,dce,accelerate-matmul{producer=warpg
 TILE_PIPELINE = "canonicalize,cse,dce,hoist-loads,tf32-dots"
 
 
+def default_pipelines() -> str:
+    """Every default pipeline as set now: part of the JIT cache's key for a kernel built with
+    the default (kfc.runtime.kernel), so one built before a default changed is not served after."""
+    return "|".join((ROW_PIPELINE, MATMUL_PIPELINE, SKINNY_MATMUL_PIPELINE, str(SKINNY_ROWS), TILE_PIPELINE))
+
+
 def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:
     """The pipeline `kfc compile` uses when -p is not given, by kind of op (and, for a matrix
     product on wgmma whose operands TMA moves, by its rows M: matmul_match.tma_product_rows; the
@@ -37,5 +43,5 @@ def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:
 
 
 __all__ = ["PASSES", "Pass", "PassError", "register_pass", "PassContext", "PassManager", "VerifyEach", "Pipeline",
-           "parse_pipeline", "parse_user_pipeline", "default_pipeline", "ROW_PIPELINE", "MATMUL_PIPELINE",
+           "parse_pipeline", "parse_user_pipeline", "default_pipeline", "default_pipelines", "ROW_PIPELINE", "MATMUL_PIPELINE",
            "SKINNY_MATMUL_PIPELINE", "SKINNY_ROWS", "TILE_PIPELINE"]

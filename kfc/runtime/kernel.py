@@ -29,6 +29,7 @@ from ..ir.dtypes import dtype_of_torch
 from ..ir.printer import print_ir
 from ..ir.signature import bind_dims, output_shape
 from ..ir.types import MemSpace
+from ..passes import default_pipelines
 from ..model.target import Target, parse_target
 from ..ops import register
 from . import cache, calls, contract, fastcall, launcher
@@ -278,7 +279,8 @@ _UNRESOLVED = _Unresolved()
 def kernel_cache_key(spec: OpSpec, target: Target, pipeline: str | None, dims: dict[str, int]) -> str:
     """The JIT cache's key for `spec` built with `pipeline` at `dims`."""
     fixed = fixed_dims(spec.func, dims)
-    return cache.cache_key(print_ir(spec.func), pipeline or "", target.name, fixed, find_toolchain().version_text,
+    return cache.cache_key(print_ir(spec.func), pipeline or f"default: {default_pipelines()}", target.name, fixed,
+                           find_toolchain().version_text,
                            codegen_switches())
 
 

@@ -289,3 +289,13 @@ def test_products_sharing_their_a_compute_what_the_final_ir_computes(tmp_path, m
     test_the_gpu_computes_what_the_final_ir_computes(ROOT / "kernels" / "kda_prepare_flashkda.kfc", tmp_path)
     monkeypatch.setattr(cuda, "TILE_EARLY_LOADS", True)
     test_the_gpu_computes_what_the_final_ir_computes(ROOT / "kernels" / "kda_prepare_flashkda.kfc", tmp_path / "early")
+
+
+@pytest.mark.parametrize("name", ["kda_prepare_flashkda", "kda_fwd_flashkda_c16", "kda_fwd_fla_c16"])
+def test_approximate_exponentials_compute_what_the_final_ir_computes(name, tmp_path, monkeypatch):
+    """exp, rsqrt and sigmoid on ex2.approx and rsqrt.approx (the approx-math pass, not yet in
+    the default pipeline): the final IR holds the approximate ops, which the interpreter computes."""
+    import kfc.passes
+    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", "approx-math," + kfc.passes.TILE_PIPELINE)
+    path = ROOT / "kernels" / f"{name}.kfc" if name == "kda_prepare_flashkda" else Path(f"{name}.kfc")
+    test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
