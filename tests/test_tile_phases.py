@@ -272,3 +272,65 @@ def test_products_sharing_their_a_are_written_in_one_phase_from_the_same_fragmen
     assert len(re.findall(r"const unsigned kfc_a\w+\[4\]", both)) == 1
     stores = [p for p in phases(cu) if "&p_w[" in p or "&p_u[" in p]
     assert len(stores) == 1 and "&p_w[" in stores[0] and "&p_u[" in stores[0]
+
+
+TRIO = """
+op trio(a: f32[B, 16, 32], c: f32[B, 16, 32], x: f32[B, 32, 16]) -> (y: f32[B, 16, 16]) {
+  parallel b in 0..B {
+    X = x[b, :, :]
+    P = a[b, :, :] * 2.0
+    p = dot(P, X)
+    q = dot(P, X)                   # the same product again (no cse in the pipeline below)
+    r = dot(c[b, :, :], X)
+    y[b, :, :] = p + q + r
+  }
+}
+check {
+  tolerance = {f32: 5e-3}
+}
+"""
+
+CHAIN = """
+op chain(a: f32[B, 16, 16], x: f32[B, 16, 32]) -> (w: f32[B, 16, 32], u: f32[B, 16, 32], v: f32[B, 16, 32]) {
+  parallel b in 0..B {
+    A = a[b, :, :]
+    X = x[b, :, :]
+    W = dot(A, X)
+    V = dot(A, X * 2.0)             # reads stored tiles only: written beside W
+    U = dot(A, X * W)               # reads W's product: not written beside it
+    w[b, :, :] = W
+    u[b, :, :] = U
+    v[b, :, :] = V
+  }
+}
+check {
+  tolerance = {f32: 5e-3}
+}
+"""
+
+
+def product_phases(cu: str) -> list[str]:
+    return [p for p in phases(cu) if "kfc_mma_tf32(kfc_c" in p]
+
+
+def test_products_sharing_their_b_each_load_their_own_a(monkeypatch):
+    """Products found sharing B, two of them with the same A as well: each product's A
+    fragments are its own A's (the sharing search says which operand is shared)."""
+    monkeypatch.setattr(cuda, "TILE_SHARE_A", True)
+    r = compile_op(parse_kfc(TRIO), parse_target("sm_90a"), "canonicalize,dce,tf32-dots", shape={"B": 4})
+    (phase,) = product_phases(r.kernel.cu)
+    frags = re.findall(r"const unsigned (kfc_a\w+)\[4\] = \{\w+\((kfc_s\d+)\[", phase)
+    assert len(frags) == 3 and len({buf for _, buf in frags}) == 2  # P's twice, c's once
+    assert len(re.findall(r"const unsigned kfc_b\w+\[2\]", phase)) == 1
+    calls = re.findall(r"kfc_mma_tf32\(\w+\[\d+\], (\w+)\[0\]", phase)
+    assert sorted(set(calls)) == sorted(name for name, _ in frags)
+
+
+def test_a_product_whose_b_reads_the_product_it_would_share_with_waits_for_it(monkeypatch):
+    monkeypatch.setattr(cuda, "TILE_SHARE_A", True)
+    cu = compile_op(parse_kfc(CHAIN), parse_target("sm_90a"), shape={"B": 4}).kernel.cu
+    shared, alone = product_phases(cu)
+    # W and V from A's fragments, each from B's of its own; U after W is stored
+    assert len(re.findall(r"const unsigned kfc_a\w+\[4\]", shared)) == 1
+    assert len(re.findall(r"const unsigned kfc_b\w+\[2\]", shared)) == 2 and shared.count("kfc_mma_tf32(") == 2
+    assert alone.count("kfc_mma_tf32(") == 1 and "* 2.0f" not in alone

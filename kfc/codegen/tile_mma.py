@@ -33,8 +33,8 @@ buffer is written from the accumulators the same way (tile_of_product).
 from __future__ import annotations
 
 from ..ir.core import Value
-from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotOp, ExpandDimsOp, ReduceOp, ScanOp,
-                           StoreOp, TriInvOp, UnaryOp, WhereOp)
+from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotOp, ExpandDimsOp, LoadOp, ReduceOp,
+                           ScanOp, StoreOp, TriInvOp, UnaryOp, WhereOp)
 from ..passes.tf32_dots import MMA_K, MMA_M, MMA_N, fits_tf32_mma
 from .errors import CodegenError
 from .tile_plan import POINTWISE_OPS, THREADS, WARP, warp_reduction
@@ -227,13 +227,22 @@ class TileMma:
                 continue
             y = q.operands[1 - shared]
             same = (q.trans_a, q.trans_b, y.ttype.shape) == (op.trans_a, op.trans_b, other.ttype.shape)
-            if same and (y in self.buffers or shared == 0 and self.written_from_buffers(y)):
+            if same and (y in self.buffers or shared == 0 and self.written_from_buffers(y, op)):
                 found.append(q)
         return found
 
-    def written_from_buffers(self, v: Value) -> bool:
-        """Whether tile v is written where read, reading stored tiles only (no pending one)."""
-        return v in self.inline and not any(x in self.pending for x in self.reached([v]))
+    def written_from_buffers(self, v: Value, op: DotOp) -> bool:
+        """Whether tile v, written where read, reads only stored tiles, scalars and tensors the
+        kernel never writes (not op's own product, nor a tile still to be stored, whose
+        elements do not exist yet)."""
+        for x in self.reached([v]):
+            if x in self.buffers or self.kind(x) != "row":
+                continue
+            made = self.plan.owner.get(x)
+            if x is op.result or x not in self.inline or made is None or \
+                    isinstance(made, LoadOp) and not self.reads_fixed_memory(made):
+                return False
+        return True
 
     def emit_mma_dot(self, op: DotOp, into=None) -> None:
         """The product into a new shared buffer, or `into` = (a buffer, its tile's expression,
@@ -245,9 +254,10 @@ class TileMma:
         (sharing_a) from the same A fragments."""
         in_place = bool(into) and into[2]
         ops = [op] + ([] if in_place else self.sharing_b(op))
+        shared_a = False  # which operand the products share: said by the search that found them
         if len(ops) == 1 and not in_place:
             ops += self.sharing_a(op)
-        shared_a = len(ops) > 1 and ops[1].operands[0] is op.operands[0]
+            shared_a = len(ops) > 1
         for q in ops[1:]:
             self.early.add(q)
             self.pending.pop(q.result, None)

@@ -9,12 +9,14 @@ one and the product before it to one. KDA's prepare kernel, bound by instruction
 SASS about 2.5 instructions a byte it moves), takes some forty-eight exponentials a thread.
 
 Error: ex2.approx.ftz.f32 is within about 2^-22 of 2^m relatively (the PTX ISA's bound), and
-m = x log2(e), rounded once, moves the result by |m| 2^-24 more: 8e-6 at exponents of 80, the
-largest KDA's bounded decays reach. Results below f32's normal range flush to zero (ftz). The
-pass applies where every floating-point output is checked with a tolerance of at least
-APPROX_MIN_TOLERANCE (1e-5, as lower-ptx's approx), and never to a value an exact output
-(an integer, bool or fp8 code) depends on (lower_ptx.approximable); it notes each value it
-approximates, so `kfc compile` reports them. The interpreter computes the same ops (2^m,
+m = x log2(e), rounded once (log2 e itself to f32), moves the result by about ln 2 |m| 2^-24
+more: about 6e-6 relatively at exponents of 80, the largest KDA's bounded decays reach. Results
+below f32's normal range flush to zero (ftz). The pass applies where every floating-point output
+is checked with a tolerance of at least APPROX_MIN_TOLERANCE (1e-5, as lower-ptx's approx), and
+never to a value an exact output (an integer, bool or fp8 code) depends on
+(lower_ptx.approximable); as there, a comparison or mask reading an approximated value for a
+float output may flip where the value lies within that error of its threshold. It notes each
+value it approximates, so `kfc compile` reports them. The interpreter computes the same ops (2^m,
 1/sqrt(x)) in f32, so the final IR still says what the GPU computes, to those bounds.
 
 Options: approx = auto (by the tolerance, as above) | on | off.
