@@ -293,7 +293,8 @@ class TileMma:
                 self.emit(f"const unsigned {fa}{p * bm + u}[4] = {{{', '.join(frag)}}};")
         for p, q in enumerate(ops if shared_a else ops[:1]):
             y = q.operands[1]
-            at_b = lambda c, j, y=y: self.tf32_bits(y, (j, c) if op.trans_b else (c, j))  # B's (contraction c, column j)
+            # B's element (contraction c, column j)
+            at_b = lambda c, j, y=y: self.tf32_bits(y, (j, c) if op.trans_b else (c, j))
             for v in range(bn):
                 col = f"{j0} + {v * MMA_N} + {g}"
                 self.emit(f"const unsigned {fb}{p * bn + v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")

@@ -1,8 +1,8 @@
 """Passes over the IR: one module per pass, registered by name for pipeline strings."""
 
 from . import (  # noqa: F401 - registration
-    accelerate_matmul, approx_math, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads, linearize, lower_ptx,
-    lower_reductions, lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tf32_dots, tile,
+    accelerate_matmul, approx_math, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads, linearize,
+    lower_ptx, lower_reductions, lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tf32_dots, tile,
     tri_inv_doubling,
 )
 from .base import PASSES, Pass, PassError, register_pass
@@ -43,5 +43,5 @@ def default_pipeline(kind: str, rows: int | None = None, target=None) -> str:
 
 
 __all__ = ["PASSES", "Pass", "PassError", "register_pass", "PassContext", "PassManager", "VerifyEach", "Pipeline",
-           "parse_pipeline", "parse_user_pipeline", "default_pipeline", "default_pipelines", "ROW_PIPELINE", "MATMUL_PIPELINE",
-           "SKINNY_MATMUL_PIPELINE", "SKINNY_ROWS", "TILE_PIPELINE"]
+           "parse_pipeline", "parse_user_pipeline", "default_pipeline", "default_pipelines", "ROW_PIPELINE",
+           "MATMUL_PIPELINE", "SKINNY_MATMUL_PIPELINE", "SKINNY_ROWS", "TILE_PIPELINE"]
