@@ -29,30 +29,13 @@ import math
 from ..ir.core import Value
 from ..ir.dtypes import DType
 from ..ir.func import FuncOp
-from ..ir.ptx_ops import Ex2ApproxOp, RsqrtApproxOp
+from ..ir.ptx_ops import RsqrtApproxOp
 from ..ir.rewrite import rebuild
-from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, BroadcastOp, ConstOp, ParallelOp
-from ..ir.types import TensorType
+from ..ir.tile_ops import BINARY_CLASSES, UNARY_CLASSES, ParallelOp
 from .base import Pass, define_pass, option
-from .lower_ptx import approximable
+from .lower_ptx import approximable, exp2_of_scaled, scalar_like
 
 LOG2E = math.log2(math.e)
-
-
-def scalar_like(value: float, like: Value, loc) -> tuple[list, Value]:
-    """A constant, broadcast to like's shape where like is a tile: (its ops, the value)."""
-    c = ConstOp(operands=(), results=(Value(TensorType(DType.F32)),), loc=loc, value=value)
-    if not like.ttype.rank:
-        return [c], c.result
-    b = BroadcastOp(operands=(c.result,), results=(Value(like.type),), loc=loc)
-    return [c, b], b.result
-
-
-def exp2_of_scaled(x: Value, scale: float, result: Value, loc) -> list:
-    """result = 2^(x * scale) on ex2.approx."""
-    ops, s = scalar_like(scale, x, loc)
-    m = BINARY_CLASSES["mul"](operands=(x, s), results=(Value(x.type),), loc=loc)
-    return ops + [m, Ex2ApproxOp(operands=(m.result,), results=(result,), loc=loc)]
 
 
 @define_pass("approx-math", "f32 exp, rsqrt and sigmoid of a tile program on ex2.approx and rsqrt.approx")

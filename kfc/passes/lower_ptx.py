@@ -103,17 +103,7 @@ class LowerPtx(Pass):
             if approx and f32 and isinstance(op, UNARY_CLASSES["exp"]):
                 counts["approx"] += 1
                 ctx.approximated(self, "ex2.approx for exp", op.loc)
-                x = op.operands[0]
-                c = ConstOp(operands=(), results=(Value(TensorType(DType.F32)),), loc=op.loc, value=math.log2(math.e))
-                ops = [c]
-                scale = c.result
-                if x.ttype.rank:
-                    b = BroadcastOp(operands=(scale,), results=(Value(x.type),), loc=op.loc)
-                    ops.append(b)
-                    scale = b.result
-                m = BINARY_CLASSES["mul"](operands=(x, scale), results=(Value(x.type),), loc=op.loc)
-                e = Ex2ApproxOp(operands=(m.result,), results=op.results, loc=op.loc)
-                return ops + [m, e]
+                return exp2_of_scaled(op.operands[0], math.log2(math.e), op.result, op.loc)
             if approx and isinstance(op, MAX_SUMEXP_STEPS) and not op.approx and all(map(may, op.results)):
                 counts["approx"] += 1
                 ctx.approximated(self, "ex2.approx in a running max and sum of exponentials", op.loc)
@@ -141,6 +131,22 @@ class LowerPtx(Pass):
         ctx.note(self, f"{counts['ld']} loads, {counts['st']} stores, {counts['approx']} approximate functions{why}"
                        f", {counts['cvt']} packed conversions")
         return with_loop_body(func, launch, body)
+
+
+def scalar_like(value: float, like: Value, loc) -> tuple[list, Value]:
+    """An f32 constant, broadcast to like's shape where like is a tile: (its ops, the value)."""
+    c = ConstOp(operands=(), results=(Value(TensorType(DType.F32)),), loc=loc, value=value)
+    if not like.ttype.rank:
+        return [c], c.result
+    b = BroadcastOp(operands=(c.result,), results=(Value(like.type),), loc=loc)
+    return [c, b], b.result
+
+
+def exp2_of_scaled(x: Value, scale: float, result: Value, loc) -> list:
+    """The ops computing result = 2^(x * scale) on ex2.approx (exp with scale log2 e)."""
+    ops, s = scalar_like(scale, x, loc)
+    m = BINARY_CLASSES["mul"](operands=(x, s), results=(Value(x.type),), loc=loc)
+    return ops + [m, Ex2ApproxOp(operands=(m.result,), results=(result,), loc=loc)]
 
 
 def staged_rows(func) -> bool:
