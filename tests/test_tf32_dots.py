@@ -45,13 +45,15 @@ check {
 """
 
 
-def test_rounding_to_tf32_is_to_nearest_with_ties_away_and_keeps_infinities_and_nans():
+def test_rounding_to_tf32_is_to_nearest_with_ties_to_even_and_keeps_infinities_and_nans():
     one = np.float32(1.0)
     ulp = 2.0 ** -10  # a TF32 unit at 1
-    x = np.array([1 + ulp / 2, -(1 + ulp / 2), 1 + ulp / 4, 1 + 3 * ulp / 4, 1 + ulp / 2 - 2 ** -23,
+    x = np.array([1 + ulp / 2, -(1 + ulp / 2), 1 + 3 * ulp / 2, -(1 + 3 * ulp / 2), 1 + ulp / 4, 1 + 3 * ulp / 4,
+                  1 + ulp / 2 + 2 ** -23, 1 + ulp / 2 - 2 ** -23, 2 - ulp / 4,
                   np.inf, -np.inf, np.finfo(np.float32).max, 0.0, -0.0], dtype=np.float32)
     got = round_tf32(x)
-    want = [1 + ulp, -(1 + ulp), one, 1 + ulp, one, np.inf, -np.inf, np.inf, 0.0, -0.0]
+    want = [one, -one, 1 + 2 * ulp, -(1 + 2 * ulp), one, 1 + ulp, 1 + ulp, one, 2.0,
+            np.inf, -np.inf, np.inf, 0.0, -0.0]
     np.testing.assert_array_equal(got, np.array(want, dtype=np.float32))
     assert np.signbit(got[-1])
     nans = np.array([np.nan, -np.nan], dtype=np.float32).view(np.uint32) | np.uint32(0x1FFF)
@@ -113,7 +115,7 @@ def test_precision_is_printed_parsed_and_verified():
     assert text.count('precision = "tf32"') == 2
     assert print_ir(parse_ir(text)) == text
     bad = text.replace('precision = "tf32"', 'precision = "fp8"', 1)
-    with pytest.raises(Exception, match="precision 'fp8' is not one of ieee, tf32"):
+    with pytest.raises(Exception, match="precision 'fp8' is not one of ieee, tf32, bf16"):
         verify(parse_ir(bad))
 
 
@@ -121,11 +123,16 @@ def test_precision_is_printed_parsed_and_verified():
 def test_the_tile_emitter_writes_marked_products_as_mma_sync_phases(target):
     r = compile_op(parse_kfc(PRODUCTS), parse_target(target), shape={"B": 4})
     cu = r.kernel.cu
-    assert cu.count("][4] = {};") == 2 and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in cu
+    # the two tf32 products, and the bf16 one on m16n8k16 as it is (tests/test_mma_16bit.py)
+    assert cu.count("][4] = {};") == 3 and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in cu
+    assert cu.count("kfc_mma_tf32(kfc_c") == 2 and cu.count("kfc_mma_bf16(kfc_c") == 1
     # rounded at fragment loads (or once where a buffer only products read is stored), never in a scalar loop
     assert "kfc_tf32_bits(" in cu and "fmaf(kfc_round_tf32" not in cu
     assert "tf32-dots" in r.report["pipeline"] and not r.kernel.report.spills
-    assert "HMMA.1688.F32.TF32" in disassemble(r.kernel.cubin)
+    sass = disassemble(r.kernel.cubin)
+    assert "HMMA.1688.F32.TF32" in sass
+    # operands rounded by one cvt.rn.tf32.f32 each, never by masking bits
+    assert "F2FP.TF32.F32" in sass and "0xffffe000" not in sass
 
 
 def test_a_product_summed_into_a_carried_tile_is_written_from_its_accumulators():

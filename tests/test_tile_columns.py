@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kfc.codegen import cuda
+from kfc.codegen import cuda, tile_prefetch
 from kfc.codegen.tile_columns import A_FROM_SLOTS, COLUMNS, STEP, TileColumns, column_loop, slot_column, slot_row
 from kfc.codegen.toolchain import disassemble
 from kfc.compile import compile_op
@@ -175,9 +175,11 @@ def test_two_copies_of_the_loads_leave_one_barrier_a_chunk(monkeypatch):
     resets = re.findall(r"(kfc_s\d+) = \1_base;", after.split("__syncthreads();", 1)[0])
     assert sorted(resets) == sorted(name for name, _, _ in flips) and "__syncthreads();" in after
     assert not r.kernel.report.spills
-    # a loop whose loads are not all prefetched keeps one copy and its two barriers (C = 32)
-    r32 = with_columns(monkeypatch, lambda: recurrence(bind={"C": "32"}))
-    assert "_base" not in r32.kernel.cu and chunk_loop(r32.kernel.cu).count("__syncthreads();") == 2
+    # a loop whose loads are not all prefetched (their registers over the allowance) keeps one
+    # copy and its two barriers
+    monkeypatch.setattr(tile_prefetch, "PREFETCH_REGISTERS", 16)
+    few = with_columns(monkeypatch, lambda: recurrence())
+    assert "_base" not in few.kernel.cu and chunk_loop(few.kernel.cu).count("__syncthreads();") == 2
 
 
 def test_the_emitted_slot_indices_are_the_slots_the_products_assume():

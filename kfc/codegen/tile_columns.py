@@ -31,7 +31,7 @@ from ..ir.mma_ops.roles import REGISTER_FILE
 from ..ir.tile_ops import BinaryOp, CastOp, DotOp, ForOp, StoreOp
 from . import float16
 from .c_names import C_TYPES
-from .tile_mma import mma_dot
+from .tile_mma import mma_kind
 from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, WARP
 from .tile_prefetch import PREFETCH_REGISTERS
 
@@ -116,7 +116,8 @@ def column_op(op: Op, values: set, columns: int) -> bool:
         return False
     if isinstance(op, DotOp):
         a, b = op.operands
-        return mma_dot(op) and b in values and a not in values and not op.trans_b
+        # the accumulators as A's fragments are TF32's m16n8k8 layout
+        return mma_kind(op) == "tf32" and b in values and a not in values and not op.trans_b
     if isinstance(op, POINTWISE_OPS):
         return all(x in values or x.ttype.rank == 0 or x.ttype.shape == op.result.ttype.shape for x in op.operands)
     return False

@@ -77,8 +77,8 @@ class TileLoops:
             return (f"[&]() {{ int {acc} = 0; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} += (int)({self.elem(a, ai)}) "
                     f"* (int)({self.elem(b, bi)}); return {acc}; }}()")
         x, y = as_float(self.elem(a, ai), d), as_float(self.elem(b, bi), d)
-        if op.precision == "tf32":  # as tensor cores take them (a product the tile emitter keeps off them)
-            x, y = f"kfc_round_tf32({x})", f"kfc_round_tf32({y})"
+        if op.precision != "ieee":  # as tensor cores take them (a product the tile emitter keeps off them)
+            x, y = f"kfc_round_{op.precision}({x})", f"kfc_round_{op.precision}({y})"
         return (f"[&]() {{ float {acc} = 0.0f; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} = fmaf({x}, {y}, {acc}); "
                 f"return {acc}; }}()")
 

@@ -33,9 +33,12 @@ buffer is written from the accumulators the same way (tile_of_product).
 from __future__ import annotations
 
 from ..ir.core import Value
+from ..ir.dtypes import DType
 from ..ir.tile_ops import (BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, DotOp, ExpandDimsOp, LoadOp, ReduceOp,
                            ScanOp, StoreOp, TriInvOp, UnaryOp, WhereOp)
-from ..passes.tf32_dots import MMA_K, MMA_M, MMA_N, fits_tf32_mma
+from ..passes.bf16_dots import MMA_K_BF16
+from ..passes.tf32_dots import MMA_K, MMA_M, MMA_N, fits_mma
+from .c_names import as_float
 from .errors import CodegenError
 from .tile_plan import POINTWISE_OPS, THREADS, WARP, warp_reduction
 
@@ -44,10 +47,28 @@ MAX_BLOCK_TILES = 16  # result tiles a warp holds at once: 64 accumulator regist
 DEFERRED_MMA = object()  # a pending product: written where it is first read (TileKernelEmitter.flush_for)
 
 
+MMA_STEPS = {"tf32": MMA_K, "bf16": MMA_K_BF16, "f16": MMA_K_BF16}  # the contraction of one mma.sync
+
+
+def mma_kind(op) -> str | None:
+    """The operands' type in the mma.sync the tile emitter writes this product with, or None
+    where it keeps the product off tensor cores: "tf32" or "bf16" for f32 operands that
+    tf32-dots or bf16-dots marked (a user's pipeline may mark any f32 product), and "bf16" or
+    "f16" for products of bf16 or f16 tiles, exact on m16n8k16 as they are; always whole
+    m16n8k8 (m16n8k16) tiles."""
+    if not isinstance(op, DotOp):
+        return None
+    if op.precision in ("tf32", "bf16"):
+        return op.precision if fits_mma(op, MMA_STEPS[op.precision]) else None
+    for kind, dtype in (("bf16", DType.BF16), ("f16", DType.F16)):
+        if fits_mma(op, MMA_K_BF16, dtype):
+            return kind
+    return None
+
+
 def mma_dot(op) -> bool:
-    """Whether the tile emitter writes this product on tensor cores: tf32-dots marked it, and it
-    is whole m16n8k8 tiles (a user's pipeline may give precision tf32 to any f32 product)."""
-    return isinstance(op, DotOp) and op.precision == "tf32" and fits_tf32_mma(op)
+    """Whether the tile emitter writes this product on tensor cores (mma_kind)."""
+    return mma_kind(op) is not None
 
 
 def mma_block(tiles_m: int, tiles_n: int) -> tuple[int, int]:
@@ -65,14 +86,16 @@ def read_by_tf32_products_only(v: Value, readers) -> bool:
     """Whether every op that reads v is a product on tensor cores taking it as an operand: a
     buffer of v may then hold it rounded to TF32 (rounding twice gives the same bits)."""
     return (v.ttype.dtype.itemsize == 4 and v.ttype.dtype.is_float and bool(readers)
-            and all(mma_dot(op) and v in op.operands for op in readers))
+            and all(mma_kind(op) == "tf32" and v in op.operands for op in readers))
 
 
 def fragment_skew(v: Value, readers) -> int | None:
     """The pitch (in 4-byte words, modulo the banks) at which the tensor-core products among
-    `readers` load v's fragments without bank conflicts: 4 where every one reads it as A or as a
-    transposed B, 8 where every one reads it as B or as a transposed A; None where none reads it
-    or they disagree."""
+    `readers` load v's fragments without bank conflicts: in TF32, 4 where every one reads it as A
+    or as a transposed B (a row across the groups g, a column across t), 8 where every one reads
+    it as B or as a transposed A; in bf16, whose lanes read pairs of adjacent columns (2t, 2t + 1)
+    of A, or rows 2t and 2t + 1 of B, the other way round. None where none reads it or they
+    disagree."""
     skews = set()
     for op in readers:
         if not mma_dot(op):
@@ -80,7 +103,8 @@ def fragment_skew(v: Value, readers) -> int | None:
         for pos, x in enumerate(op.operands):
             if x is v:
                 # rows across the lane groups g, columns across t: A as it is, B transposed
-                skews.add(4 if (pos == 0 and not op.trans_a) or (pos == 1 and op.trans_b) else 8)
+                a_like = (pos == 0 and not op.trans_a) or (pos == 1 and op.trans_b)
+                skews.add(4 if a_like == (mma_kind(op) == "tf32") else 8)
     return skews.pop() if len(skews) == 1 and v.ttype.dtype.itemsize == 4 else None
 
 
@@ -221,7 +245,8 @@ class TileMma:
         for q in (block.ops if block is not None else ()):
             if (len(found) + 2) * bm * bn > MAX_BLOCK_TILES:  # a warp's accumulators for them all
                 break
-            if q is op or not mma_dot(q) or q in self.early or q.operands[shared] is not x:
+            if q is op or mma_kind(q) != mma_kind(op) or q in self.early \
+                    or q.operands[shared] is not x:
                 continue
             if self.plan.order[q] < self.plan.order[op] and self.pending.get(q.result) is not DEFERRED_MMA:
                 continue
@@ -279,22 +304,25 @@ class TileMma:
         self.emit(f"const int {i0} = {blk} / {blocks_n} * {bm * MMA_M}, {j0} = {blk} % {blocks_n} * {bn * MMA_N};")
         self.emit(f"float {acc}[{len(ops) * tiles}][4] = {{}};")
         self.emit("#pragma unroll 4")
-        self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_K}) {{")
+        kind = mma_kind(op)
+        self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_STEPS[kind]}) {{")
         self.indent += 1
 
-        cols = (f"{kk} + {t}", f"{kk} + {t} + 4")
+        pairs = kind != "tf32"
+        # the contraction at A's registers 0, 1 and 2, 3 (at B's 0 and 1): in 16 bits each holds two
+        cols = (f"{kk} + 2 * {t}", f"{kk} + 2 * {t} + 8") if pairs else (f"{kk} + {t}", f"{kk} + {t} + 4")
         for p, q in enumerate(ops[:1] if shared_a else ops):
             x = q.operands[0]
-            # A's element (row i, contraction c)
-            at_a = lambda i, c, x=x: self.tf32_bits(x, (c, i) if op.trans_a else (i, c))
+            # A's register at (row i, contraction c)
+            at_a = lambda i, c, x=x: self.operand_bits(x, lambda c: (c, i) if op.trans_a else (i, c), c, kind)
             for u in range(bm):
                 rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
                 frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
                 self.emit(f"const unsigned {fa}{p * bm + u}[4] = {{{', '.join(frag)}}};")
         for p, q in enumerate(ops if shared_a else ops[:1]):
             y = q.operands[1]
-            # B's element (contraction c, column j)
-            at_b = lambda c, j, y=y: self.tf32_bits(y, (j, c) if op.trans_b else (c, j))
+            # B's register at (contraction c, column j)
+            at_b = lambda c, j, y=y: self.operand_bits(y, lambda c: (j, c) if op.trans_b else (c, j), c, kind)
             for v in range(bn):
                 col = f"{j0} + {v * MMA_N} + {g}"
                 self.emit(f"const unsigned {fb}{p * bn + v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
@@ -303,8 +331,8 @@ class TileMma:
             for u in range(bm):
                 for v in range(bn):
                     f, h = f"{fa}{pa * bm + u}", f"{fb}{pb * bn + v}"
-                    self.emit(f"kfc_mma_tf32({acc}[{p * tiles + u * bn + v}], {f}[0], {f}[1], {f}[2], {f}[3], "
-                              f"{h}[0], {h}[1]);")
+                    self.emit(f"kfc_mma_{kind}({acc}[{p * tiles + u * bn + v}], {f}[0], {f}[1], {f}[2], "
+                              f"{f}[3], {h}[0], {h}[1]);")
         self.indent -= 1
         self.emit("}")
         for p, (q, buf) in enumerate(zip(ops, bufs)):
@@ -315,6 +343,21 @@ class TileMma:
         for p, (q, buf) in enumerate(zip(ops, bufs)):
             if p or not into:  # else the caller's tile's buffer
                 self.buffers[q.result] = buf
+
+    def operand_bits(self, v: Value, at, c: str, kind: str) -> str:
+        """A fragment register's 32 bits: v's element at index at(c) as TF32, or in bf16 (f16)
+        its elements at contractions c and c + 1 packed, c's in the low half (cvt.rn.bf16x2.f32
+        rounds an f32 value as kfc.ir.tile_ops.matmul.round_bf16 does, a bf16 one not at all)."""
+        if kind == "tf32":
+            return self.tf32_bits(v, at(c))
+        d, lo_at = v.ttype.dtype, at(c)
+        buf = self.buffers.get(v) if v not in self.inline else None
+        if d.name.lower() == kind and lo_at[-1] == c and buf is not None and buf.pitch % 2 == 0:
+            lo = self.elem(v, lo_at)
+            if lo == buf.at(lo_at):  # both elements adjacent in shared memory, c even: one 4-byte load
+                return f"*reinterpret_cast<const unsigned*>(&{lo})"
+        hi, lo = (as_float(self.elem(v, at(x)), d) for x in (f"{c} + 1", c))
+        return f"kfc_cvt_pack_{kind}({hi}, {lo})"
 
     def tf32_bits(self, v: Value, idx) -> str:
         """An operand's element as TF32 bits: rounded here unless its buffer holds it so."""

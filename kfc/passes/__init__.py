@@ -1,9 +1,9 @@
 """Passes over the IR: one module per pass, registered by name for pipeline strings."""
 
 from . import (  # noqa: F401 - registration
-    accelerate_matmul, approx_math, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads, linearize,
-    lower_ptx, lower_reductions, lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows, tf32_dots, tile,
-    tri_inv_doubling,
+    accelerate_matmul, approx_math, bf16_dots, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads,
+    linearize, lower_ptx, lower_reductions, lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows,
+    tf32_dots, tile, tri_inv_doubling,
 )
 from .base import PASSES, Pass, PassError, register_pass
 from .context import PassContext, VerifyEach

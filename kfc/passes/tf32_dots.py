@@ -30,34 +30,47 @@ MMA_M, MMA_N, MMA_K = 16, 8, 8  # mma.sync.m16n8k8 with TF32 operands
 TF32_TOLERANCE = 5e-3  # the least output tolerance TF32 operands are used under
 
 
-def fits_tf32_mma(op: DotOp) -> bool:
-    """Whether the product is whole m16n8k8 tiles of f32 operands."""
+def fits_mma(op: DotOp, k_step: int = MMA_K, dtype: DType = DType.F32) -> bool:
+    """Whether the product is whole m16n8 tiles of operands of dtype, the contraction whole
+    steps of k_step (8 for TF32's m16n8k8, 16 for the 16-bit m16n8k16)."""
     a, b = (v.ttype for v in op.operands)
     m, n, k, _ = DotOp.mnk(a, b, op.trans_a, op.trans_b)
-    return (a.dtype is DType.F32 and all(isinstance(d, int) for d in (m, n, k))
-            and m % MMA_M == 0 and n % MMA_N == 0 and k % MMA_K == 0)
+    return (a.dtype is dtype and all(isinstance(d, int) for d in (m, n, k))
+            and m % MMA_M == 0 and n % MMA_N == 0 and k % k_step == 0)
+
+
+def fits_tf32_mma(op: DotOp) -> bool:
+    """Whether the product is whole m16n8k8 tiles of f32 operands."""
+    return fits_mma(op, MMA_K)
+
+
+def mark_products(pass_: Pass, func: FuncOp, ctx, precision: str, k_step: int, least: float, rounded: str) -> FuncOp:
+    """func with precision given to every f32 tile.dot still "ieee" inside a tile.parallel whose
+    product is whole m16n8 tiles and k_step contraction steps, where every float output is checked
+    to `least` or looser; else func, with a note saying why."""
+    marked = set()
+    for loop in (op for op in func.body.ops if isinstance(op, ParallelOp)):
+        marked.update(id(op) for op in loop.walk() if isinstance(op, DotOp) and op.precision == "ieee"
+                      and fits_mma(op, k_step))
+
+    def transform(op, vmap):
+        return [attrs.evolve(op, precision=precision)] if id(op) in marked else None
+
+    if not marked:
+        return func
+    tol = ctx_tolerance(ctx, func)
+    if tol < least:
+        ctx.note(pass_, f"{len(marked)} product(s) kept in f32: the op's outputs are checked to {tol:g}, "
+                        f"{precision.upper()} operands need {least:g}")
+        return func
+    ctx.note(pass_, f"{len(marked)} product(s) on tensor cores in {precision.upper()}")
+    for op in func.walk():
+        if id(op) in marked:
+            ctx.approximated(pass_, f"tile.dot's f32 operands rounded to {rounded}", op.loc)
+    return rebuild(func, transform)
 
 
 @define_pass("tf32-dots", "f32 tile.dot of whole 16x8x8 tiles in a tile kernel on tensor cores, operands in TF32")
 class Tf32Dots(Pass):
     def run(self, func: FuncOp, ctx) -> FuncOp:
-        marked = set()
-        for loop in (op for op in func.body.ops if isinstance(op, ParallelOp)):
-            marked.update(id(op) for op in loop.walk() if isinstance(op, DotOp) and op.precision == "ieee"
-                          and fits_tf32_mma(op))
-
-        def transform(op, vmap):
-            return [attrs.evolve(op, precision="tf32")] if id(op) in marked else None
-
-        if not marked:
-            return func
-        tol = ctx_tolerance(ctx, func)
-        if tol < TF32_TOLERANCE:
-            ctx.note(self, f"{len(marked)} product(s) kept in f32: the op's outputs are checked to {tol:g}, "
-                           f"TF32 operands need {TF32_TOLERANCE:g}")
-            return func
-        ctx.note(self, f"{len(marked)} product(s) on tensor cores in TF32")
-        for op in func.walk():
-            if id(op) in marked:
-                ctx.approximated(self, "tile.dot's f32 operands rounded to TF32 (10 mantissa bits)", op.loc)
-        return rebuild(func, transform)
+        return mark_products(self, func, ctx, "tf32", MMA_K, TF32_TOLERANCE, "TF32 (10 mantissa bits)")

@@ -299,3 +299,58 @@ def test_approximate_exponentials_compute_what_the_final_ir_computes(name, tmp_p
     monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", "approx-math," + kfc.passes.TILE_PIPELINE)
     path = ROOT / "kernels" / f"{name}.kfc" if name == "kda_prepare_flashkda" else Path(f"{name}.kfc")
     test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
+
+
+def test_16_bit_products_compute_what_the_final_ir_computes(tmp_path, monkeypatch):
+    """Products on mma.sync.m16n8k16 (kfc.codegen.tile_mma): of bf16 and f16 tiles as they are
+    (the default), A or B transposed, and f32 ones the bf16-dots pass rounds to bf16 (not in the
+    default pipeline), beside a tf32 one."""
+    import kfc.passes
+    from tests.test_mma_16bit import HALVES
+    path = tmp_path / "halves.kfc"
+    path.write_text(HALVES)
+    test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
+    with_bf16 = kfc.passes.TILE_PIPELINE.replace("tf32-dots", "bf16-dots,tf32-dots")
+    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", with_bf16)
+    test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path / "bf16")
+
+
+ROUNDS = """
+op rounds(a: f32[B, 16, 8], w: f32[B, 8, 8]) -> (y: f32[B, 16, 8]) {
+  parallel b in 0..B {
+    y[b, :, :] = dot(a[b, :, :], w[b, :, :])
+  }
+}
+check {
+  tolerance = {f32: 5e-3}
+}
+"""
+
+
+def test_the_gpu_rounds_to_tf32_as_the_interpreter_does_bit_for_bit():
+    """A product by the identity on tensor cores returns its A rounded to TF32 and summed with
+    exact zeros, so y must be kfc.ir.tile_ops.matmul.round_tf32(a) bit for bit: on ties (the low
+    13 bits exactly 0x1000, both signs, odd and even kept parts), just either side of them, and a
+    carry into the exponent. Normal finite values only: an infinity times the identity's zeros
+    is NaN across its row."""
+    from kfc.frontend import parse_kfc
+    from kfc.ir.tile_ops.matmul import round_tf32
+    requires_gpu()
+    rng = np.random.default_rng(7)
+    b = 64
+    bits = rng.integers(0x00800000, 0x7F000000, size=(b, 16, 8), dtype=np.uint32)
+    bits[: b // 2] = (bits[: b // 2] & np.uint32(0xFFFFE000)) | np.uint32(0x1000)  # ties
+    bits |= rng.integers(0, 2, size=bits.shape, dtype=np.uint32) << np.uint32(31)
+    bits[-1, 0] = [0x3F801000, 0x3F803000, 0x3F800FFF, 0x3F801001, 0x3FFFF000, 0xBF801000, 0xBF803000, 0x7EFFF000]
+    a = bits.view(np.float32)
+    w = np.broadcast_to(np.eye(8, dtype=np.float32), (b, 8, 8)).copy()
+    kernel = KfcKernel(instances(parse_kfc(ROUNDS))[0], parse_target("sm_90a"))
+    y = torch.full((b, 16, 8), float("nan"), device="cuda")
+    kernel(a=torch.from_numpy(a).cuda(), w=torch.from_numpy(w).cuda(), out=y)
+    torch.cuda.synchronize()
+    got, want = y.cpu().numpy().view(np.uint32), round_tf32(a).view(np.uint32)
+    ties = (bits & np.uint32(0x1FFF)) == np.uint32(0x1000)
+    assert ties.sum() > 4000 and not np.array_equal(want, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
+    diff = got != want
+    assert not diff.any(), (f"{int(diff.sum())} element(s) differ ({int((diff & ties).sum())} of them ties), "
+                            f"first {a[diff][0]!r}: {got[diff][0]:#x} != {want[diff][0]:#x}")

@@ -11,17 +11,32 @@ from ..types import TensorType, bare_type
 from .checks import reg_tile_of, shape_str
 
 
-PRECISIONS = ("ieee", "tf32")
+PRECISIONS = ("ieee", "tf32", "bf16")
 
 
 def round_tf32(x: np.ndarray) -> np.ndarray:
-    """f32 values rounded to TF32 (the top 10 of 23 mantissa bits) to nearest, ties away from
-    zero, as cvt.rna.tf32.f32: half a TF32 unit added to the magnitude's bits, then the low 13
-    bits cleared. Infinities and NaNs pass unchanged (the carry would change their class)."""
+    """f32 values rounded to TF32 (the top 10 of 23 mantissa bits) to nearest, ties to even, as
+    cvt.rn.tf32.f32 (sm_90 and later; one F2FP instruction): just under half a TF32 unit, plus
+    the kept part's lowest bit, added to the magnitude's bits, then the low 13 bits cleared.
+    Infinities and NaNs pass unchanged (the carry would change their class)."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
-    rounded = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    odd = (bits >> np.uint32(13)) & np.uint32(1)
+    rounded = (bits + np.uint32(0xFFF) + odd) & np.uint32(0xFFFFE000)
     return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """f32 values rounded to bf16 (the top 7 of 23 mantissa bits) to nearest, ties to even, and
+    held in f32, as cvt.rn.bf16x2.f32 packs an mma.sync operand; NaNs pass unchanged."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    odd = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = (bits + np.uint32(0x7FFF) + odd) & np.uint32(0xFFFF0000)
+    return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+
+
+OPERAND_ROUNDING = {"tf32": round_tf32, "bf16": round_bf16}
 
 
 @define_op("tile.dot", traits={"pure"}, operands=2, results=1)
@@ -29,8 +44,9 @@ class DotOp(Op):
     """Matrix product of 2-D tiles with fp32 accumulation (i32 for integer operands).
 
     `precision` says how f32 operands enter the products: "ieee" as they are, "tf32" rounded to
-    TF32 first (10 mantissa bits, to nearest, ties away from zero: cvt.rna.tf32.f32), as tensor
-    cores take them (the tf32-dots pass sets it); the interpreter rounds them the same way."""
+    TF32 first (10 mantissa bits, to nearest, ties to even: cvt.rn.tf32.f32), as tensor
+    cores take them (the tf32-dots pass sets it), "bf16" rounded to bf16 (7 mantissa bits, as
+    cvt.rn.bf16x2.f32; the bf16-dots pass); the interpreter rounds them the same way."""
 
     trans_a: bool = False
     trans_b: bool = False
@@ -65,8 +81,8 @@ class DotOp(Op):
                              f"{shape_str(b.shape)}{'ᵀ' if self.trans_b else ''})")
         if self.precision not in PRECISIONS:
             raise self.error(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
-        if self.precision == "tf32" and a.dtype is not DType.F32:
-            raise self.error(f"precision tf32 rounds f32 operands, not {a.dtype}")
+        if self.precision != "ieee" and a.dtype is not DType.F32:
+            raise self.error(f"precision {self.precision} rounds f32 operands, not {a.dtype}")
         if bare_type(self.result.type) != bare_type(self.infer_result_types([a, b], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} must be {self.infer_result_types([a, b], self.attributes())[0]}")
 
@@ -76,8 +92,8 @@ class DotOp(Op):
             a, b = a.astype(np.int64), b.astype(np.int64)
         else:
             a, b = a.astype(np.float32), b.astype(np.float32)
-            if self.precision == "tf32":
-                a, b = round_tf32(a), round_tf32(b)
+            if self.precision in OPERAND_ROUNDING:
+                a, b = OPERAND_ROUNDING[self.precision](a), OPERAND_ROUNDING[self.precision](b)
         if self.trans_a:
             a = a.T
         if self.trans_b:
