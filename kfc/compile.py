@@ -45,6 +45,7 @@ from .passes.accelerate_matmul import AccelerateMatmul
 from .passes.linearize import Linearize
 from .passes.matmul_match import tma_product_rows
 from .passes.split_tiles import SplitReport, SplitTiles
+from .passes.sink_stores import SinkStores
 from .passes.tf32_dots import Tf32Dots
 from .passes.tile import MAX_CLUSTER, Tile
 
@@ -318,13 +319,19 @@ def wider_tile(lowering: Lowering, target: Target) -> str | None:
 
 
 def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Target, ctx: PassContext, before):
-    """The default tile pipeline and its IR, or, where the products it puts on tensor cores keep
-    results in shared memory the target does not have, the same pipeline without tf32-dots (the
-    products as f32 loops, their results never stored whole) when that needs fewer bytes. Decided
-    here, before the final IR is anyone's, so that what kfc check interprets is what is built.
-    Third, the kept IR's generate_cuda where this ran it (kfc compile then reuses it), else None."""
-    kept = [p for p in pipe if not isinstance(p, Tf32Dots)]
-    if len(kept) == len(pipe):
+    """The default tile pipeline and its IR, or, where its kernel keeps more in shared memory at
+    once than the target has, the first of these that fits, else the one needing the fewest
+    bytes if fewer: the pipeline without sink-stores (each store where written, its tile's
+    buffer freed sooner), then without tf32-dots too (the products as f32 loops, their results
+    never stored whole). Decided here, before the final IR is anyone's, so that what kfc check
+    interprets is what is built. Third, the kept IR's generate_cuda where this ran it (kfc
+    compile then reuses it), else None."""
+    fallbacks = []
+    for dropped in ((SinkStores,), (SinkStores, Tf32Dots)):
+        kept = [p for p in pipe if not isinstance(p, dropped)]
+        if len(kept) < len(pipe) and kept not in fallbacks:
+            fallbacks.append(kept)
+    if not fallbacks:
         return pipe, lowered, None
     # sized as the shared-memory form, which a kernel holding a tile in registers falls back to
     # where that spills (compile_op's build); rebuilt there where the registers are asked for
@@ -333,17 +340,25 @@ def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Targe
     needed = generated[1].smem_dynamic
     if needed <= target.smem_per_block:
         return pipe, lowered, reused
-    plain = parse_pipeline(",".join(map(str, kept)))
-    other = attrs.evolve(ctx, notes=[], approximations=[], stages=None if ctx.stages is None else [], stats={},
-                         timings=[])
-    plain_ir = PassManager(plain, other).run(special)
-    plain_generated = generate_cuda(plain_ir, column_registers=False)
-    if plain_generated[1].smem_dynamic >= needed:
+    best = None
+    for kept in fallbacks:
+        plain = parse_pipeline(",".join(map(str, kept)))
+        other = attrs.evolve(ctx, notes=[], approximations=[], stages=None if ctx.stages is None else [], stats={},
+                             timings=[])
+        plain_ir = PassManager(plain, other).run(special)
+        plain_generated = generate_cuda(plain_ir, column_registers=False)
+        if plain_generated[1].smem_dynamic < (best[3][1].smem_dynamic if best else needed):
+            best = (plain, other, plain_ir, plain_generated)
+        if plain_generated[1].smem_dynamic <= target.smem_per_block:
+            break
+    if best is None:
         return pipe, lowered, reused
+    plain, other, plain_ir, plain_generated = best
     # the run that is kept replaces the other's records
     notes, approximations, stages = before
-    ctx.notes[notes:] = other.notes + [("compile", f"the products on tensor cores needed {needed} bytes of shared "
-                                                   f"memory, {target} has {target.smem_per_block}; built with {plain}")]
+    what = "the stores together" if any(isinstance(p, Tf32Dots) for p in plain) else "the products on tensor cores"
+    ctx.notes[notes:] = other.notes + [("compile", f"{what} needed {needed} bytes of shared memory, {target} has "
+                                                   f"{target.smem_per_block}; built with {plain}")]
     ctx.approximations[approximations:] = other.approximations
     if stages is not None:
         ctx.stages[stages:] = other.stages

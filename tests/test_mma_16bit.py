@@ -37,7 +37,7 @@ check {
   shapes = [{B: 3}, {B: 1}]
 }
 """
-BF16_PIPELINE = "canonicalize,cse,dce,hoist-loads,bf16-dots,tf32-dots"
+BF16_PIPELINE = "canonicalize,cse,dce,hoist-loads,sink-stores,bf16-dots,tf32-dots"
 
 
 def _lowered(text=HALVES, pipeline=BF16_PIPELINE):

@@ -193,7 +193,7 @@ def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp
 def test_kfc_passes_names_the_tile_programs_default(capsys):
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
-    assert "default pipeline for other tile programs: canonicalize,cse,dce,hoist-loads,tf32-dots" in out
+    assert "default pipeline for other tile programs: canonicalize,cse,dce,hoist-loads,sink-stores,tf32-dots" in out
     assert any(line.startswith("tf32-dots ") for line in out.splitlines())
 
 

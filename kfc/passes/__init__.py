@@ -2,8 +2,8 @@
 
 from . import (  # noqa: F401 - registration
     accelerate_matmul, approx_math, bf16_dots, canonicalize, chunk_rows, cse, dce, flatten_branches, hoist_loads,
-    linearize, lower_ptx, lower_reductions, lower_tri_inv, online_softmax, split_tiles, stage_rows, tensor_rows,
-    tf32_dots, tile, tri_inv_doubling,
+    linearize, lower_ptx, lower_reductions, lower_tri_inv, online_softmax, sink_stores, split_tiles, stage_rows,
+    tensor_rows, tf32_dots, tile, tri_inv_doubling,
 )
 from .base import PASSES, Pass, PassError, register_pass
 from .context import PassContext, VerifyEach
@@ -20,8 +20,9 @@ SKINNY_ROWS = 64
 SKINNY_MATMUL_PIPELINE = ("canonicalize,cse,dce,accelerate-matmul{producer=warpgroup,inflight=1,store=auto,bm=64,"
                           "bn=128,stages=6},canonicalize,cse,dce")
 # another tile program (kfc.codegen.tile_emitter): each iteration's loads first (stored in one
-# phase), its f32 products of whole 16x8x8 tiles on tensor cores in TF32
-TILE_PIPELINE = "canonicalize,cse,dce,hoist-loads,tf32-dots"
+# phase), its stores together (written in one phase, the products they store pending at once),
+# its f32 products of whole 16x8x8 tiles on tensor cores in TF32
+TILE_PIPELINE = "canonicalize,cse,dce,hoist-loads,sink-stores,tf32-dots"
 
 
 def default_pipelines() -> str:
