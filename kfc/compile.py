@@ -356,7 +356,9 @@ def tile_products_that_fit(special: FuncOp, pipe, lowered: FuncOp, target: Targe
     plain, other, plain_ir, plain_generated = best
     # the run that is kept replaces the other's records
     notes, approximations, stages = before
-    what = "the stores together" if any(isinstance(p, Tf32Dots) for p in plain) else "the products on tensor cores"
+    what = ("the stores together" if any(isinstance(p, Tf32Dots) for p in plain)
+            else "the products on tensor cores and the stores together" if any(isinstance(p, SinkStores) for p in pipe)
+            else "the products on tensor cores")
     ctx.notes[notes:] = other.notes + [("compile", f"{what} needed {needed} bytes of shared memory, {target} has "
                                                    f"{target.smem_per_block}; built with {plain}")]
     ctx.approximations[approximations:] = other.approximations

@@ -143,3 +143,8 @@ def test_a_bf16_product_off_tensor_cores_rounds_its_operands_as_they_would():
     forced = rebuild(func, lambda op, vmap: [attrs.evolve(op, precision="bf16")] if op is dot else None)
     code, _ = TileKernelEmitter(forced, "k").generate()
     assert "kfc_round_bf16(" in code
+    # and nvcc/ptxas take it (kfc_round_bf16's cvt.rn.bf16.f32 among the definitions used)
+    from kfc.codegen.cuda import generate_cuda
+    from kfc.codegen.toolchain import compile_cuda
+    cu, _ = generate_cuda(forced)
+    assert "kfc_round_bf16(" in cu and "F2FP.BF16.F32.PACK_AB" in disassemble(compile_cuda(cu, "sm_90a").cubin)

@@ -354,3 +354,45 @@ def test_the_gpu_rounds_to_tf32_as_the_interpreter_does_bit_for_bit():
     diff = got != want
     assert not diff.any(), (f"{int(diff.sum())} element(s) differ ({int((diff & ties).sum())} of them ties), "
                             f"first {a[diff][0]!r}: {got[diff][0]:#x} != {want[diff][0]:#x}")
+
+
+ROUNDS16 = """
+op rounds16(a: f32[B, 16, 16], w: f32[B, 16, 8]) -> (y: f32[B, 16, 8]) {
+  parallel b in 0..B {
+    y[b, :, :] = dot(a[b, :, :], w[b, :, :])
+  }
+}
+check {
+  tolerance = {f32: 1e-2}
+}
+"""
+
+
+def test_the_gpu_rounds_to_bf16_as_the_interpreter_does_bit_for_bit(monkeypatch):
+    """The bf16-dots pass's products on m16n8k16, by the identity's left or right half: y is
+    kfc.ir.tile_ops.matmul.round_bf16 of a's first eight columns (even b) or its last eight (odd
+    b) bit for bit, ties (the low 16 bits exactly 0x8000) among them: the rounding, the packing
+    of a lane's two elements and both halves of A's and B's fragments."""
+    import kfc.passes
+    from kfc.frontend import parse_kfc
+    from kfc.ir.tile_ops.matmul import round_bf16
+    requires_gpu()
+    with_bf16 = kfc.passes.TILE_PIPELINE.replace("tf32-dots", "bf16-dots,tf32-dots")
+    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", with_bf16)
+    rng = np.random.default_rng(11)
+    b = 64
+    bits = rng.integers(0x00800000, 0x7F000000, size=(b, 16, 16), dtype=np.uint32)
+    bits[: b // 2] = (bits[: b // 2] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # ties
+    bits |= rng.integers(0, 2, size=bits.shape, dtype=np.uint32) << np.uint32(31)
+    a = bits.view(np.float32)
+    w = np.zeros((b, 16, 8), np.float32)
+    for i in range(b):
+        w[i, np.arange(8) + 8 * (i % 2), np.arange(8)] = 1.0
+    kernel = KfcKernel(instances(parse_kfc(ROUNDS16))[0], parse_target("sm_90a"))
+    y = torch.full((b, 16, 8), float("nan"), device="cuda")
+    kernel(a=torch.from_numpy(a).cuda(), w=torch.from_numpy(w).cuda(), out=y)
+    torch.cuda.synchronize()
+    want = np.stack([round_bf16(a[i, :, 8 * (i % 2): 8 * (i % 2) + 8]) for i in range(b)]).view(np.uint32)
+    got = y.cpu().numpy().view(np.uint32)
+    diff = got != want
+    assert not diff.any(), f"{int(diff.sum())} element(s) differ, first at {np.argwhere(diff)[0].tolist()}"
