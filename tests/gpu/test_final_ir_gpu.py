@@ -315,16 +315,37 @@ def test_16_bit_products_compute_what_the_final_ir_computes(tmp_path, monkeypatc
     test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path / "bf16")
 
 
-ROUNDS = """
-op rounds(a: f32[B, 16, 8], w: f32[B, 8, 8]) -> (y: f32[B, 16, 8]) {
-  parallel b in 0..B {
+PRODUCT = """
+op product(a: f32[B, 16, {k}], w: f32[B, {k}, 8]) -> (y: f32[B, 16, 8]) {{
+  parallel b in 0..B {{
     y[b, :, :] = dot(a[b, :, :], w[b, :, :])
-  }
-}
-check {
-  tolerance = {f32: 5e-3}
-}
+  }}
+}}
+check {{
+  tolerance = {{f32: {tol}}}
+}}
 """
+
+
+def product_bits(k: int, tol: str, a, w) -> np.ndarray:
+    """y = dot(a, w), a [B, 16, k] by w [B, k, 8] built by the default tile pipeline, on the GPU,
+    as its bits."""
+    from kfc.frontend import parse_kfc
+    kernel = KfcKernel(instances(parse_kfc(PRODUCT.format(k=k, tol=tol)))[0], parse_target("sm_90a"))
+    y = torch.full((a.shape[0], 16, 8), float("nan"), device="cuda")
+    kernel(a=torch.from_numpy(a).cuda(), w=torch.from_numpy(w).cuda(), out=y)
+    torch.cuda.synchronize()
+    return y.cpu().numpy().view(np.uint32)
+
+
+def normal_bits(shape, half_unit: int, seed: int) -> np.ndarray:
+    """Random normal f32 bit patterns of both signs, the first half of the batch ties: the bits
+    below half_unit's cleared, half_unit's set."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0x00800000, 0x7F000000, size=shape, dtype=np.uint32)
+    b = shape[0]
+    bits[: b // 2] = (bits[: b // 2] & ~np.uint32(2 * half_unit - 1)) | np.uint32(half_unit)
+    return bits | rng.integers(0, 2, size=shape, dtype=np.uint32) << np.uint32(31)
 
 
 def test_the_gpu_rounds_to_tf32_as_the_interpreter_does_bit_for_bit():
@@ -333,39 +354,19 @@ def test_the_gpu_rounds_to_tf32_as_the_interpreter_does_bit_for_bit():
     13 bits exactly 0x1000, both signs, odd and even kept parts), just either side of them, and a
     carry into the exponent. Normal finite values only: an infinity times the identity's zeros
     is NaN across its row."""
-    from kfc.frontend import parse_kfc
     from kfc.ir.tile_ops.matmul import round_tf32
     requires_gpu()
-    rng = np.random.default_rng(7)
     b = 64
-    bits = rng.integers(0x00800000, 0x7F000000, size=(b, 16, 8), dtype=np.uint32)
-    bits[: b // 2] = (bits[: b // 2] & np.uint32(0xFFFFE000)) | np.uint32(0x1000)  # ties
-    bits |= rng.integers(0, 2, size=bits.shape, dtype=np.uint32) << np.uint32(31)
+    bits = normal_bits((b, 16, 8), 0x1000, 7)
     bits[-1, 0] = [0x3F801000, 0x3F803000, 0x3F800FFF, 0x3F801001, 0x3FFFF000, 0xBF801000, 0xBF803000, 0x7EFFF000]
     a = bits.view(np.float32)
     w = np.broadcast_to(np.eye(8, dtype=np.float32), (b, 8, 8)).copy()
-    kernel = KfcKernel(instances(parse_kfc(ROUNDS))[0], parse_target("sm_90a"))
-    y = torch.full((b, 16, 8), float("nan"), device="cuda")
-    kernel(a=torch.from_numpy(a).cuda(), w=torch.from_numpy(w).cuda(), out=y)
-    torch.cuda.synchronize()
-    got, want = y.cpu().numpy().view(np.uint32), round_tf32(a).view(np.uint32)
+    got, want = product_bits(8, "5e-3", a, w), round_tf32(a).view(np.uint32)
     ties = (bits & np.uint32(0x1FFF)) == np.uint32(0x1000)
     assert ties.sum() > 4000 and not np.array_equal(want, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
     diff = got != want
     assert not diff.any(), (f"{int(diff.sum())} element(s) differ ({int((diff & ties).sum())} of them ties), "
                             f"first {a[diff][0]!r}: {got[diff][0]:#x} != {want[diff][0]:#x}")
-
-
-ROUNDS16 = """
-op rounds16(a: f32[B, 16, 16], w: f32[B, 16, 8]) -> (y: f32[B, 16, 8]) {
-  parallel b in 0..B {
-    y[b, :, :] = dot(a[b, :, :], w[b, :, :])
-  }
-}
-check {
-  tolerance = {f32: 1e-2}
-}
-"""
 
 
 def test_the_gpu_rounds_to_bf16_as_the_interpreter_does_bit_for_bit(monkeypatch):
@@ -374,25 +375,16 @@ def test_the_gpu_rounds_to_bf16_as_the_interpreter_does_bit_for_bit(monkeypatch)
     b) bit for bit, ties (the low 16 bits exactly 0x8000) among them: the rounding, the packing
     of a lane's two elements and both halves of A's and B's fragments."""
     import kfc.passes
-    from kfc.frontend import parse_kfc
     from kfc.ir.tile_ops.matmul import round_bf16
     requires_gpu()
     with_bf16 = kfc.passes.TILE_PIPELINE.replace("tf32-dots", "bf16-dots,tf32-dots")
     monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", with_bf16)
-    rng = np.random.default_rng(11)
     b = 64
-    bits = rng.integers(0x00800000, 0x7F000000, size=(b, 16, 16), dtype=np.uint32)
-    bits[: b // 2] = (bits[: b // 2] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # ties
-    bits |= rng.integers(0, 2, size=bits.shape, dtype=np.uint32) << np.uint32(31)
-    a = bits.view(np.float32)
+    a = normal_bits((b, 16, 16), 0x8000, 11).view(np.float32)
     w = np.zeros((b, 16, 8), np.float32)
     for i in range(b):
         w[i, np.arange(8) + 8 * (i % 2), np.arange(8)] = 1.0
-    kernel = KfcKernel(instances(parse_kfc(ROUNDS16))[0], parse_target("sm_90a"))
-    y = torch.full((b, 16, 8), float("nan"), device="cuda")
-    kernel(a=torch.from_numpy(a).cuda(), w=torch.from_numpy(w).cuda(), out=y)
-    torch.cuda.synchronize()
+    got = product_bits(16, "1e-2", a, w)
     want = np.stack([round_bf16(a[i, :, 8 * (i % 2): 8 * (i % 2) + 8]) for i in range(b)]).view(np.uint32)
-    got = y.cpu().numpy().view(np.uint32)
     diff = got != want
     assert not diff.any(), f"{int(diff.sum())} element(s) differ, first at {np.argwhere(diff)[0].tolist()}"
