@@ -303,6 +303,8 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                 self.emit_parallel(op)
             else:
                 self.emit_op(op)
+        while self.lines and self.lines[-1].strip() == "__syncthreads();":
+            self.lines.pop()  # the CTA's last barrier guards nothing: after it its threads only exit
         smem = self.arena.place()
         decls = ["  extern __shared__ __align__(128) unsigned char kfc_smem[];"] if self.arena.buffers else []
         decls += [f"  {b.ctype}* const {b.name}{'_base' if b.halves > 1 else ''} = "
