@@ -33,7 +33,7 @@ op halves(h: bf16[B, 32, 32], e: bf16[B, 32, 16], f: f16[B, 16, 32], a: f32[B, 3
 }
 check {
   reference = "(h.float() @ e.float(), f.float() @ f.float().mT, e.float().mT @ e.float(), a @ w, a @ a[..., :24])"
-  tolerance = {f32: 1e-2}
+  tolerance = {f32: 2e-2}
   shapes = [{B: 3}, {B: 1}]
 }
 """
@@ -76,17 +76,17 @@ op k24(a: f32[B, 32, 24], w: f32[B, 24, 16]) -> (y: f32[B, 32, 16]) {
   }
 }
 check {
-  tolerance = {f32: 1e-2}
+  tolerance = {f32: 2e-2}
 }
 """)
     assert [op.precision for op in func.walk() if isinstance(op, DotOp)] == ["tf32"]
 
 
 def test_an_op_checked_tighter_than_bf16_allows_keeps_its_products_for_tf32_dots():
-    _, func, ctx = _lowered(HALVES.replace("f32: 1e-2", "f32: 5e-3"))
+    _, func, ctx = _lowered(HALVES.replace("f32: 2e-2", "f32: 1e-2"))
     assert {op.precision for op in func.walk() if isinstance(op, DotOp)
             and op.operands[0].ttype.dtype.name == "F32"} == {"tf32"}
-    assert any("kept in f32: the op's outputs are checked to 0.005, BF16 operands need 0.01" in m for _, m in ctx.notes)
+    assert any("kept in f32: the op's outputs are checked to 0.01, BF16 operands need 0.02" in m for _, m in ctx.notes)
 
 
 def test_bf16_products_in_the_interpreter_round_their_operands():

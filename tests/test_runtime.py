@@ -92,7 +92,7 @@ def test_the_jit_key_of_a_kernel_follows_the_code_generators_switches(monkeypatc
     from kfc.runtime.kernel import kernel_cache_key
     spec, target, dims = load_kfc("kernels/kda_recurrence.kfc", {"C": "16"}), parse_target("sm_90a"), {"T": 64}
     plain = kernel_cache_key(spec, target, None, dims)
-    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", True)
+    monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", not cuda.TILE_COLUMN_REGISTERS)
     assert kernel_cache_key(spec, target, None, dims) != plain
 
 

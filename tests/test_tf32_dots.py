@@ -171,7 +171,7 @@ def test_skewed_pitches_put_a_fragment_load_in_32_distinct_banks():
         assert len(set(((t * b.pitch + g) % 32).ravel())) == 32  # B: rows across t, columns across g
 
 
-def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp_path):
+def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp_path, shared_memory_form):
     assert main(["compile", "kernels/kda_fwd_flashkda.kfc", "--dtype", "C=64", "--shape", "T=4096,K=128,V=128",
                  "-o", str(tmp_path / "c64")]) == 0
     report = json.loads((tmp_path / "c64" / "report.json").read_text())
@@ -211,7 +211,7 @@ def test_a_warp_takes_a_block_of_tiles_that_keeps_every_warp_busy(tiles_m, tiles
     assert (tiles_m // bm) * (tiles_n // bn) >= min(WARPS, tiles_m * tiles_n)
 
 
-def test_a_buffer_only_products_read_is_stored_rounded_and_loaded_without_rounding_again():
+def test_a_buffer_only_products_read_is_stored_rounded_and_loaded_without_rounding_again(shared_memory_form):
     """KDA's recurrence: w, qg, kg and aqk (loaded) and U (u - w S, written from w S's
     accumulators) are read by products alone, so each is rounded to TF32 once as it is stored
     and its fragments are loaded as they are; the
@@ -239,7 +239,7 @@ def _groups_inlined(cu: str) -> str:
     return re.sub(r"\*reinterpret_cast<const \w+\*>\((kfc_w\d+)\);", lambda m: temps[m.group(1)] + ";", cu)
 
 
-def test_products_sharing_their_b_are_written_in_one_phase_from_the_same_fragments():
+def test_products_sharing_their_b_are_written_in_one_phase_from_the_same_fragments(shared_memory_form):
     """KDA's recurrence: U = u - w S and o = qg S + aqk U read S's fragments alike; w S's phase
     writes qg S too (qg is stored by then), one accumulator block each, B's fragments loaded once
     a step for both. Each product still sums its own terms in the same order: the same results."""

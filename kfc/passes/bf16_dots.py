@@ -21,7 +21,10 @@ from .base import Pass, define_pass
 from .tf32_dots import mark_products
 
 MMA_K_BF16 = 16  # mma.sync.m16n8k16 with bf16 operands
-BF16_TOLERANCE = 1e-2  # the least output tolerance bf16 operands are used under (KDA's 5e-3 is not: docs/kda.md)
+# the least output tolerance bf16 operands are used under: at 1e-2 kfc check of a product of 32
+# terms failed 1 of 800 comparisons (an element past tol (|ref| + rms(ref))), at 2e-2 none; KDA's
+# 5e-3 does not hold (docs/kda.md)
+BF16_TOLERANCE = 2e-2
 
 
 @define_pass("bf16-dots", "f32 tile.dot of whole 16x8x16 tiles in a tile kernel on tensor cores, operands in bf16")
