@@ -39,11 +39,6 @@ def fits_mma(op: DotOp, k_step: int = MMA_K, dtype: DType = DType.F32) -> bool:
             and m % MMA_M == 0 and n % MMA_N == 0 and k % k_step == 0)
 
 
-def fits_tf32_mma(op: DotOp) -> bool:
-    """Whether the product is whole m16n8k8 tiles of f32 operands."""
-    return fits_mma(op, MMA_K)
-
-
 def mark_products(pass_: Pass, func: FuncOp, ctx, precision: str, k_step: int, least: float, rounded: str) -> FuncOp:
     """func with precision given to every f32 tile.dot still "ieee" inside a tile.parallel whose
     product is whole m16n8 tiles and k_step contraction steps, where every float output is checked
