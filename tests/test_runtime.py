@@ -104,7 +104,7 @@ def test_the_jit_key_of_a_kernel_built_with_the_default_pipeline_follows_the_def
     spec, target, dims = load_kfc("kernels/kda_recurrence.kfc", {"C": "16"}), parse_target("sm_90a"), {"T": 64}
     plain = kernel_cache_key(spec, target, None, dims)
     assert kernel_cache_key(spec, target, kfc.passes.TILE_PIPELINE, dims) != plain  # named, not the default
-    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", "approx-math," + kfc.passes.TILE_PIPELINE)
+    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", kfc.passes.TILE_PIPELINE.replace("approx-math,", ""))
     assert kernel_cache_key(spec, target, None, dims) != plain
 
 

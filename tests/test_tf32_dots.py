@@ -175,14 +175,18 @@ def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp
     assert main(["compile", "kernels/kda_fwd_flashkda.kfc", "--dtype", "C=64", "--shape", "T=4096,K=128,V=128",
                  "-o", str(tmp_path / "c64")]) == 0
     report = json.loads((tmp_path / "c64" / "report.json").read_text())
-    assert report["pipeline"] == "canonicalize,cse,dce,hoist-loads" and not report["approximations"]
+    # approx-math kept, and every approximation its own (no TF32 rounding)
+    assert report["pipeline"] == "approx-math,canonicalize,cse,dce,hoist-loads" and report["approximations"]
+    assert all(a["pass"] == "approx-math" for a in report["approximations"])
     assert any("the products on tensor cores and the stores together needed" in n for n in report["pass_notes"])
     # and the final IR kfc check interprets (and tests/gpu compares the GPU with) is that one
     spec = load_kfc("kernels/kda_fwd_flashkda.kfc", {"C": "64"})
     stages = lower_stages(spec, parse_target("sm_90a"), None, {"N": 2, "T": 160, "H": 1, "K": 128, "V": 128})
-    assert stages.pipeline == "canonicalize,cse,dce,hoist-loads" and "tf32" not in print_ir(stages.stages[-1][1])
+    assert stages.pipeline == "approx-math,canonicalize,cse,dce,hoist-loads"
+    assert "tf32" not in print_ir(stages.stages[-1][1])
     names = [name for name, _ in stages.stages]
-    assert names[-4:] == ["canonicalize", "cse", "dce", "hoist-loads"] and "tf32-dots" not in names and names.count("dce") == 1
+    assert names[-5:] == ["approx-math", "canonicalize", "cse", "dce", "hoist-loads"] and "tf32-dots" not in names
+    assert names.count("dce") == 1
     assert main(["compile", "kernels/kda_fwd_flashkda.kfc", "--dtype", "C=16", "--shape", "T=4096,K=128,V=128",
                  "-o", str(tmp_path / "c16")]) == 0
     report = json.loads((tmp_path / "c16" / "report.json").read_text())
@@ -193,7 +197,8 @@ def test_kda_at_a_chunk_of_64_falls_back_to_products_off_tensor_cores_to_fit(tmp
 def test_kfc_passes_names_the_tile_programs_default(capsys):
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
-    assert "default pipeline for other tile programs: canonicalize,cse,dce,hoist-loads,sink-stores,tf32-dots" in out
+    assert ("default pipeline for other tile programs: approx-math,canonicalize,cse,dce,hoist-loads,sink-stores,"
+            "tf32-dots (without tf32-dots where") in out
     assert any(line.startswith("tf32-dots ") for line in out.splitlines())
 
 

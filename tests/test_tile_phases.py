@@ -14,12 +14,16 @@ from kfc.codegen.tile_plan import ctas_per_sm
 from kfc.compile import compile_op
 from kfc.frontend import load_kfc, parse_kfc
 from kfc.model.target import parse_target
+from kfc.passes import TILE_PIPELINE
 
 SHAPE = {"T": 4096, "K": 128, "V": 128}
+# the default without approx-math: expf and sqrtf, which the tests below find phases by
+EXACT = TILE_PIPELINE.replace("approx-math,", "")
 
 
-def prepare(target: str = "sm_90a"):
-    return compile_op(load_kfc("kernels/kda_prepare_flashkda.kfc", {"C": "16"}), parse_target(target), shape=SHAPE)
+def prepare(target: str = "sm_90a", pipeline: str | None = None):
+    return compile_op(load_kfc("kernels/kda_prepare_flashkda.kfc", {"C": "16"}), parse_target(target), pipeline,
+                      shape=SHAPE)
 
 
 def built_without(monkeypatch, knob: str, value, build):
@@ -37,8 +41,8 @@ def phases(cu: str) -> list[str]:
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_kdas_prepare_kernel_writes_independent_tiles_and_stores_in_shared_phases(target, monkeypatch):
-    cu = built_without(monkeypatch, "TILE_REOPEN_PHASES", False, lambda: prepare(target)).kernel.cu
-    plain = built_without(monkeypatch, "TILE_JOIN_PHASES", False, lambda: prepare(target)).kernel.cu
+    cu = built_without(monkeypatch, "TILE_REOPEN_PHASES", False, lambda: prepare(target, EXACT)).kernel.cu
+    plain = built_without(monkeypatch, "TILE_JOIN_PHASES", False, lambda: prepare(target, EXACT)).kernel.cu
     # (no barrier after the last phase: tests/test_tile_emitter.py)
     assert cu.count("__syncthreads();") == 16 and plain.count("__syncthreads();") == 24
     # the row norms' reciprocals written by the warp that sums each row: the norm never stored
@@ -56,7 +60,7 @@ def test_kdas_prepare_kernel_writes_independent_tiles_and_stores_in_shared_phase
 
 
 def test_a_write_reading_nothing_the_last_phase_wrote_continues_it():
-    cu = prepare().kernel.cu
+    cu = prepare(pipeline=EXACT).kernel.cu
     assert cu.count("__syncthreads();") == 9
     ps = phases(cu)
     # the two norms (a warp a row) and the gates (which read dt_bias, loaded before) in one phase
@@ -91,7 +95,8 @@ def test_a_state_updated_in_place_continues_a_phase_only_where_that_phase_did_no
 
 def test_a_tile_alone_reading_a_product_is_written_from_its_accumulators(monkeypatch):
     def built(extra: str) -> str:
-        return compile_op(parse_kfc(EPILOGUE.format(extra=extra), "epilogue.kfc"), parse_target("sm_90a")).kernel.cu
+        return compile_op(parse_kfc(EPILOGUE.format(extra=extra), "epilogue.kfc"), parse_target("sm_90a"),
+                          EXACT).kernel.cu
 
     # u = exp(c) - d written as d's accumulators are summed: d has no buffer, u no phase of its own
     alone = built("c[i, :, :] * 2.0")
@@ -234,7 +239,7 @@ def test_a_tile_read_down_its_columns_keeps_rows_a_word_past_the_banks(reads):
     # where a warp reads down a column of t, its rows of 64 words stay 65 apart (distinct
     # banks); read only along its rows by the warps, they are 64 apart
     *text, pitch = READS[reads]
-    cu = compile_op(parse_kfc(COLUMNS % tuple(text), "columns.kfc"), parse_target("sm_90a")).kernel.cu
+    cu = compile_op(parse_kfc(COLUMNS % tuple(text), "columns.kfc"), parse_target("sm_90a"), EXACT).kernel.cu
     t = re.search(r"(kfc_s\d+)\[\(\(kfc_\w+\) \* \d+ \+ \(kfc_\w+\)\)\] = expf"  # an element at a time
                   r"|expf.*\n.*reinterpret_cast<uint4\*>\(&(kfc_s\d+)\[", cu)       # a group at a time
     t = t.group(1) or t.group(2)

@@ -11,7 +11,8 @@ m16n8k8 and packs two operands a register, FlashKDA's form; each operand moves b
 itself, four times TF32's, so the pass is not in the default pipeline: it runs before tf32-dots,
 which takes what it leaves, where `kfc check` shows the op's tolerance holds:
 
-    kfc compile kernels/kda_prepare_flashkda.kfc -p canonicalize,cse,dce,hoist-loads,sink-stores,bf16-dots,tf32-dots
+    kfc compile kernels/kda_prepare_flashkda.kfc \\
+        -p approx-math,canonicalize,cse,dce,hoist-loads,sink-stores,bf16-dots,tf32-dots
 """
 
 from __future__ import annotations

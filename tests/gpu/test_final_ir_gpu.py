@@ -293,12 +293,15 @@ def test_products_sharing_their_a_compute_what_the_final_ir_computes(tmp_path, m
 
 @pytest.mark.parametrize("name", ["kda_prepare_flashkda", "kda_fwd_flashkda_c16", "kda_fwd_fla_c16"])
 def test_approximate_exponentials_compute_what_the_final_ir_computes(name, tmp_path, monkeypatch):
-    """exp, rsqrt and sigmoid on ex2.approx and rsqrt.approx (the approx-math pass, not yet in
-    the default pipeline): the final IR holds the approximate ops, which the interpreter computes."""
+    """exp, rsqrt and sigmoid on ex2.approx and rsqrt.approx (the approx-math pass, first in the
+    default pipeline): the final IR holds the approximate ops, which the interpreter computes; and
+    without the pass, expf and the rest as before."""
     import kfc.passes
-    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", "approx-math," + kfc.passes.TILE_PIPELINE)
+    assert kfc.passes.TILE_PIPELINE.startswith("approx-math,")
     path = ROOT / "kernels" / f"{name}.kfc" if name == "kda_prepare_flashkda" else Path(f"{name}.kfc")
     test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
+    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", kfc.passes.TILE_PIPELINE.replace("approx-math,", ""))
+    test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path / "exact")
 
 
 def test_16_bit_products_compute_what_the_final_ir_computes(tmp_path, monkeypatch):
