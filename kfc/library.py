@@ -26,9 +26,10 @@ def kernel_path(name: str) -> Path:
 
 
 @functools.cache
-def kernel(name: str, **bind):
+def kernel(name: str, pipeline: str | None = None, **bind):
     """The shipped kernel `name` as a callable (kfc.runtime.kernel.KfcKernel), its type
-    parameters given by `bind` where named (kernel("kda_fwd_fla", C=16))."""
+    parameters given by `bind` where named (kernel("kda_fwd_fla", C=16)), built by `pipeline`
+    where given, else by the default."""
     from .runtime.kernel import load  # lazy: kfc.runtime pulls kfc.ir, ml_dtypes ~2.5 s; kernel_path() needs neither
 
-    return load(kernel_path(name), bind=bind or None)
+    return load(kernel_path(name), pipeline=pipeline, bind=bind or None)

@@ -20,9 +20,10 @@ from kfc.reference.kda import kda_fla_gated, kda_flashkda, kda_recurrent
 TOLERANCE = 5e-3  # the kernels' own (kernels/kda_fwd_fla.kfc's check)
 
 
-def interpreted(name, bind, given, outs):
+def interpreted(name, bind, given, outs, pipeline=None):
     """kda.run on the interpreter: the kernel instantiated for the tensors' dtypes, as the
-    runtime instantiates it, run on their values, its outputs copied into `outs`."""
+    runtime instantiates it, run on their values (as written: the pipeline is the GPU's), its
+    outputs copied into `outs`."""
     func = load(kernel_path(name), bind=bind).instance_for(given).func
     types = {a.name: a.ttype.dtype for a in func.args}
     args = {n: (v.float().numpy().astype(types[n].np) if v.is_floating_point() else v.numpy())
@@ -110,12 +111,12 @@ def test_fla_without_final_state_returns_none():
 
 def test_fla_heads_of_256_run_over_blocks_of_their_columns(monkeypatch):
     """K = V = 256 (fla's D = 256 cases): the whole state does not fit one CTA, so chunk_kda runs
-    kernels/kda_fwd_fla_split.kfc, four CTAs of 64 columns a head, as the float64 recurrence;
-    heads of 128 keep the whole kernel."""
+    kernels/kda_fwd_fla_split.kfc, four CTAs of 64 columns a head, its products in 3xTF32, as
+    the float64 recurrence; heads of 128 keep the whole kernel."""
     launched = []
 
-    def recorded(name, bind, given, outs):
-        launched.append((name, bind))
+    def recorded(name, bind, given, outs, pipeline=None):
+        launched.append((name, bind, pipeline))
         interpreted(name, bind, given, outs)
 
     monkeypatch.setattr(kda, "run", recorded)
@@ -123,7 +124,8 @@ def test_fla_heads_of_256_run_over_blocks_of_their_columns(monkeypatch):
     q, k = (F.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
     g = F.logsigmoid(raw)
     o, ht = kda.chunk_kda(q, k, v, g, beta.sigmoid().bfloat16(), initial_state=h0, output_final_state=True)
-    assert launched == [("kda_fwd_fla_split", dict(C=16, SD="f32", V=256, VB=64))]
+    assert launched == [("kda_fwd_fla_split", dict(C=16, SD="f32", V=256, VB=64),
+                         "approx-math,canonicalize,cse,dce,hoist-loads,sink-stores,tf32-dots{split=3}")]
     want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), beta.sigmoid().bfloat16().double(),
                                     None, h0.double())
     close("o", o, want_o)
@@ -242,7 +244,7 @@ def test_flash_kda_fwd_hands_bf16_workspaces_between_its_kernels_where_asked(mon
     stays f32) and the recurrence reads them so; o within 5e-3 of the float64 recurrence's in
     relative RMSE. Any other dtype is refused by name."""
     bound = []
-    def recorded(name, bind, given, outs):
+    def recorded(name, bind, given, outs, pipeline=None):
         bound.append((name, bind.get("WD"), [t.dtype for t in outs]))
         interpreted(name, bind, given, outs)
 
@@ -269,7 +271,7 @@ def test_flash_kda_fwd_takes_one_kernel_where_the_split_pair_does_not_hold(monke
     """Chunk 32 or 64, or a lower_bound below FlashKDA's -5, runs the one kernel (the prepare kernel's
     decay factors would leave f32's range); FlashKDA's own cases run the pair."""
     launched = []
-    def recorded(name, bind, given, outs):
+    def recorded(name, bind, given, outs, pipeline=None):
         launched.append(name)
         interpreted(name, bind, given, outs)
 
@@ -289,7 +291,7 @@ def test_flash_kda_fwd_runs_the_recurrence_over_blocks_of_columns_where_asked(mo
     whole (left to recurrence_columns, which on the CPU keeps it whole); at a V the split kernel
     is not written for, the whole recurrence."""
     launched = []
-    def recorded(name, bind, given, outs):
+    def recorded(name, bind, given, outs, pipeline=None):
         launched.append((name, bind.get("VB")))
         interpreted(name, bind, given, outs)
 

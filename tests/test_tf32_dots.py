@@ -115,7 +115,7 @@ def test_precision_is_printed_parsed_and_verified():
     assert text.count('precision = "tf32"') == 2
     assert print_ir(parse_ir(text)) == text
     bad = text.replace('precision = "tf32"', 'precision = "fp8"', 1)
-    with pytest.raises(Exception, match="precision 'fp8' is not one of ieee, tf32, bf16"):
+    with pytest.raises(Exception, match="precision 'fp8' is not one of ieee, tf32, tf32x3, bf16"):
         verify(parse_ir(bad))
 
 

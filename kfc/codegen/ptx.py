@@ -271,6 +271,9 @@ static __device__ __forceinline__ unsigned kfc_tf32_bits(float x) {
 static __device__ __forceinline__ float kfc_round_tf32(float x) {
   return __uint_as_float(kfc_tf32_bits(x));
 }
+static __device__ __forceinline__ unsigned kfc_tf32_lo(float x) {
+  return kfc_tf32_bits(x - kfc_round_tf32(x));
+}
 static __device__ __forceinline__ void kfc_mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));

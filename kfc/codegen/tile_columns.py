@@ -31,7 +31,7 @@ from ..ir.mma_ops.roles import REGISTER_FILE
 from ..ir.tile_ops import BinaryOp, CastOp, DotOp, ForOp, StoreOp
 from . import float16
 from .c_names import C_TYPES
-from .tile_mma import mma_kind
+from .tile_mma import TF32_KINDS, mma_kind, tf32x3_terms
 from .tile_plan import POINTWISE_OPS, THREADS, VIEW_OPS, WARP
 from .tile_prefetch import PREFETCH_REGISTERS
 
@@ -117,7 +117,7 @@ def column_op(op: Op, values: set, columns: int) -> bool:
     if isinstance(op, DotOp):
         a, b = op.operands
         # the accumulators as A's fragments are TF32's m16n8k8 layout
-        return mma_kind(op) == "tf32" and b in values and a not in values and not op.trans_b
+        return mma_kind(op) in TF32_KINDS and b in values and a not in values and not op.trans_b
     if isinstance(op, POINTWISE_OPS):
         return all(x in values or x.ttype.rank == 0 or x.ttype.shape == op.result.ttype.shape for x in op.operands)
     return False
@@ -362,10 +362,15 @@ class TileColumns:
                 for e in range(4):
                     first = f"{self.column_regs[start[0]]}[{j}][{e}]" if start else "0.0f"
                     lines.append(f"{regs}[{j}][{e}] = {first};")
+        split = mma_kind(op) == "tf32x3"  # 3xTF32: each operand also as its low part, three products
         for kk in range(k // STEP):
-            fa = self.fresh("kfc_a")
+            fa = {"": self.fresh("kfc_a")}
             frag = ", ".join(f"kfc_tf32_bits({xs}[{kk}][{s}])" for s in A_FROM_SLOTS)
-            lines.append(f"const unsigned {fa}[4] = {{{frag}}};")
+            lines.append(f"const unsigned {fa['']}[4] = {{{frag}}};")
+            if split:
+                fa["l"] = self.fresh("kfc_a")
+                frag = ", ".join(f"kfc_tf32_lo({xs}[{kk}][{s}])" for s in A_FROM_SLOTS)
+                lines.append(f"const unsigned {fa['l']}[4] = {{{frag}}};")
             c0 = f"{STEP * kk} + 2 * {t}"
             for q, a, regs, buf, pair in products:
                 for j in range(q.result.ttype.shape[0] // STEP):
@@ -375,9 +380,12 @@ class TileColumns:
                         p = self.fresh("kfc_p")
                         lines.append(f"const {pair} {p} = *reinterpret_cast<const {pair}*>(&{buf.at((row, c0))});")
                         bits = "kfc_tf32_bits" if buf.ctype == "float" and not buf.tf32 else "__float_as_uint"
-                        b = [f"{bits}({p}.x)", f"{bits}({p}.y)"]
+                        b = {"": [f"{bits}({p}.x)", f"{bits}({p}.y)"], "l": [f"kfc_tf32_lo({p}.{e})" for e in "xy"]}
                     else:
                         at = [(c, row) if q.trans_a else (row, c) for c in (c0, f"{c0} + 1")]
-                        b = [self.tf32_bits(a, i) for i in at]
-                    lines.append(f"kfc_mma_tf32({regs}[{j}], {fa}[0], {fa}[1], {fa}[2], {fa}[3], {b[0]}, {b[1]});")
+                        b = {"": [self.tf32_bits(a, i) for i in at],
+                             "l": [f"kfc_tf32_lo({self.elem(a, i)})" for i in at]}
+                    for fp, bp in tf32x3_terms() if split else (("", ""),):
+                        f, h = fa[fp], b[bp]
+                        lines.append(f"kfc_mma_tf32({regs}[{j}], {f}[0], {f}[1], {f}[2], {f}[3], {h[0]}, {h[1]});")
         self.in_column_warps(lines)

@@ -47,7 +47,15 @@ MAX_BLOCK_TILES = 16  # result tiles a warp holds at once: 64 accumulator regist
 DEFERRED_MMA = object()  # a pending product: written where it is first read (TileKernelEmitter.flush_for)
 
 
-MMA_STEPS = {"tf32": MMA_K, "bf16": MMA_K_BF16, "f16": MMA_K_BF16}  # the contraction of one mma.sync
+MMA_STEPS = {"tf32": MMA_K, "tf32x3": MMA_K, "bf16": MMA_K_BF16, "f16": MMA_K_BF16}  # one mma.sync's contraction
+TF32_KINDS = ("tf32", "tf32x3")  # products of m16n8k8 in TF32, a register an element
+MMA_CALL = {"tf32x3": "tf32"}  # the instruction each kind's products issue where it is not the kind's own
+
+
+def tf32x3_terms() -> tuple[tuple[str, str], ...]:
+    """3xTF32's products a step, as (A's part, B's part), "" the high and "l" the low: the small
+    terms first, as kfc.ir.tile_ops.matmul.tf32x3_product sums them."""
+    return (("l", ""), ("", "l"), ("", ""))
 
 
 def mma_kind(op) -> str | None:
@@ -58,7 +66,7 @@ def mma_kind(op) -> str | None:
     m16n8k8 (m16n8k16) tiles."""
     if not isinstance(op, DotOp):
         return None
-    if op.precision in ("tf32", "bf16"):
+    if op.precision in ("tf32", "tf32x3", "bf16"):
         return op.precision if fits_mma(op, MMA_STEPS[op.precision]) else None
     for kind, dtype in (("bf16", DType.BF16), ("f16", DType.F16)):
         if fits_mma(op, MMA_K_BF16, dtype):
@@ -104,7 +112,7 @@ def fragment_skew(v: Value, readers) -> int | None:
             if x is v:
                 # rows across the lane groups g, columns across t: A as it is, B transposed
                 a_like = (pos == 0 and not op.trans_a) or (pos == 1 and op.trans_b)
-                skews.add(4 if a_like == (mma_kind(op) == "tf32") else 8)
+                skews.add(4 if a_like == (mma_kind(op) in TF32_KINDS) else 8)
     return skews.pop() if len(skews) == 1 and v.ttype.dtype.itemsize == 4 else None
 
 
@@ -308,31 +316,40 @@ class TileMma:
         self.emit(f"for (int {kk} = 0; {kk} < {k}; {kk} += {MMA_STEPS[kind]}) {{")
         self.indent += 1
 
-        pairs = kind != "tf32"
+        pairs = kind not in TF32_KINDS
+        # 3xTF32: each fragment also as its low part ("l"), three products a step (tf32x3_terms)
+        parts = ("", "l") if kind == "tf32x3" else ("",)
         # the contraction at A's registers 0, 1 and 2, 3 (at B's 0 and 1): in 16 bits each holds two
         cols = (f"{kk} + 2 * {t}", f"{kk} + 2 * {t} + 8") if pairs else (f"{kk} + {t}", f"{kk} + {t} + 4")
         for p, q in enumerate(ops[:1] if shared_a else ops):
             x = q.operands[0]
-            # A's register at (row i, contraction c)
-            at_a = lambda i, c, x=x: self.operand_bits(x, lambda c: (c, i) if op.trans_a else (i, c), c, kind)
-            for u in range(bm):
-                rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
-                frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]), at_a(rows[1], cols[1])]
-                self.emit(f"const unsigned {fa}{p * bm + u}[4] = {{{', '.join(frag)}}};")
+            for part in parts:
+                # A's register at (row i, contraction c)
+                at_a = lambda i, c, x=x, part=part: self.operand_bits(  # noqa: E731
+                    x, lambda c: (c, i) if op.trans_a else (i, c), c, kind + part)
+                for u in range(bm):
+                    rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
+                    frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]),
+                            at_a(rows[1], cols[1])]
+                    self.emit(f"const unsigned {fa}{part}{p * bm + u}[4] = {{{', '.join(frag)}}};")
         for p, q in enumerate(ops if shared_a else ops[:1]):
             y = q.operands[1]
-            # B's register at (contraction c, column j)
-            at_b = lambda c, j, y=y: self.operand_bits(y, lambda c: (j, c) if op.trans_b else (c, j), c, kind)
-            for v in range(bn):
-                col = f"{j0} + {v * MMA_N} + {g}"
-                self.emit(f"const unsigned {fb}{p * bn + v}[2] = {{{at_b(cols[0], col)}, {at_b(cols[1], col)}}};")
+            for part in parts:
+                # B's register at (contraction c, column j)
+                at_b = lambda c, j, y=y, part=part: self.operand_bits(  # noqa: E731
+                    y, lambda c: (j, c) if op.trans_b else (c, j), c, kind + part)
+                for v in range(bn):
+                    col = f"{j0} + {v * MMA_N} + {g}"
+                    regs = f"{at_b(cols[0], col)}, {at_b(cols[1], col)}"
+                    self.emit(f"const unsigned {fb}{part}{p * bn + v}[2] = {{{regs}}};")
         for p in range(len(ops)):
             pa, pb = (0, p) if shared_a else (p, 0)
             for u in range(bm):
                 for v in range(bn):
-                    f, h = f"{fa}{pa * bm + u}", f"{fb}{pb * bn + v}"
-                    self.emit(f"kfc_mma_{kind}({acc}[{p * tiles + u * bn + v}], {f}[0], {f}[1], {f}[2], "
-                              f"{f}[3], {h}[0], {h}[1]);")
+                    for fp, hp in tf32x3_terms() if kind == "tf32x3" else (("", ""),):
+                        f, h = f"{fa}{fp}{pa * bm + u}", f"{fb}{hp}{pb * bn + v}"
+                        self.emit(f"kfc_mma_{MMA_CALL.get(kind, kind)}({acc}[{p * tiles + u * bn + v}], {f}[0], "
+                                  f"{f}[1], {f}[2], {f}[3], {h}[0], {h}[1]);")
         self.indent -= 1
         self.emit("}")
         for p, (q, buf) in enumerate(zip(ops, bufs)):
@@ -348,8 +365,10 @@ class TileMma:
         """A fragment register's 32 bits: v's element at index at(c) as TF32, or in bf16 (f16)
         its elements at contractions c and c + 1 packed, c's in the low half (cvt.rn.bf16x2.f32
         rounds an f32 value as kfc.ir.tile_ops.matmul.round_bf16 does, a bf16 one not at all)."""
-        if kind == "tf32":
+        if kind in TF32_KINDS:
             return self.tf32_bits(v, at(c))
+        if kind == "tf32x3l":  # what rounding to TF32 left, itself rounded: 3xTF32's low part
+            return f"kfc_tf32_lo({self.elem(v, at(c))})"
         d, lo_at = v.ttype.dtype, at(c)
         buf = self.buffers.get(v) if v not in self.inline else None
         if d.name.lower() == kind and lo_at[-1] == c and buf is not None and buf.pitch % 2 == 0:

@@ -51,6 +51,9 @@ SPLIT_VB = (32, 64, 128)  # ... and its VB (kernels/kda_fwd_fla_split.kfc's too)
 # its chunk's tiles); past it chunk_kda takes the kernel over blocks of V's columns
 WHOLE_STATE = 128 * 128
 GATE_GIVEN, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2  # kda_fwd_fla.kfc's gate_form
+# the longest head dim K whose products over K chunk_kda's kernel takes in TF32; past it, in
+# 3xTF32 (fla_pipeline)
+TF32_HEAD_DIM = 128
 
 
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
@@ -139,7 +142,7 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
                  qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), beta_logits=int(bool(use_beta_sigmoid_in_kernel)),
                  beta_max=2.0 if allow_neg_eigval else 1.0)
     name, columns = fla_kernel(K, V)
-    run(name, dict(C=chunk, SD=_kfc_dtype(sd), **columns), given, (o, ht))
+    run(name, dict(C=chunk, SD=_kfc_dtype(sd), **columns), given, (o, ht), fla_pipeline(K))
     final = None
     if output_final_state:
         final = ht.transpose(-1, -2).contiguous() if state_v_first else ht
@@ -237,10 +240,24 @@ def fla_kernel(K: int, V: int) -> tuple[str, dict]:
     return ("kda_fwd_fla_split", dict(V=V, VB=max(fit))) if fit else ("kda_fwd_fla", {})
 
 
-def run(name: str, bind: dict, given: dict, outs: tuple) -> None:
-    """Launch the shipped kernel `name` (its chunk and state dtype bound) on the inputs by name,
-    writing `outs`. One place, so a test may run the interpreter here instead."""
-    kernel(name, **bind)(**given, out=outs)
+def fla_pipeline(K: int) -> str | None:
+    """chunk_kda's pipeline at head dim K: the default (None) up to TF32_HEAD_DIM, past it the
+    default with its products in 3xTF32 (`tf32-dots{split=3}`). At K = 256 TF32 operands put one
+    element of o 4% past the kernel's 5e-3 bound on an H100 (tests/gpu/test_kda_gpu.py, fla's
+    D = 256), as the interpreter of the final IR does too; 3xTF32 meets it
+    (tests/test_tf32x3.py)."""
+    if K <= TF32_HEAD_DIM:
+        return None
+    from ..passes import TILE_PIPELINE  # lazy: kfc.passes pulls kfc.ir; only the widest heads need it
+
+    return TILE_PIPELINE.replace("tf32-dots", "tf32-dots{split=3}")
+
+
+def run(name: str, bind: dict, given: dict, outs: tuple, pipeline: str | None = None) -> None:
+    """Launch the shipped kernel `name` (its chunk and state dtype bound; built by `pipeline`,
+    else the default) on the inputs by name, writing `outs`. One place, so a test may run the
+    interpreter here instead."""
+    kernel(name, pipeline, **bind)(**given, out=outs)
 
 
 # --- argument checks shared by both interfaces -------------------------------------------------

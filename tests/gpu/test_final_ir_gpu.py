@@ -304,6 +304,18 @@ def test_approximate_exponentials_compute_what_the_final_ir_computes(name, tmp_p
     test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path / "exact")
 
 
+@pytest.mark.parametrize("name", ["linear_attention", "kda_recurrence_c16", "kda_fwd_fla_c16"])
+def test_3xtf32_products_compute_what_the_final_ir_computes(name, tmp_path, monkeypatch):
+    """Products in 3xTF32 (`tf32-dots{split=3}`: two TF32 values an operand, three mma.sync a
+    step, kfc_tf32_lo): over shared memory (linear attention), with the state in registers (the
+    recurrence), and in the one-kernel fla form that chunk_kda runs at K = 256 this way."""
+    import kfc.passes
+    split = kfc.passes.TILE_PIPELINE.replace("tf32-dots", "tf32-dots{split=3}")
+    monkeypatch.setattr(kfc.passes, "TILE_PIPELINE", split)
+    path = ROOT / "examples" / "linear_attention.kfc" if name == "linear_attention" else Path(f"{name}.kfc")
+    test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
+
+
 def test_16_bit_products_compute_what_the_final_ir_computes(tmp_path, monkeypatch):
     """Products on mma.sync.m16n8k16 (kfc.codegen.tile_mma): of bf16 and f16 tiles as they are
     (the default), A or B transposed, and f32 ones the bf16-dots pass rounds to bf16 (not in the

@@ -11,7 +11,7 @@ from ..types import TensorType, bare_type
 from .checks import reg_tile_of, shape_str
 
 
-PRECISIONS = ("ieee", "tf32", "bf16")
+PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 
 
 def round_tf32(x: np.ndarray) -> np.ndarray:
@@ -39,14 +39,32 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 OPERAND_ROUNDING = {"tf32": round_tf32, "bf16": round_bf16}
 
 
+def split_tf32(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """f32 values as the sum of two TF32 values, hi = x rounded and lo = what is left rounded:
+    hi + lo is x to about 2^-22 of itself (3xTF32's operands)."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = round_tf32(x)
+    return hi, round_tf32(x - hi)
+
+
+def tf32x3_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a b as three TF32 products summed in f32, lo(a) hi(b) + hi(a) lo(b) + hi(a) hi(b), the
+    small terms first (lo lo, below f32's last bit of the sum, is left out): an f32 product to
+    about 2^-21 on tensor cores."""
+    (ah, al), (bh, bl) = split_tf32(a), split_tf32(b)
+    return np.matmul(al, bh) + np.matmul(ah, bl) + np.matmul(ah, bh)
+
+
 @define_op("tile.dot", traits={"pure"}, operands=2, results=1)
 class DotOp(Op):
     """Matrix product of 2-D tiles with fp32 accumulation (i32 for integer operands).
 
     `precision` says how f32 operands enter the products: "ieee" as they are, "tf32" rounded to
     TF32 first (10 mantissa bits, to nearest, ties to even: cvt.rn.tf32.f32), as tensor
-    cores take them (the tf32-dots pass sets it), "bf16" rounded to bf16 (7 mantissa bits, as
-    cvt.rn.bf16x2.f32; the bf16-dots pass); the interpreter rounds them the same way."""
+    cores take them (the tf32-dots pass sets it), "tf32x3" each split into two TF32 values and
+    multiplied as three TF32 products (tf32x3_product; `tf32-dots{split=3}`), "bf16" rounded to
+    bf16 (7 mantissa bits, as cvt.rn.bf16x2.f32; the bf16-dots pass); the interpreter rounds
+    them the same way."""
 
     trans_a: bool = False
     trans_b: bool = False
@@ -98,7 +116,8 @@ class DotOp(Op):
             a = a.T
         if self.trans_b:
             b = b.T
-        return [interp.result_array(self, np.matmul(a, b))]
+        product = tf32x3_product(a, b) if self.precision == "tf32x3" else np.matmul(a, b)
+        return [interp.result_array(self, product)]
 
 
 @define_op("tile.tri_inv", traits={"pure"}, operands=1, results=1)
