@@ -2,7 +2,7 @@
 
     python -m bench.kda [--cases T=8192:H=96,varlen=1300+547+2048:H=96,...] [--chunks 16,32,64]
                         [--state none|f32|bf16] [--workspaces f32,bf16] [--one-kernel]
-                        [--codegen TILE_COLUMN_REGISTERS=True,...] [--out FILE]
+                        [--parts] [--codegen TILE_COLUMN_REGISTERS=True,...] [--out FILE]
 
 FlashKDA's interface (its benchmark's): B = 1, K = V = 128, bf16 q, k, v, raw gates and beta
 logits, the gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound -5, q and k
@@ -14,7 +14,9 @@ recurrence; with --one-kernel also `kfc[C=..,one kernel]`, kernels/kda_fwd_flash
 (kfc.reference.kda.kda_flashkda): relative RMSE within 2e-2, a wrong contender is not timed and
 the run exits non-zero; the error is recorded. Timing: eager, triton.testing.do_bench median with
 the L2 flushed before each call (the headline); CUDA graph, do_bench_cudagraph median, beside it.
-`speedup_vs_<peer>` = the peer's eager time / kfc's best chunk's (> 1: kfc faster).
+`speedup_vs_<peer>` = the peer's eager time / kfc's best chunk's (> 1: kfc faster). --parts
+also times each kernel a kfc contender launches alone, eager (`parts_eager_ms`: the prepare
+kernel and the recurrence apart).
 --codegen sets kfc.codegen.cuda's switches for the run (every kfc contender is built with them;
 the JIT cache keys on them), recorded in the result: two runs, each with the peers, A/B a switch.
 """
@@ -127,10 +129,32 @@ def contenders(x: dict, chunks: list[int], one_kernel: bool = False, workspaces:
     return calls
 
 
-def run(cases: list[str], chunks: list[int], state: str, progress=None,
-        one_kernel: bool = False, workspaces: tuple[str, ...] = ("f32",)) -> tuple[list[dict], list[str]]:
-    """Each case's row (contenders checked, then timed) and the failures; `progress(rows,
-    failures)` after each case, so a run stopped part-way keeps what it measured."""
+def kernel_launches(call) -> list[tuple[str, object]]:
+    """The kernels a kfc call launches (through kfc.nn.kda.run), in order, each as (its name and
+    bindings, a call that launches it alone again on the same tensors): the split pair's prepare
+    kernel and recurrence, timed apart."""
+    import kfc.nn.kda as kda
+
+    launches, launch = [], kda.run
+
+    def recorded(name, bind, given, outs, pipeline=None):
+        launch(name, bind, given, outs, pipeline)
+        label = name + "[" + ",".join(f"{k}={v}" for k, v in bind.items()) + "]"
+        launches.append((label, lambda: launch(name, bind, given, outs, pipeline)))
+
+    kda.run = recorded
+    try:
+        call()
+    finally:
+        kda.run = launch
+    return launches
+
+
+def run(cases: list[str], chunks: list[int], state: str, progress=None, one_kernel: bool = False,
+        workspaces: tuple[str, ...] = ("f32",), parts: bool = False) -> tuple[list[dict], list[str]]:
+    """Each case's row (contenders checked, then timed; with `parts`, each kernel of a kfc
+    contender timed alone too, eager) and the failures; `progress(rows, failures)` after each
+    case, so a run stopped part-way keeps what it measured."""
     import torch
     from triton.testing import do_bench_cudagraph
 
@@ -164,6 +188,10 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None,
                     eager = harness.time_eager(call, ())
                     graph = do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3
                 row[name] = {"ok": True, "rel_rmse_o": rel, "eager_ms": eager / 1e3, "graph_ms": graph / 1e3}
+                if parts and name.startswith("kfc"):
+                    with torch.no_grad():
+                        row[name]["parts_eager_ms"] = {label: harness.time_eager(again, ()) / 1e3
+                                                       for label, again in kernel_launches(call)}
             except Exception as e:  # noqa: BLE001 - a failing contender is a result, not a crash
                 row[name] = harness.failed(e)
                 failures.append(f"{case} {name}: {row[name]['error']}")
@@ -230,6 +258,8 @@ def main(argv=None) -> int:
                          "(half the traffic between the kernels) or f32,bf16")
     ap.add_argument("--one-kernel", action="store_true",
                     help="also time kfc's single kernel per (sequence, head) at each chunk, beside the split pair")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time each kernel of a kfc contender alone (the prepare kernel and the recurrence)")
     ap.add_argument("--codegen", default="",
                     help="kfc.codegen.cuda's switches for this run, NAME=VALUE,... (e.g. TILE_COLUMN_REGISTERS=True)")
     ap.add_argument("--out", help="also write the JSON result (with its provenance) here")
@@ -257,7 +287,7 @@ def main(argv=None) -> int:
     workspaces = tuple(args.workspaces.split(","))
     if not set(workspaces) <= set(WORKSPACES):
         ap.error(f"--workspaces takes {', '.join(WORKSPACES)}, not {args.workspaces}")
-    rows, failures = run(cases, chunks, args.state, progress, args.one_kernel, workspaces)
+    rows, failures = run(cases, chunks, args.state, progress, args.one_kernel, workspaces, args.parts)
     path = save("kda", payload(rows, failures), also=args.out)
     print(f"saved {path}")
     names = [k for k in rows[0] if isinstance(rows[0][k], dict)] if rows else []
@@ -268,6 +298,10 @@ def main(argv=None) -> int:
         cells = [f"{r[n]['eager_ms']:.3f} ({r[n]['graph_ms']:.3f})" if r[n].get("ok") else "-" for n in names]
         sp = [f"{r[k]:.3f}x" if k in r else "-" for k in ("speedup_vs_flashkda_eager", "speedup_vs_fla_eager")]
         print(f"| {r['case']} | " + " | ".join(cells) + " | " + " | ".join(sp) + " |")
+    for r in rows:
+        for n in names:
+            for label, ms in r[n].get("parts_eager_ms", {}).items():
+                print(f"  {r['case']} {n}: {label} {ms:.3f} ms eager")
     for f in failures:
         print(f"FAILED {f}")
     return 1 if failures else 0

@@ -84,3 +84,29 @@ def test_bench_kda_sets_the_code_generators_switches_by_name(monkeypatch):
     with pytest.raises(SystemExit):  # argparse's error: one message, exit 2, before any GPU work
         main(["--codegen", "NOPE=1"])
 
+
+
+def test_bench_kda_times_a_kfc_calls_kernels_apart(monkeypatch):
+    """--parts: kernel_launches records each kernel flash_kda_fwd launches through kfc.nn.kda.run
+    (the split pair's two), each relaunched alone on the same tensors, and leaves run as it was."""
+    import torch
+
+    import kfc.nn.kda as kda
+    from bench.kda import kernel_launches, main
+
+    launched = []
+    fake = lambda name, bind, given, outs, pipeline=None: launched.append((name, bind["C"], given["x"]))  # noqa: E731
+    monkeypatch.setattr(kda, "run", fake)
+    x = torch.zeros(3)
+
+    def call():
+        kda.run("kda_prepare_flashkda", {"C": 16, "WD": "f32"}, {"x": x}, ())
+        kda.run("kda_recurrence", {"C": 16}, {"x": x}, ())
+
+    launches = kernel_launches(call)
+    assert [label for label, _ in launches] == ["kda_prepare_flashkda[C=16,WD=f32]", "kda_recurrence[C=16]"]
+    assert kda.run is fake and len(launched) == 2
+    launches[1][1]()
+    assert launched[-1] == ("kda_recurrence", 16, x)
+    with pytest.raises(SystemExit):
+        main(["--help"])
