@@ -159,3 +159,20 @@ def test_fla_heads_of_256_hold_kdas_bound_in_3xtf32_where_tf32_does_not():
     (_, rel_o, ok_o, note_o), (_, rel_ht, ok_ht, _) = fla_d256(SPLIT)
     assert ok_o and ok_ht, note_o
     assert rel_ht < 1e-5  # f32's accuracy in the state (TF32 left it at 3.5e-4)
+
+
+def test_a_3xtf32_product_kept_off_tensor_cores_sums_the_same_three_terms_in_a_loop():
+    """A product marked tf32x3 that is not whole m16n8k8 tiles (12 columns: the pass would not
+    mark it, a hand-written pipeline may) is a loop of fmaf over the three terms; nvcc builds it."""
+    import attrs
+
+    from kfc.codegen.cuda import generate_cuda
+    from kfc.codegen.toolchain import compile_cuda
+    from kfc.ir.rewrite import rebuild
+
+    spec = parse_kfc(TIGHT.replace("TOL", "1e-4").replace("8]", "12]"))
+    func = PassManager(parse_pipeline("canonicalize"), PassContext(target=parse_target("sm_90a"))).run(spec.func)
+    func = rebuild(func, lambda op, vmap: [attrs.evolve(op, precision="tf32x3")] if isinstance(op, DotOp) else None)
+    code, _ = generate_cuda(func)
+    assert "kfc_mma_tf32" not in code and code.count("kfc_round_tf32(") >= 4 and code.count("fmaf(") == 3
+    compile_cuda(code, "sm_90a")

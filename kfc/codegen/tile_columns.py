@@ -321,7 +321,8 @@ class TileColumns:
         owner = {r: o for o in body for r in o.results}
         found = [op]
         for q in body[order[op] + 1:]:
-            if not isinstance(q, DotOp) or q.operands[1] is not x or q.result not in self.columns.values:
+            if (not isinstance(q, DotOp) or q.operands[1] is not x or q.result not in self.columns.values
+                    or mma_kind(q) != mma_kind(op)):  # one kind of product a group (3xTF32 or TF32)
                 continue
             start = self.columns.sums.get(q.result)
             ready = order.get(owner.get(q.operands[0]), -1) < order[op]

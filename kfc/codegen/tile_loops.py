@@ -77,6 +77,13 @@ class TileLoops:
             return (f"[&]() {{ int {acc} = 0; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} += (int)({self.elem(a, ai)}) "
                     f"* (int)({self.elem(b, bi)}); return {acc}; }}()")
         x, y = as_float(self.elem(a, ai), d), as_float(self.elem(b, bi), d)
+        if op.precision == "tf32x3":  # three TF32 products a term, the small ones first, as on tensor cores
+            xh, yh, xl, yl = (self.fresh("kfc_v") for _ in range(4))
+            step = (f"const float {xh} = kfc_round_tf32({x}), {yh} = kfc_round_tf32({y}); "
+                    f"const float {xl} = kfc_round_tf32({x} - {xh}), {yl} = kfc_round_tf32({y} - {yh}); "
+                    + " ".join(f"{acc} = fmaf({p}, {q}, {acc});" for p, q in ((xl, yh), (xh, yl), (xh, yh))))
+            return (f"[&]() {{ float {acc} = 0.0f; for (int {kk} = 0; {kk} < {n}; ++{kk}) {{ {step} }} "
+                    f"return {acc}; }}()")
         if op.precision != "ieee":  # as tensor cores take them (a product the tile emitter keeps off them)
             x, y = f"kfc_round_{op.precision}({x})", f"kfc_round_{op.precision}({y})"
         return (f"[&]() {{ float {acc} = 0.0f; for (int {kk} = 0; {kk} < {n}; ++{kk}) {acc} = fmaf({x}, {y}, {acc}); "
