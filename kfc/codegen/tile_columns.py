@@ -381,11 +381,14 @@ class TileColumns:
                         p = self.fresh("kfc_p")
                         lines.append(f"const {pair} {p} = *reinterpret_cast<const {pair}*>(&{buf.at((row, c0))});")
                         bits = "kfc_tf32_bits" if buf.ctype == "float" and not buf.tf32 else "__float_as_uint"
-                        b = {"": [f"{bits}({p}.x)", f"{bits}({p}.y)"], "l": [f"kfc_tf32_lo({p}.{e})" for e in "xy"]}
+                        b = {"": [f"{bits}({p}.x)", f"{bits}({p}.y)"]}
+                        if split:
+                            b["l"] = [f"kfc_tf32_lo({p}.{e})" for e in "xy"]
                     else:
                         at = [(c, row) if q.trans_a else (row, c) for c in (c0, f"{c0} + 1")]
-                        b = {"": [self.tf32_bits(a, i) for i in at],
-                             "l": [f"kfc_tf32_lo({self.elem(a, i)})" for i in at]}
+                        b = {"": [self.tf32_bits(a, i) for i in at]}
+                        if split:
+                            b["l"] = [f"kfc_tf32_lo({self.elem(a, i)})" for i in at]
                     for fp, bp in tf32x3_terms() if split else (("", ""),):
                         f, h = fa[fp], b[bp]
                         lines.append(f"kfc_mma_tf32({regs}[{j}], {f}[0], {f}[1], {f}[2], {f}[3], {h[0]}, {h[1]});")

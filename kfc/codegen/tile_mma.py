@@ -326,7 +326,7 @@ class TileMma:
             for part in parts:
                 # A's register at (row i, contraction c)
                 at_a = lambda i, c, x=x, part=part: self.operand_bits(  # noqa: E731
-                    x, lambda c: (c, i) if op.trans_a else (i, c), c, kind + part)
+                    x, lambda c: (c, i) if op.trans_a else (i, c), c, kind, low=bool(part))
                 for u in range(bm):
                     rows = (f"{i0} + {u * MMA_M} + {g}", f"{i0} + {u * MMA_M} + {g} + 8")
                     frag = [at_a(rows[0], cols[0]), at_a(rows[1], cols[0]), at_a(rows[0], cols[1]),
@@ -337,7 +337,7 @@ class TileMma:
             for part in parts:
                 # B's register at (contraction c, column j)
                 at_b = lambda c, j, y=y, part=part: self.operand_bits(  # noqa: E731
-                    y, lambda c: (j, c) if op.trans_b else (c, j), c, kind + part)
+                    y, lambda c: (j, c) if op.trans_b else (c, j), c, kind, low=bool(part))
                 for v in range(bn):
                     col = f"{j0} + {v * MMA_N} + {g}"
                     regs = f"{at_b(cols[0], col)}, {at_b(cols[1], col)}"
@@ -361,14 +361,15 @@ class TileMma:
             if p or not into:  # else the caller's tile's buffer
                 self.buffers[q.result] = buf
 
-    def operand_bits(self, v: Value, at, c: str, kind: str) -> str:
-        """A fragment register's 32 bits: v's element at index at(c) as TF32, or in bf16 (f16)
-        its elements at contractions c and c + 1 packed, c's in the low half (cvt.rn.bf16x2.f32
-        rounds an f32 value as kfc.ir.tile_ops.matmul.round_bf16 does, a bf16 one not at all)."""
+    def operand_bits(self, v: Value, at, c: str, kind: str, low: bool = False) -> str:
+        """A fragment register's 32 bits: v's element at index at(c) as TF32 (`low`: what rounding
+        it to TF32 left, itself rounded, 3xTF32's low part), or in bf16 (f16) its elements at
+        contractions c and c + 1 packed, c's in the low half (cvt.rn.bf16x2.f32 rounds an f32
+        value as kfc.ir.tile_ops.matmul.round_bf16 does, a bf16 one not at all)."""
+        if low:
+            return f"kfc_tf32_lo({self.elem(v, at(c))})"
         if kind in TF32_KINDS:
             return self.tf32_bits(v, at(c))
-        if kind == "tf32x3l":  # what rounding to TF32 left, itself rounded: 3xTF32's low part
-            return f"kfc_tf32_lo({self.elem(v, at(c))})"
         d, lo_at = v.ttype.dtype, at(c)
         buf = self.buffers.get(v) if v not in self.inline else None
         if d.name.lower() == kind and lo_at[-1] == c and buf is not None and buf.pitch % 2 == 0:
