@@ -52,8 +52,9 @@ def test_sinking_changes_no_result():
 def test_the_prepare_kernel_as_written_builds_as_its_hand_ordered_form_did():
     """KDA's prepare kernel stores w and u straight from their products; with the stores sunk the
     emitter sees both products pending before either store, the kernel its hand-ordered form
-    (both products first) built: the same CUDA source. The exact-exp form (without approx-math)
-    is the one whose registers held it to 4 CTAs an SM unsunk; the default's builds for 5 either way."""
+    (both products first) built: the same CUDA source. Sinking never costs occupancy. (The exact-exp
+    form, without approx-math, built for 4 CTAs an SM unsunk and 5 sunk until the loops each thread
+    runs once became blocks (tile_plan.strided_loop); both forms now build for 5 either way.)"""
     natural = load_kfc("kernels/kda_prepare_flashkda.kfc", {"C": "16", "WD": "f32"})
     text = open("kernels/kda_prepare_flashkda.kfc").read()
     w = "    w[0, t:t+C limit eos, h, :] = WD(dot(Ainv, bc[:, None] * (kc * exp(G))))\n"
@@ -70,9 +71,7 @@ def test_the_prepare_kernel_as_written_builds_as_its_hand_ordered_form_did():
         by_hand = compile_op(hand, parse_target("sm_90a"), shape=shape, pipeline=without)
         unsunk = compile_op(natural, parse_target("sm_90a"), shape=shape, pipeline=without)
         assert sunk.kernel.cu == by_hand.kernel.cu != unsunk.kernel.cu
-    # the exact-exp form's occupancy (the loop's last pipeline, without approx-math)
-    assert "approx-math" not in sinking
-    assert sunk.report["kernels"][0]["min_ctas_per_sm"] > unsunk.report["kernels"][0]["min_ctas_per_sm"]
+        assert sunk.report["kernels"][0]["min_ctas_per_sm"] >= unsunk.report["kernels"][0]["min_ctas_per_sm"] == 5
 
 
 def test_stores_together_take_fewer_barriers():

@@ -3,12 +3,14 @@ tiles it stores and where, and KDA's kernels built by nvcc/ptxas for Hopper and 
 What the GPU computes is checked on the GPU machine (tests/gpu/test_kda_gpu.py,
 tests/gpu/test_final_ir_gpu.py)."""
 
+import re
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from kfc.codegen.backend import program_kind
 from kfc.codegen.tile_emitter import TileKernelEmitter
-from kfc.codegen.tile_plan import SharedArena
+from kfc.codegen.tile_plan import SharedArena, strided_loop
 from kfc.compile import compile_op, linearize_loops, lower_op
 from kfc.diagnostics import KfcError
 from kfc.frontend import load_kfc, parse_kfc
@@ -221,7 +223,7 @@ def test_a_reduction_of_few_long_lines_is_a_warp_a_line():
     # sum, max, mean over 96 and the integer sum over 40: a warp a line, shuffles to combine;
     # min over 4 (96 lines) stays a thread a line
     assert cu.count("__shfl_xor_sync(0xffffffffu") == 4
-    assert cu.count("threadIdx.x / 32") == 4 and "long long kfc_a" in cu
+    assert cu.count("= threadIdx.x / 32") == 4 and "long long kfc_a" in cu  # a warp's line: a loop or an if
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
@@ -246,3 +248,16 @@ def test_kda_split_pair_compiles_with_its_products_on_tensor_cores(target, share
     step = rec.kernel.cu.split("for (long long", 1)[1]
     assert step.count("__syncthreads();") == 5
     assert rec.kernel.cu.rstrip()[:-1].rstrip().splitlines()[-1].strip() != "__syncthreads();"
+
+
+def test_a_loop_every_thread_runs_at_most_once_is_a_block_or_an_if():
+    # first lies in [0, stride): count <= stride means one iteration or none a thread
+    assert strided_loop("e", "threadIdx.x", 512, 256) == "for (int e = threadIdx.x; e < 512; e += 256) {"
+    assert strided_loop("m", "threadIdx.x >> 5", 8, 8) == "{ const int m = threadIdx.x >> 5;"
+    assert strided_loop("e", "threadIdx.x", 128, 256) == "if ((threadIdx.x) < 128) { const int e = threadIdx.x;"
+    # KDA's prepare kernel: its cumulative sums, inverse and products each once a thread, no loop
+    spec = load_kfc("kernels/kda_prepare_flashkda.kfc", {"C": "16"})
+    cu = compile_op(spec, parse_target("sm_90a"), shape={"T": 4096, "K": 128, "V": 128}).kernel.cu
+    assert "if ((threadIdx.x) < 128) {" in cu and "if ((threadIdx.x >> 5) < 2) {" in cu
+    counts = re.findall(r"for \(int \w+ = threadIdx\.x; \w+ < (\d+); \w+ \+= 256\)", cu)
+    assert all(int(n) > 256 for n in counts)

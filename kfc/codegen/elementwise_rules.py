@@ -6,7 +6,7 @@ rule is a loop over the thread's registers; a scalar's, one expression.
 from __future__ import annotations
 
 from ..ir.dtypes import DType
-from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, RsqrtApproxOp, TanhApproxOp
+from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, RcpApproxOp, RsqrtApproxOp, TanhApproxOp
 from ..ir.tile_ops import BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IotaOp, UnaryOp, WhereOp
 from . import ptx
 from .c_names import BITS_TO, C_TYPES, F32_TO_FP8, TO_BITS, c_dim, literal, to_int
@@ -65,6 +65,8 @@ def emit_unary(em, op: UnaryOp) -> None:
                 return ptx.ex2_approx(f)
             if isinstance(op, TanhApproxOp):
                 return ptx.tanh_approx(f)
+            if isinstance(op, RcpApproxOp):
+                return ptx.rcp_approx(f)
             e = {
                 "neg": f"(-{f})", "abs": f"fabsf({f})", "exp": f"expf({f})", "exp2": f"exp2f({f})",
                 "log": f"logf({f})", "log2": f"log2f({f})", "sqrt": f"sqrtf({f})",

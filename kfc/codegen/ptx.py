@@ -168,6 +168,10 @@ def ex2_approx(x: str) -> str:
     return f"kfc_ex2_approx({x})"
 
 
+def rcp_approx(x: str) -> str:
+    return f"kfc_rcp_approx({x})"
+
+
 def tanh_approx(x: str) -> str:
     return f"kfc_tanh_approx({x})"
 
@@ -255,6 +259,9 @@ static __device__ __forceinline__ float kfc_rsqrt_approx(float x) {
 }
 static __device__ __forceinline__ float kfc_ex2_approx(float x) {
   float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+static __device__ __forceinline__ float kfc_rcp_approx(float x) {
+  float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
 }
 static __device__ __forceinline__ float kfc_tanh_approx(float x) {
   float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;

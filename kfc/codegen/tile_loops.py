@@ -10,7 +10,7 @@ from ..ir.tile_ops import DotOp, ReduceKind, ReduceOp, ScanOp, TriInvOp
 from ..ir.tile_ops.reductions import identity
 from . import ptx
 from .c_names import C_TYPES, as_float, from_float, literal
-from .tile_plan import THREADS, WARP, reduced_count
+from .tile_plan import THREADS, WARP, reduced_count, strided_loop
 
 
 class TileLoops:
@@ -110,7 +110,7 @@ class TileLoops:
         o, j, acc, s = self.fresh("kfc_o"), self.fresh("kfc_l"), self.fresh("kfc_a"), self.fresh("kfc_x")
         init = literal(identity(op.kind, d), DType.F32 if ct == "float" else d) if ct != "long long" else \
             f"(long long)({identity(op.kind, d)}LL)"
-        self.emit(f"for (int {o} = threadIdx.x / {WARP}; {o} < {outputs}; {o} += {THREADS // WARP}) {{")
+        self.emit(strided_loop(o, f"threadIdx.x / {WARP}", outputs, THREADS // WARP))
         self.indent += 1
         outer = self.unflatten(o, kept) if kept else ()
         self.emit(f"{ct} {acc} = {init};")
@@ -211,7 +211,7 @@ class TileLoops:
         i, c, j = self.fresh("kfc_t"), self.fresh("kfc_c"), self.fresh("kfc_j")
         acc, xj = self.fresh("kfc_a"), self.fresh("kfc_x")
         self.emit(f"const int {i} = threadIdx.x % {width};")
-        self.emit(f"for (int {c} = threadIdx.x / {width}; {c} < {cols}; {c} += {groups}) {{")
+        self.emit(strided_loop(c, f"threadIdx.x / {width}", cols, groups))
         self.emit(f"  float {acc} = {i} == {c} ? 1.0f : 0.0f;")
         self.emit("  #pragma unroll")
         self.emit(f"  for (int {j} = 0; {j} < {n - 1}; ++{j}) {{")

@@ -40,7 +40,7 @@ from ..passes.bf16_dots import MMA_K_BF16
 from ..passes.tf32_dots import MMA_K, MMA_M, MMA_N, fits_mma
 from .c_names import as_float
 from .errors import CodegenError
-from .tile_plan import POINTWISE_OPS, THREADS, WARP, warp_reduction
+from .tile_plan import POINTWISE_OPS, THREADS, WARP, strided_loop, warp_reduction
 
 WARPS = THREADS // WARP
 MAX_BLOCK_TILES = 16  # result tiles a warp holds at once: 64 accumulator registers
@@ -307,7 +307,7 @@ class TileMma:
         blocks_n = n // MMA_N // bn
         tiles = bm * bn
         self.emit(f"const int {g} = (threadIdx.x & 31) >> 2, {t} = threadIdx.x & 3;")
-        self.emit(f"for (int {blk} = threadIdx.x >> 5; {blk} < {(m // MMA_M // bm) * blocks_n}; {blk} += {WARPS}) {{")
+        self.emit(strided_loop(blk, "threadIdx.x >> 5", (m // MMA_M // bm) * blocks_n, WARPS))
         self.indent += 1
         self.emit(f"const int {i0} = {blk} / {blocks_n} * {bm * MMA_M}, {j0} = {blk} % {blocks_n} * {bn * MMA_N};")
         self.emit(f"float {acc}[{len(ops) * tiles}][4] = {{}};")

@@ -18,7 +18,7 @@ from ..ir.multiples import known_multiple
 from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp, index_operands
 from .c_names import C_TYPES
 from .tile_mma import mma_dot
-from .tile_plan import C_SIZES, THREADS, Buffer, warp_reduction
+from .tile_plan import C_SIZES, THREADS, Buffer, strided_loop, warp_reduction
 
 UNROLL = 8  # iterations of a CTA-wide loop unrolled at most (a [16, 128] tile: 8 a thread)
 LANES = 4  # consecutive elements a thread takes at once along a tile's last axis
@@ -90,7 +90,7 @@ class TileWrites:
             return
         if count > THREADS:
             self.emit(f"#pragma unroll {min(-(-count // THREADS), unroll)}")
-        self.emit(f"for (int {e} = threadIdx.x; {e} < {count}; {e} += {THREADS}) {{")
+        self.emit(strided_loop(e, "threadIdx.x", count, THREADS))
         self.indent += 1
         body(e)
         self.indent -= 1

@@ -18,13 +18,18 @@ def _rsqrt(x):
         return 1.0 / np.sqrt(x)
 
 
+def _rcp(x):
+    with np.errstate(divide="ignore"):
+        return 1.0 / x
+
+
 def _not(x):
     return np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
 
 
 UNARY_FNS: dict[str, Callable] = {
     "neg": np.negative, "abs": np.abs, "not": _not, "exp": np.exp, "exp2": np.exp2, "log": np.log,
-    "log2": np.log2, "sqrt": np.sqrt, "rsqrt": _rsqrt, "sigmoid": _sigmoid,
+    "log2": np.log2, "sqrt": np.sqrt, "rsqrt": _rsqrt, "rcp": _rcp, "sigmoid": _sigmoid,
     "softplus": lambda x: np.logaddexp(np.zeros_like(x), x), "tanh": np.tanh,
     "round": np.rint,  # half to even, as torch.round
 }

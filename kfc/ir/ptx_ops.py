@@ -6,6 +6,7 @@ checks the lowering; codegen turns each into the instruction template of kfc.cod
     ptx.st        st.global[.cache].v{1,2,4}.b32
     ptx.rsqrt_approx   rsqrt.approx.ftz.f32
     ptx.ex2_approx     ex2.approx.ftz.f32
+    ptx.rcp_approx     rcp.approx.ftz.f32
     ptx.cvt_pack       cvt.rn.{bf16x2,f16x2}.f32: two fp32 values rounded into one 32-bit register
 """
 
@@ -72,6 +73,14 @@ class RsqrtApproxOp(_F32Unary):
 @define_op("ptx.ex2_approx")
 class Ex2ApproxOp(_F32Unary):
     FN: ClassVar[str] = "exp2"
+
+
+@define_op("ptx.rcp_approx")
+class RcpApproxOp(_F32Unary):
+    """rcp.approx.ftz.f32: 1/x in one MUFU instruction, within 1 ulp (the PTX ISA's bound), where
+    an IEEE division takes a dozen and a branch to its slow path."""
+
+    FN: ClassVar[str] = "rcp"
 
 
 @define_op("ptx.tanh_approx")
