@@ -440,13 +440,15 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         for ix, d in zip(op.index, t.shape):
             ext = c_extent(d)
             if ix.kind == "point":
-                p = f"(long long)({self.name(next(ops))})"
-                conds.append(f"{p} >= 0 && {p} < {ext}")
+                v = next(ops)
+                p = f"(long long)({self.name(v)})"
+                conds += self.bounds_tests(v, p, d, ext)
             elif ix.kind == "all":
                 p = f"(long long)({next(pos_of_tile)})"
-            else:
-                p = f"((long long)({self.name(next(ops))}) + {next(pos_of_tile)})"
-                conds.append(f"{p} >= 0 && {p} < {ext}")
+            else:  # a slice from v: its lower bound as v's (a tile position is nonnegative)
+                v = next(ops)
+                p = f"((long long)({self.name(v)}) + {next(pos_of_tile)})"
+                conds += self.bounds_tests(v, p, None, ext)
                 if ix.limit:
                     conds.append(f"{p} < (long long)({self.name(next(ops))})")
             positions.append(p)

@@ -13,6 +13,9 @@ is read at a group's own elements in one access too (lane_read).
 
 from __future__ import annotations
 
+import functools
+
+from ..ir.bounds import IndexFacts
 from ..ir.core import Op, Value
 from ..ir.multiples import known_multiple
 from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp, index_operands
@@ -61,6 +64,18 @@ class TileWrites:
             return False
         owner = lambda v: self.plan.owner.get(v) or self.top_level_owner.get(v)  # noqa: E731
         return all(known_multiple(v, owner) % LANES == 0 for v in index_operands(op)[-1][1])
+
+    @functools.cached_property
+    def index_facts(self) -> IndexFacts:
+        top = self.top_level_owner
+        return IndexFacts(self.loop, lambda v: self.plan.owner.get(v) or top.get(v))
+
+    def bounds_tests(self, v: Value, p: str, extent, ext: str) -> list[str]:
+        """The tests that position p (index v, or a slice from v where extent is None) lies in
+        [0, ext), less those the IR already makes true (kfc.ir.bounds)."""
+        facts = self.index_facts
+        tests = [] if facts.nonnegative(v) else [f"{p} >= 0"]
+        return tests + ([] if extent is not None and facts.below(v, extent) else [f"{p} < {ext}"])
 
     def unflatten(self, e: str, shape) -> tuple[str, ...]:
         """Declare the indices of flat element e of a tile of this shape; their names."""
