@@ -123,13 +123,14 @@ def test_what_index_facts_claim_holds_at_every_iteration(program, dims):
 
 
 def test_a_remainder_by_a_dim_is_below_it_only_where_the_dim_divides_the_loop():
-    # where D0 may be 0 while the loop runs, m rem D0 is no index into D0's axis: the GPU would
-    # read past an empty axis where the test it replaces would have kept it out
+    # where D0 may be 0 while the loop runs, m rem D0 is no index into D0's axis, nor known
+    # nonnegative: the GPU divides by zero there (the interpreter reports an error) and would read
+    # past an empty axis where the tests it replaces kept it out
     p = Program()
     d0, d1 = p.dim("D0"), p.dim("D1")
     for hi, known in ((p.binary("mul", d1, d0), True), (d1, False), (p.binary("add", d1, d0), False)):
         loop = SimpleNamespace(body=SimpleNamespace(args=(p.m,)), lowers=(p.const(0),), uppers=(hi,))
         h = p.binary("rem", p.m, d0)
         facts = IndexFacts(loop, p.owner.get)
-        assert facts.below(h, SimpleNamespace(name="D0", offset=0)) is known and facts.nonnegative(h)
+        assert facts.below(h, SimpleNamespace(name="D0", offset=0)) is known and facts.nonnegative(h) is known
         assert not facts.below(h, SimpleNamespace(name="D1", offset=0))

@@ -1,8 +1,8 @@
 """Which bounds tests of a tensor access an index makes true by how the IR computes it, so that a
 kernel need not make them (kfc.codegen.tile_emitter.access): a parallel loop's index over 0..D,
 or x rem D where D is a factor of that loop's extent, lies in [0, D); a constant, a dim, a
-floor division or remainder by a positive divisor of a nonnegative value, and sums and products
-of nonnegative values are nonnegative. KDA's prepare kernel tested its head index (m rem H of
+floor division or remainder by a divisor positive wherever it runs, and sums and products of
+nonnegative values are nonnegative. KDA's prepare kernel tested its head index (m rem H of
 its linear CTA index m over 0..chunks * H) against [0, H) at each of its fourteen accesses."""
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ class IndexFacts:
         if isinstance(op, BinaryOp) and op.result.ttype.dtype.is_int:
             a, b = op.operands
             if op.NAME == "tile.rem":  # floor remainder: the divisor's sign
-                return self.positive(b)
+                return self.positive(a, b)
             if op.NAME == "tile.div":
-                return self.nonnegative(a) and self.positive(b)
+                return self.nonnegative(a) and self.positive(a, b)
             if op.NAME in ("tile.add", "tile.mul") and op.result.ttype.dtype.itemsize == 8:  # never wraps
                 return self.nonnegative(a) and self.nonnegative(b)
         return False
@@ -52,16 +52,18 @@ class IndexFacts:
         if isinstance(op, CastOp):
             return self.widening(op) and self.below(op.operands[0], extent)
         if isinstance(op, BinaryOp) and op.NAME == "tile.rem" and self.is_extent(op.operands[1], extent):
-            d = self.owner(op.operands[1])
-            # a dim divisor is positive wherever the remainder runs: it divides the loop's extent
-            return isinstance(d, ConstOp) or self.divides_extent(op.operands[0], op.operands[1])
+            return self.positive(*op.operands)
         return False
 
-    def positive(self, v: Value) -> bool:
-        """A divisor known positive, or a dim (zero would make the division itself an error, as
-        the interpreter reports it)."""
-        op = self.owner(v)
-        return isinstance(op, DimOp) or (isinstance(op, ConstOp) and isinstance(op.value, int) and op.value > 0)
+    def positive(self, a: Value, d: Value) -> bool:
+        """Whether divisor d of a is positive wherever a / d or a rem d runs: a positive
+        constant, or a dim that divides the extent of the loop whose index a is (a zero dim then
+        leaves the loop empty; elsewhere the GPU would divide by zero where the interpreter
+        reports an error, and the index it made is no index into an empty axis)."""
+        op = self.owner(d)
+        if isinstance(op, ConstOp):
+            return isinstance(op.value, int) and op.value > 0
+        return isinstance(op, DimOp) and self.divides_extent(a, d)
 
     def is_extent(self, v: Value, extent) -> bool:
         op = self.owner(v)
