@@ -62,11 +62,12 @@ class TileWrites:
             return True
         if not (self.whole_groups and last.kind == "slice" and last.size % LANES == 0):
             return False
-        owner = lambda v: self.plan.owner.get(v) or self.top_level_owner.get(v)  # noqa: E731
-        return all(known_multiple(v, owner) % LANES == 0 for v in index_operands(op)[-1][1])
+        return all(known_multiple(v, self.index_facts.owner) % LANES == 0 for v in index_operands(op)[-1][1])
 
     @functools.cached_property
     def index_facts(self) -> IndexFacts:
+        """What the IR makes true of the loop's index scalars; its `owner` finds the op that
+        defines a value, inside the loop or before it."""
         top = self.top_level_owner
         return IndexFacts(self.loop, lambda v: self.plan.owner.get(v) or top.get(v))
 
