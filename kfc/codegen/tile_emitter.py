@@ -76,7 +76,8 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                  prefetch: bool = True, ctas: int | None = None, join_phases: bool = True, reopen_phases: bool = True,
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
                  product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False,
-                 column_registers: bool = False, double_buffer: bool = False, share_a: bool = False) -> None:
+                 column_registers: bool = False, double_buffer: bool = False, share_a: bool = False,
+                 fuse_loops: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -118,6 +119,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         self.early: set[Op] = set()  # products written so, beside an earlier one
         self.lanes: dict = {}       # the lane index tuples of the group being written -> lane (TileWrites)
         self.lane_loads: dict = {}  # load op -> the C array its group's access filled
+        self.fuse_loops, self.cta_loops, self.loop_writes = fuse_loops, [], None  # a phase's loops as one (TileWrites)
 
     # --- what the elementwise rules write through -----------------------------------------------
     def kind(self, v: Value) -> str:
@@ -246,11 +248,6 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
             else:
                 self.store_tile(v, expr)
 
-    @staticmethod
-    def read_inside(op: Op) -> list[Value]:
-        """The values op and the ops of its regions read."""
-        return [x for inner in op.walk() for x in inner.operands]
-
     def plain_load(self, v: Value) -> bool:
         """Whether pending tile v is a load of a tensor the kernel never writes, at indices that
         are scalars: storing it reads no shared memory and depends on no other phase."""
@@ -305,6 +302,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                 self.emit_op(op)
         while self.lines and self.lines[-1].strip() == "__syncthreads();":
             self.lines.pop()  # the CTA's last barrier guards nothing: after it its threads only exit
+        self.lines = self.fused_lines()
         smem = self.arena.place()
         decls = ["  extern __shared__ __align__(128) unsigned char kfc_smem[];"] if self.arena.buffers else []
         decls += [f"  {b.ctype}* const {b.name}{'_base' if b.halves > 1 else ''} = "
@@ -368,7 +366,8 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         keep = [v for v in op.operands if self.pending.get(v) is DEFERRED_MMA] \
             if isinstance(op, POINTWISE_OPS + VIEW_OPS) else []
         keep += self.reductions_kept_for(op)  # perhaps stored by the tile they feed (TilePhases)
-        reads = (self.read_inside(op) if self.join_phases else list(self.pending)) if op.regions else op.operands
+        reads = ([x for inner in op.walk() for x in inner.operands] if self.join_phases else list(self.pending)) \
+            if op.regions else op.operands
         self.flush_for(reads, keep)
         if isinstance(op, ForOp):
             self.emit_for(op)

@@ -20,6 +20,7 @@ from ..ir.core import Op, Value
 from ..ir.multiples import known_multiple
 from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp, index_operands
 from .c_names import C_TYPES
+from .tile_fusion import CtaLoop, fuse_loops
 from .tile_mma import mma_dot
 from .tile_plan import C_SIZES, THREADS, Buffer, strided_loop, warp_reduction
 
@@ -96,6 +97,7 @@ class TileWrites:
         if count % THREADS == 0 and count // THREADS <= unroll:
             # every thread the same few iterations: a count the compiler knows, no remainder
             j = self.fresh("kfc_j")
+            start, outer, self.loop_writes = len(self.lines), self.loop_writes, []
             self.emit("#pragma unroll")
             self.emit(f"for (int {j} = 0; {j} < {count // THREADS}; ++{j}) {{")
             self.indent += 1
@@ -103,6 +105,11 @@ class TileWrites:
             body(e)
             self.indent -= 1
             self.emit("}")
+            writes, self.loop_writes = self.loop_writes, outer
+            if outer is not None:
+                outer.extend(writes)
+            elif writes and writes == list(range(len(self.lines) - 1 - len(writes), len(self.lines) - 1)):
+                self.cta_loops.append(CtaLoop(start, len(self.lines), len(writes)))  # its writes last: fusable
             return
         if count > THREADS:
             self.emit(f"#pragma unroll {min(-(-count // THREADS), unroll)}")
@@ -111,6 +118,17 @@ class TileWrites:
         body(e)
         self.indent -= 1
         self.emit("}")
+
+    def emit_write(self, line: str) -> None:
+        """A statement writing shared memory or a tensor, as the last statements of a CTA-wide
+        loop's body (tile_fusion)."""
+        if self.loop_writes is not None:
+            self.loop_writes.append(len(self.lines))
+        self.emit(line)
+
+    def fused_lines(self) -> list[str]:
+        """The kernel's lines with each phase's CTA-wide loops of one count as one (tile_fusion)."""
+        return fuse_loops(self.lines, self.cta_loops) if self.fuse_loops else self.lines
 
     def loops_inline(self, v: Value, top: bool = True) -> bool:
         """Whether tile v's expression holds a loop (a reduction, a product off tensor cores),
@@ -248,10 +266,10 @@ class TileWrites:
         values = [self.stored(buf, x) for x in values]
         group = self.group_store(buf.at(lanes[0]), buf.ctype, values, buf.pitch % LANES == 0)
         if group:
-            self.emit(group)
+            self.emit_write(group)
             return
         for idx, value in zip(lanes, values):
-            self.emit(f"{buf.at(idx)} = {value};")
+            self.emit_write(f"{buf.at(idx)} = {value};")
 
     def write_tensor(self, op: Op, tensor: Value, value: Value) -> None:
         """A CTA-wide loop storing every element of tile `value` into the tensor (inside a
@@ -269,11 +287,11 @@ class TileWrites:
             values = [self.elem(value, idx) for idx in lanes]
             if whole_rows and len(lanes) == LANES:  # one bounds test for the group: its last axis is whole
                 offset, guard = at(lanes[0])
-                self.emit(guard + self.group_store(f"{ptr}[{offset}]", C_TYPES[t.dtype], values, True))
+                self.emit_write(guard + self.group_store(f"{ptr}[{offset}]", C_TYPES[t.dtype], values, True))
                 return
             for idx, v in zip(lanes, values):
                 offset, guard = at(idx)
-                self.emit(f"{guard}{ptr}[{offset}] = {v};")
+                self.emit_write(f"{guard}{ptr}[{offset}] = {v};")
 
         if value.ttype.rank:
             self.cta_groups(value.ttype.shape, body, not self.loops_inline(value))

@@ -1,0 +1,96 @@
+"""One loop for the CTA-wide loops of a phase of a tile kernel (kfc.codegen.tile_emitter).
+
+A phase writes each tile in a loop of its own over the CTA's threads (TileWrites.cta_loop). Where
+several loops of the same few iterations follow one another with no barrier between them, they
+become one loop whose body holds every loop's reads and computation first and every loop's
+writes last. The index arithmetic of an element is then written once for all of them, and the
+compiler may read a shared buffer once where two loops read it: it cannot move a read of shared
+memory above a write to it, which in separate loops sits between the two reads. KDA's prepare
+kernel reads k, G and Gend/2 in three loops writing three decayed copies of k and q, and stores
+u, qg and kg in three loops at the same (row, column) addresses.
+
+It changes no result: loops with no barrier between them are those of one phase, and the tile
+emitter puts in one phase only writes of which none reads what another writes (TilePhases). A
+later loop that names what an earlier one writes is still kept apart (`reads_written`), so that
+moving its reads above the earlier loop's writes is never what makes it correct.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+FUSED_AT_MOST = 4  # loops in one: the values of each live until the writes at the end
+_NAMES = re.compile(r"\b(?:kfc_s\d+|p_\w+)\b")
+_HEADER = re.compile(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{$")
+
+
+@attrs.frozen
+class CtaLoop:
+    """A CTA-wide loop of a fixed count of iterations, as emitted: lines[start] is its
+    `#pragma unroll`, lines[start + 1] its header, lines[end - 1] its closing brace, and the last
+    `writes` lines of its body its writes to memory (all of them)."""
+
+    start: int
+    end: int
+    writes: int
+
+    def body(self, lines: list[str]) -> list[str]:
+        return lines[self.start + 2:self.end - 1]
+
+    def reads(self, lines: list[str]) -> list[str]:
+        body = self.body(lines)
+        return body[:len(body) - self.writes]
+
+    def header(self, lines: list[str]) -> tuple[str, int]:
+        """Its iteration variable and count."""
+        found = _HEADER.search(lines[self.start + 1].strip())
+        if found is None:
+            raise ValueError(f"not a CTA-wide loop's header: {lines[self.start + 1]!r}")
+        return found.group(1), int(found.group(2))
+
+    def written(self, lines: list[str]) -> set[str]:
+        """The buffers and tensors its writes write (the names left of their assignment)."""
+        body = self.body(lines)
+        return {n for line in body[len(body) - self.writes:] for n in _NAMES.findall(line.partition(" = ")[0])}
+
+
+def reads_written(earlier: list[CtaLoop], later: CtaLoop, lines: list[str]) -> bool:
+    """Whether the later loop's reads name a buffer or tensor one of the earlier loops writes."""
+    written = set().union(*(loop.written(lines) for loop in earlier))
+    return any(n in written for line in later.reads(lines) for n in _NAMES.findall(line))
+
+
+def runs(lines: list[str], loops: list[CtaLoop]) -> list[list[CtaLoop]]:
+    """The loops cut into runs to fuse: each loop beginning where the one before ends, of the
+    same count, reading nothing the run writes, at most FUSED_AT_MOST a run."""
+    out: list[list[CtaLoop]] = []
+    for loop in sorted(loops, key=lambda x: x.start):
+        last = out[-1] if out else None
+        if (last is not None and last[-1].end == loop.start and len(last) < FUSED_AT_MOST
+                and last[0].header(lines)[1] == loop.header(lines)[1] and not reads_written(last, loop, lines)):
+            last.append(loop)
+        else:
+            out.append([loop])
+    return [run for run in out if len(run) > 1]
+
+
+def fuse_loops(lines: list[str], loops: list[CtaLoop]) -> list[str]:
+    """The kernel's lines with each run of loops (`runs`) written as one loop: the first loop's
+    header, each loop's reads in order (a later loop's variable named as the first's), then each
+    loop's writes in order."""
+    out = list(lines)
+    for run in sorted(runs(lines, loops), key=lambda r: -r[0].start):  # the last first: indices stay
+        var, _count = run[0].header(lines)
+        indent = lines[run[0].start + 2][:len(lines[run[0].start + 2]) - len(lines[run[0].start + 2].lstrip())]
+        body: list[str] = []
+        for k, loop in enumerate(run):
+            if k:
+                body.append(f"{indent}const int {loop.header(lines)[0]} = {var};")
+            body += loop.reads(lines)
+        for loop in run:
+            body += loop.body(lines)[len(loop.body(lines)) - loop.writes:]
+        first, last = run[0], run[-1]
+        out[first.start:last.end] = lines[first.start:first.start + 2] + body + [lines[last.end - 1]]
+    return out
