@@ -73,14 +73,19 @@ def statements(cu: str) -> Counter:
     return out
 
 
-@pytest.mark.parametrize("wd", ["f32", "bf16"])
-def test_kdas_prepare_kernel_writes_its_decayed_operands_and_its_outputs_in_fewer_loops(monkeypatch, wd):
+@pytest.mark.parametrize("path, bound, fewer", [
+    ("kernels/kda_prepare_flashkda.kfc", {"C": "16", "WD": "f32"}, 4),  # decayed operands; u, qg and kg
+    ("kernels/kda_prepare_flashkda.kfc", {"C": "16", "WD": "bf16"}, 4),
+    # the next chunk's loads into registers (reads only), and their stores into shared memory
+    ("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": "f32"}, 4),
+])
+def test_kdas_kernels_write_a_phases_tiles_in_fewer_loops_with_the_same_statements(monkeypatch, path, bound, fewer):
     def build(fuse: bool) -> str:
         monkeypatch.setattr(cuda, "TILE_FUSE_LOOPS", fuse)
-        spec = load_kfc("kernels/kda_prepare_flashkda.kfc", {"C": "16", "WD": wd})
+        spec = load_kfc(path, bound)
         return compile_op(spec, parse_target("sm_90a"), shape={"T": 4096, "K": 128, "V": 128}).kernel.cu
 
     apart, fused = build(False), build(True)
-    assert fused.count("#pragma unroll\n") <= apart.count("#pragma unroll\n") - 4
+    assert fused.count("#pragma unroll\n") <= apart.count("#pragma unroll\n") - fewer
     assert statements(fused) == statements(apart)  # the same statements, none lost or doubled
     assert fused.count("__syncthreads();") == apart.count("__syncthreads();")

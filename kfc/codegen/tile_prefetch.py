@@ -92,13 +92,15 @@ class TilePrefetch:
     def groups_per_thread(self, v: Value) -> int:
         return -(-self.group_count(v) // THREADS)
 
-    def thread_groups(self, v: Value, body) -> None:
+    def thread_groups(self, v: Value, body, reads_only: bool = False) -> None:
         """body(j, first element's indices) for each group of LANES elements along tile v's
         last axis this thread takes: its j-th, at element group threadIdx.x + j * THREADS. The
-        loop is unrolled whole, so that an array indexed by j stays in registers."""
+        loop is unrolled whole, so that an array indexed by j stays in registers. `reads_only`:
+        body writes only registers."""
         count, per = self.group_count(v), self.groups_per_thread(v)
         shape = tuple(v.ttype.shape)
         j = self.fresh("kfc_j")
+        record = self.begin_cta_loop()
         self.emit("#pragma unroll")
         self.emit(f"for (int {j} = 0; {j} < {per}; ++{j}) {{")
         self.indent += 1
@@ -116,6 +118,7 @@ class TilePrefetch:
             self.emit("}")
         self.indent -= 1
         self.emit("}")
+        self.end_cta_loop(record, reads_only)
 
     def declare_prefetch(self, loads: list[LoadOp]) -> dict[LoadOp, str]:
         """Each load's registers: an array of its groups a thread, LANES elements each."""
@@ -146,7 +149,7 @@ class TilePrefetch:
                     fill = " ".join(f"{reg}[{j}][{k}] = {other};" for k in range(LANES))
                     self.emit(f"else {{ {fill} }}")
 
-                self.thread_groups(r, body)
+                self.thread_groups(r, body, reads_only=True)
         finally:
             if saved is None:
                 del self.names[iv]

@@ -97,7 +97,7 @@ class TileWrites:
         if count % THREADS == 0 and count // THREADS <= unroll:
             # every thread the same few iterations: a count the compiler knows, no remainder
             j = self.fresh("kfc_j")
-            start, outer, self.loop_writes = len(self.lines), self.loop_writes, []
+            record = self.begin_cta_loop()
             self.emit("#pragma unroll")
             self.emit(f"for (int {j} = 0; {j} < {count // THREADS}; ++{j}) {{")
             self.indent += 1
@@ -105,11 +105,7 @@ class TileWrites:
             body(e)
             self.indent -= 1
             self.emit("}")
-            writes, self.loop_writes = self.loop_writes, outer
-            if outer is not None:
-                outer.extend(writes)
-            elif writes and writes == list(range(len(self.lines) - 1 - len(writes), len(self.lines) - 1)):
-                self.cta_loops.append(CtaLoop(start, len(self.lines), len(writes)))  # its writes last: fusable
+            self.end_cta_loop(record)
             return
         if count > THREADS:
             self.emit(f"#pragma unroll {min(-(-count // THREADS), unroll)}")
@@ -118,6 +114,24 @@ class TileWrites:
         body(e)
         self.indent -= 1
         self.emit("}")
+
+    def begin_cta_loop(self) -> tuple[int, list | None]:
+        """Before a CTA-wide loop of a fixed count of iterations is written: where it begins, and
+        the writes of a loop around it."""
+        record = (len(self.lines), self.loop_writes)
+        self.loop_writes = []
+        return record
+
+    def end_cta_loop(self, record: tuple[int, list | None], reads_only: bool = False) -> None:
+        """After it: kept for tile_fusion where the statements it ends with are all its writes
+        (emit_write), or where it writes nothing to memory (`reads_only`: into registers)."""
+        (start, outer), writes = record, self.loop_writes
+        self.loop_writes = outer
+        end = len(self.lines)
+        if outer is not None:
+            outer.extend(writes)
+        elif (writes or reads_only) and writes == list(range(end - 1 - len(writes), end - 1)):
+            self.cta_loops.append(CtaLoop(start, end, len(writes)))
 
     def emit_write(self, line: str) -> None:
         """A statement writing shared memory or a tensor, as the last statements of a CTA-wide
