@@ -6,6 +6,7 @@ tests/gpu/test_kda_gpu.py)."""
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kfc.codegen import cuda
 from kfc.codegen.tile_fusion import FUSED_AT_MOST, CtaLoop, fuse_loops, runs
@@ -89,3 +90,43 @@ def test_kdas_kernels_write_a_phases_tiles_in_fewer_loops_with_the_same_statemen
     assert fused.count("#pragma unroll\n") <= apart.count("#pragma unroll\n") - fewer
     assert statements(fused) == statements(apart)  # the same statements, none lost or doubled
     assert fused.count("__syncthreads();") == apart.count("__syncthreads();")
+
+
+# --- soundness over random runs of loops ------------------------------------------------------
+BUFFERS = ("kfc_s1", "kfc_s2", "kfc_s3", "p_x", "p_y")
+
+
+@st.composite
+def loop_programs(draw):
+    """Lines of adjacent loops (some with a barrier before them), each reading and writing a few
+    random buffers, and their records."""
+    lines: list[str] = []
+    loops = []
+    for i in range(draw(st.integers(1, 7))):
+        if draw(st.booleans()) and lines:
+            lines.append("  __syncthreads();")
+        count = draw(st.sampled_from([1, 2]))
+        reads = [f"float r{i}_{k} = {b}[e_kfc_j{i}];" for k, b in enumerate(draw(st.lists(st.sampled_from(BUFFERS),
+                                                                                        max_size=3)))]
+        writes = [f"{b}[e_kfc_j{i}] = {i}.{k}f;" for k, b in enumerate(draw(st.lists(st.sampled_from(BUFFERS),
+                                                                                     max_size=2)))]
+        loops.append(loop(lines, f"kfc_j{i}", count, reads, writes))
+    return lines, loops
+
+
+@given(loop_programs())
+@settings(max_examples=300, deadline=None)
+def test_no_read_moves_above_a_write_of_what_it_reads_and_nothing_is_lost(program):
+    lines, loops = program
+    out = [x.strip() for x in fuse_loops(lines, loops)]
+    assert statements("\n".join(out)) == statements("\n".join(lines))
+    assert out.count("__syncthreads();") == lines.count("  __syncthreads();")
+    # every statement that names a buffer keeps its place relative to every earlier write of it
+    for i, before in enumerate(lines):
+        target = before.strip().partition(" = ")[0]
+        if "[" not in target or before.strip().startswith(("float", "const", "for", "#")):
+            continue
+        name = target.split("[")[0]
+        for after in lines[i + 1:]:
+            if name in after:
+                assert out.index(before.strip()) < out.index(after.strip())
