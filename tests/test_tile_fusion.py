@@ -44,6 +44,14 @@ def test_a_loop_reading_what_an_earlier_one_writes_stays_apart():
     assert runs(lines, [a, b, c]) == [[b, c]]  # b reads kfc_s8, which a writes; c reads neither's
 
 
+def test_a_loop_refilling_registers_an_earlier_loops_writes_read_stays_apart():
+    # the stores of a prefetch's registers, then the loads of the next iteration into them
+    lines: list[str] = []
+    a = loop(lines, "kfc_j1", 1, [], ["kfc_s8[e_kfc_j1] = kfc_pf3[kfc_j1][0];"])
+    b = loop(lines, "kfc_j2", 1, ["kfc_pf3[kfc_j2][0] = p_u[e_kfc_j2];"], [])
+    assert runs(lines, [a, b]) == []
+
+
 def test_loops_of_other_counts_or_not_next_to_each_other_stay_apart():
     lines: list[str] = []
     a = loop(lines, "kfc_j1", 2, ["float a = kfc_s7[e_kfc_j1];"], ["p_y[e_kfc_j1] = a;"])
@@ -94,6 +102,7 @@ def test_kdas_kernels_write_a_phases_tiles_in_fewer_loops_with_the_same_statemen
 
 # --- soundness over random runs of loops ------------------------------------------------------
 BUFFERS = ("kfc_s1", "kfc_s2", "kfc_s3", "p_x", "p_y")
+REGISTERS = ("kfc_pf1", "kfc_pf2")  # arrays declared before the loops, filled and read in them
 
 
 @st.composite
@@ -108,8 +117,11 @@ def loop_programs(draw):
         count = draw(st.sampled_from([1, 2]))
         reads = [f"float r{i}_{k} = {b}[e_kfc_j{i}];" for k, b in enumerate(draw(st.lists(st.sampled_from(BUFFERS),
                                                                                         max_size=3)))]
-        writes = [f"{b}[e_kfc_j{i}] = {i}.{k}f;" for k, b in enumerate(draw(st.lists(st.sampled_from(BUFFERS),
-                                                                                     max_size=2)))]
+        reads += [f"{r}[kfc_j{i}][{k}] = {b}[e_kfc_j{i}];" for k, (r, b) in enumerate(draw(st.lists(
+            st.tuples(st.sampled_from(REGISTERS), st.sampled_from(BUFFERS)), max_size=1)))]
+        values = draw(st.lists(st.sampled_from(["", *REGISTERS]), min_size=2, max_size=2))
+        writes = [f"{b}[e_kfc_j{i}] = {values[k] + '[0][0] + ' if values[k] else ''}{i}.{k}f;"
+                  for k, b in enumerate(draw(st.lists(st.sampled_from(BUFFERS), max_size=2)))]
         loops.append(loop(lines, f"kfc_j{i}", count, reads, writes))
     return lines, loops
 
@@ -121,12 +133,11 @@ def test_no_read_moves_above_a_write_of_what_it_reads_and_nothing_is_lost(progra
     out = [x.strip() for x in fuse_loops(lines, loops)]
     assert statements("\n".join(out)) == statements("\n".join(lines))
     assert out.count("__syncthreads();") == lines.count("  __syncthreads();")
-    # every statement that names a buffer keeps its place relative to every earlier write of it
-    for i, before in enumerate(lines):
-        target = before.strip().partition(" = ")[0]
-        if "[" not in target or before.strip().startswith(("float", "const", "for", "#")):
-            continue
-        name = target.split("[")[0]
-        for after in lines[i + 1:]:
-            if name in after:
-                assert out.index(before.strip()) < out.index(after.strip())
+    # two statements naming one buffer, tensor or register array of which either assigns it keep their order
+    names = set(BUFFERS) | set(REGISTERS)
+    body = [x.strip() for x in lines if "=" in x and not x.strip().startswith(("const", "for"))]
+    for i, before in enumerate(body):
+        for after in body[i + 1:]:
+            lhs = {n for n in names if n + "[" in before.partition(" = ")[0] or n + "[" in after.partition(" = ")[0]}
+            if any(n + "[" in before and n + "[" in after for n in lhs):
+                assert out.index(before) < out.index(after), (before, after)

@@ -11,8 +11,10 @@ u, qg and kg in three loops at the same (row, column) addresses.
 
 It changes no result: loops with no barrier between them are those of one phase, and the tile
 emitter puts in one phase only writes of which none reads what another writes (TilePhases). A
-later loop that names what an earlier one writes is still kept apart (`reads_written`), so that
-moving its reads above the earlier loop's writes is never what makes it correct.
+later loop is still kept apart where moving its reads above an earlier loop's writes would
+reorder two statements naming one buffer, tensor or register array of which either assigns it
+(`crosses`): a write and a read of what it writes, or a read of a prefetch's registers (in a
+store's writes) and the loop filling them for the next iteration.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import re
 import attrs
 
 FUSED_AT_MOST = 4  # loops in one: the values of each live until the writes at the end
-_NAMES = re.compile(r"\b(?:kfc_s\d+|p_\w+)\b")
+# buffers (kfc_s), registers (kfc_pf, kfc_x, ...), tensors (p_), not the 16-bit types: a loop's own
+# names are fresh
+_NAMES = re.compile(r"\b(?!kfc_b?f16\b)(?:kfc_[a-z]+\d+|p_\w+)\b")
 _HEADER = re.compile(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{$")
 
 
@@ -50,26 +54,36 @@ class CtaLoop:
             raise ValueError(f"not a CTA-wide loop's header: {lines[self.start + 1]!r}")
         return found.group(1), int(found.group(2))
 
-    def written(self, lines: list[str]) -> set[str]:
-        """The buffers and tensors its writes write (the names left of their assignment)."""
+    def writes_of(self, lines: list[str]) -> list[str]:
         body = self.body(lines)
-        return {n for line in body[len(body) - self.writes:] for n in _NAMES.findall(line.partition(" = ")[0])}
+        return body[len(body) - self.writes:]
 
 
-def reads_written(earlier: list[CtaLoop], later: CtaLoop, lines: list[str]) -> bool:
-    """Whether the later loop's reads name a buffer or tensor one of the earlier loops writes."""
-    written = set().union(*(loop.written(lines) for loop in earlier))
-    return any(n in written for line in later.reads(lines) for n in _NAMES.findall(line))
+def named(statements: list[str]) -> set[str]:
+    return {n for line in statements for n in _NAMES.findall(line)}
+
+
+def assigned(statements: list[str]) -> set[str]:
+    """The names left of an assignment in these statements (a guard's names too: more, not fewer)."""
+    return {n for line in statements for part in line.split(";") for n in _NAMES.findall(part.partition(" = ")[0])}
+
+
+def crosses(earlier: list[CtaLoop], later: CtaLoop, lines: list[str]) -> bool:
+    """Whether moving the later loop's reads above the earlier loops' writes reorders two
+    statements that name one thing of which either assigns it."""
+    writes = [x for loop in earlier for x in loop.writes_of(lines)]
+    reads = later.reads(lines)
+    return bool(assigned(writes) & named(reads)) or bool(named(writes) & assigned(reads))
 
 
 def runs(lines: list[str], loops: list[CtaLoop]) -> list[list[CtaLoop]]:
     """The loops cut into runs to fuse: each loop beginning where the one before ends, of the
-    same count, reading nothing the run writes, at most FUSED_AT_MOST a run."""
+    same count, none `crosses` the run before it, at most FUSED_AT_MOST a run."""
     out: list[list[CtaLoop]] = []
     for loop in sorted(loops, key=lambda x: x.start):
         last = out[-1] if out else None
         if (last is not None and last[-1].end == loop.start and len(last) < FUSED_AT_MOST
-                and last[0].header(lines)[1] == loop.header(lines)[1] and not reads_written(last, loop, lines)):
+                and last[0].header(lines)[1] == loop.header(lines)[1] and not crosses(last, loop, lines)):
             last.append(loop)
         else:
             out.append([loop])
@@ -90,7 +104,7 @@ def fuse_loops(lines: list[str], loops: list[CtaLoop]) -> list[str]:
                 body.append(f"{indent}const int {loop.header(lines)[0]} = {var};")
             body += loop.reads(lines)
         for loop in run:
-            body += loop.body(lines)[len(loop.body(lines)) - loop.writes:]
+            body += loop.writes_of(lines)
         first, last = run[0], run[-1]
         out[first.start:last.end] = lines[first.start:first.start + 2] + body + [lines[last.end - 1]]
     return out
