@@ -96,8 +96,9 @@ def fuse_loops(lines: list[str], loops: list[CtaLoop]) -> list[str]:
     loop's writes in order."""
     out = list(lines)
     for run in sorted(runs(lines, loops), key=lambda r: -r[0].start):  # the last first: indices stay
-        var, _count = run[0].header(lines)
-        indent = lines[run[0].start + 2][:len(lines[run[0].start + 2]) - len(lines[run[0].start + 2].lstrip())]
+        var = run[0].header(lines)[0]
+        first_line = lines[run[0].start + 2]
+        indent = first_line[:len(first_line) - len(first_line.lstrip())]
         body: list[str] = []
         for k, loop in enumerate(run):
             if k:
