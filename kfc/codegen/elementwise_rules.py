@@ -18,6 +18,8 @@ from .rules import rule
 def emit_const(em, op: ConstOp) -> None:
     t = op.result.ttype
     lit = literal(op.value, t.dtype)
+    if t.dtype.is_int:
+        em.int_constants[op.result] = int(op.value)
     if em.kind(op.result) == "row" and getattr(em, "inline", None) is not None:
         # a fragment tile of one value: written where it is read, no registers of its own (a
         # zero array cse shares between the accumulator's start and a max(.., 0) epilogue
@@ -103,6 +105,9 @@ def emit_binary(em, op: BinaryOp) -> None:
                  "div": f"({fa} / {fb})", "max": ptx.max_nan(fa, fb), "min": ptx.min_nan(fa, fb),
                  "pow": f"powf({fa}, {fb})", "rem": f"({fa} - floorf({fa} / {fb}) * {fb})"}[fn]
             return em.from_float(e, d)
+        if fn in ("div", "rem") and (k := power_of_two(em.int_constants.get(b_v))) is not None:
+            # a floor division by 2^k is an arithmetic shift, its remainder the low k bits
+            return f"({a} >> {k})" if fn == "div" else f"({a} & {(1 << k) - 1}{'LL' if k > 30 else ''})"
         if d.is_bool:
             return {"and": f"({a} && {b})", "or": f"({a} || {b})", "xor": f"({a} != {b})",
                     "max": f"({a} || {b})", "min": f"({a} && {b})"}[fn]
@@ -112,6 +117,11 @@ def emit_binary(em, op: BinaryOp) -> None:
                 "and": f"({a} & {b})", "or": f"({a} | {b})", "xor": f"({a} ^ {b})"}[fn]
 
     em.assign(op, expr)
+
+
+def power_of_two(n: int | None) -> int | None:
+    """k where n = 2^k, else None."""
+    return n.bit_length() - 1 if n is not None and n > 0 and n & (n - 1) == 0 else None
 
 
 @rule(CmpOp)

@@ -101,6 +101,7 @@ class KernelEmitter(CodeWriter):
                                func.loc, "use the default pipeline, or include tile{...} in -p")
         self.launch = launches[0]
         self.names: dict[Value, str] = {}
+        self.int_constants: dict[Value, int] = {}
         self.lines: list[str] = []
         self.indent = 1
         self.counter = 0

@@ -83,6 +83,7 @@ class GridKernelEmitter(CodeWriter):
             raise CodegenError(f"codegen needs one gpu.grid at the top of {func.sym_name}", func.loc)
         self.launch = grids[0]
         self.names: dict[Value, str] = {v: c_param(v.name) for v in func.args}
+        self.int_constants: dict[Value, int] = {}
         self.lines: list[str] = []
         self.indent = 1
         self.counter = 0

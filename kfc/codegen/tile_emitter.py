@@ -85,6 +85,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         self.kernel_name = kernel_name
         self.loop = next(op for op in func.body.ops if isinstance(op, ParallelOp))
         self.names: dict[Value, str] = {v: c_param(v.name) for v in func.args}
+        self.int_constants: dict[Value, int] = {}
         self.lines: list[str] = []
         self.indent = 1
         self.counter = 0

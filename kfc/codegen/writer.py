@@ -14,6 +14,7 @@ class CodeWriter:
     value's C declaration) and `kind` (a value's form: "row", or a scalar form)."""
 
     names: dict[Value, str]
+    int_constants: dict[Value, int]  # the integer constants written so far, by value (emit_const)
     lines: list[str]
     indent: int
     counter: int

@@ -152,8 +152,23 @@ check {
   shapes = [{B: 3}, {B: 1}]
 }
 """
+# integer floor divisions and remainders of negative values: by powers of two a shift or a mask
+# (kfc.codegen.elementwise_rules), by 12 kfc_floordiv; in a row and in a scalar
+DIVISIONS = """
+op divisions(x: i32[M, N], s: i64[M]) -> (y: i32[M, N], z: i64[M]) {
+  parallel m in 0..M {
+    y[m, :] = x[m, :] // 16 + x[m, :] % 8 - x[m, :] // 12 + x[m, :] % 1
+    z[m] = s[m] // 4 + s[m] % 1099511627776 + s[m] // 1
+  }
+}
+check {
+  inputs = {x: randint(-1000, 1000), s: randint(-100000, 100000)}
+  shapes = [{M: 300, N: 4096}, {M: 7, N: 7}]
+}
+"""
 WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8", "u8")}, "tile_mix": TILE_MIX,
-           "tile_reduce": TILE_REDUCE, "tile_columns": TILE_COLUMNS, "tile_tri_inv": TILE_TRI_INV}
+           "tile_reduce": TILE_REDUCE, "tile_columns": TILE_COLUMNS, "tile_tri_inv": TILE_TRI_INV,
+           "divisions": DIVISIONS}
 
 
 # instances besides each op's first: KDA's kernels where their loops prefetch (C = 16, 32; the
