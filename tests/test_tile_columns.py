@@ -194,3 +194,58 @@ def test_the_emitted_slot_indices_are_the_slots_the_products_assume():
                     at = {"w": w, "g": lane // 4, "t": lane % 4}
                     assert eval(row, {}, at) == slot_row(j, e, lane % 4)
                     assert eval(col, {}, at) == COLUMNS * w + slot_column(e, lane // 4)
+
+
+def staged_recurrence(monkeypatch, name="kda_recurrence", bind=None, shape=SHAPE):
+    monkeypatch.setattr(cuda, "TILE_STAGED_STORES", True)
+    return compile_op(load_kfc(f"kernels/{name}.kfc", bind or {"C": "16", "SD": "f32", "WD": "f32"}),
+                      parse_target("sm_90a"), shape=shape)
+
+
+def test_a_staged_store_puts_every_slot_at_its_element(monkeypatch):
+    """With TILE_STAGED_STORES, o's slots go through the warp's rows in shared memory: the
+    emitted C, evaluated for every lane of every warp, writes slot (j, e) at its element's place
+    there, and the lanes' 16-byte reads then store each element of the warp's 16 columns of each
+    row exactly once, at that element's column of o."""
+    cu = staged_recurrence(monkeypatch).kernel.cu
+    writes = re.findall(r"(kfc_s\d+)\[(.+)\] = kfc_x\d+\[(\d)\]\[(\d)\];", cu)
+    stage = writes[0][0]
+    writes = [(index, int(j), int(e)) for buf, index, j, e in writes if buf == stage]
+    read = re.search(r"p_o\[.*\* 128LL \+ \(long long\)\((.+?)\)\)\]\) = \*reinterpret_cast<const uint4\*>"
+                     rf"\(&{stage}\[(.+?)\]\);", cu)
+    assert len(writes) == 8 and read and cu.count("__syncwarp();") == 2
+    column, index = (re.sub(r"kfc_([wgt])\d+", r"\1", x).replace("threadIdx.x", "x") for x in read.groups())
+    rows_of = {}
+    for w in range(8):
+        held = {}
+        for lane in range(32):
+            at = {"w": w, "g": lane // 4, "t": lane % 4, "x": 32 * w + lane}
+            for text, j, e in writes:
+                place = eval(re.sub(r"kfc_([wgt])\d+", r"\1", text), {}, at)
+                assert place not in held
+                held[place] = (slot_row(j, e, lane % 4), COLUMNS * w + slot_column(e, lane // 4))
+        for lane in range(32):
+            at = {"w": w, "g": lane // 4, "t": lane % 4, "x": 32 * w + lane}
+            start, col = eval(index, {}, at), eval(column, {}, at)
+            for i in range(8):
+                row, want = held[start + i]
+                assert want == col + i and rows_of.setdefault((row, col + i), w) == w
+    assert len(rows_of) == 16 * 128  # every element of o's [16, 128] chunk, once
+
+
+def test_staged_stores_take_o_out_in_16_bytes_a_lane(monkeypatch):
+    """The recurrence's o in one 16-byte store a lane a chunk (C = 16; two at C = 32), not eight
+    2-byte ones, for sm_90a; fewer instructions and no spills. The split form's block of columns
+    (a slice from a multiple of 64) takes it too."""
+    plain = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": "f32"}),
+                       parse_target("sm_90a"), shape=SHAPE)
+    built = {}
+    for C, stores in (("16", 1), ("32", 2)):
+        r = built[C] = staged_recurrence(monkeypatch, bind={"C": C, "SD": "f32", "WD": "f32"})
+        assert r.kernel.cu.count("*reinterpret_cast<uint4*>(&p_o[") == stores
+        assert not re.search(r"p_o\[[^\n]*\] = kfc_x", r.kernel.cu) and r.kernel.report.spills == 0
+    sass = lambda r: len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", disassemble(r.kernel.cubin), re.M))  # noqa: E731
+    assert sass(built["16"]) < sass(plain) - 50
+    split = staged_recurrence(monkeypatch, "kda_recurrence_split",
+                              {"C": "16", "SD": "f32", "WD": "f32", "V": "128", "VB": "64"}, {"T": 4096, "K": 128})
+    assert split.kernel.cu.count("*reinterpret_cast<uint4*>(&p_o[") == 1

@@ -27,8 +27,9 @@ import attrs
 
 from ..ir.core import Op, Value
 from ..ir.dtypes import DType
+from ..ir.multiples import known_multiple
 from ..ir.mma_ops.roles import REGISTER_FILE
-from ..ir.tile_ops import BinaryOp, CastOp, DotOp, ForOp, StoreOp
+from ..ir.tile_ops import BinaryOp, CastOp, DotOp, ForOp, StoreOp, index_operands
 from . import float16
 from .c_names import C_TYPES
 from .tile_mma import TF32_KINDS, mma_kind, tf32x3_terms
@@ -37,6 +38,7 @@ from .tile_prefetch import PREFETCH_REGISTERS
 
 WARPS = THREADS // WARP
 COLUMNS = 16  # a warp's columns: the M of a product computed transposed
+STAGED = 8    # 16-bit columns a lane stores at once through its warp's rows (emit_staged_store)
 STEP = 8      # a slot group's rows: the N and the K of m16n8k8
 A_FROM_SLOTS = (0, 2, 1, 3)  # A's registers a0..a3 from a slot group's accumulators, contraction permuted
 
@@ -290,6 +292,8 @@ class TileColumns:
         self.flush_for([x for x in op.operands if x not in plan.values])
         if isinstance(op, StoreOp):
             value, tensor = op.operands[:2]
+            if self.staged_stores and self.emit_staged_store(op, value, tensor):
+                return self.after_column_op()
 
             def store(j, e, idx):
                 offset, conds = self.access(op, tensor, op.operands[2:], idx)
@@ -309,8 +313,54 @@ class TileColumns:
             self.column_capture = None
             regs = self.declare_column(op.result)
             self.for_slots(op.result, lambda j, e, idx: f"{regs}[{j}][{e}] = {expr(idx)};")
+        self.after_column_op()
+
+    def after_column_op(self) -> None:
         self.reopenable = None  # no later write continues a phase from before these reads
         self.last_store = None
+
+    def stages_rows(self, op: StoreOp, value: Value, tensor: Value) -> bool:
+        """Whether a store of a 16-bit column tile can go out a row's 16 bytes at a time: the
+        tensor's last axis is the tile's columns, whole groups of STAGED (its extent a multiple,
+        a slice of it from a start and up to a limit known to be multiples), and the tile's rows
+        whole warps' reads."""
+        last, t = op.index[-1], tensor.ttype
+        if value.ttype.dtype not in (DType.BF16, DType.F16) or value.ttype.shape[0] * COLUMNS // STAGED % WARP:
+            return False
+        if not (isinstance(t.shape[-1], int) and t.shape[-1] % STAGED == 0 and last.kind in ("all", "slice")):
+            return False
+        return last.kind == "all" or all(known_multiple(v, self.index_facts.owner) % STAGED == 0
+                                         for v in index_operands(op)[-1][1])
+
+    def emit_staged_store(self, op: StoreOp, value: Value, tensor: Value) -> bool:
+        """A 16-bit column tile stored through its warp's rows in shared memory: each lane writes
+        its slots there, and after __syncwarp each lane stores 16 bytes of one row (STAGED
+        columns) with one address and one bounds test, not a 2-byte store, an address and tests
+        a slot (KDA's o: 8 stores a lane a chunk to 1). False where it does not apply."""
+        if not self.stages_rows(op, value, tensor):
+            return False
+        w, g, t = self.column_lanes
+        rows = value.ttype.shape[0]
+        first = self.step if self.in_phase else self.step + 1
+        buf = self.arena.new(self.fresh("kfc_s"), C_TYPES[value.ttype.dtype], (WARPS * rows, COLUMNS), first,
+                             f"{value.type} a warp's rows")
+        buf.rows = "groups"  # read along its rows: no padding, each row's 16-byte groups aligned
+        at = lambda row, col: f"{buf.name}[({w} * {rows} + {row}) * {buf.pitch} + {col}]"  # noqa: E731
+        regs = self.column_regs[value]
+        lines = [f"{at(f'{STEP * j + (e & 1)} + 2 * {t}', f'{g} + {8 * (e >> 1)}')} = {regs}[{j}][{e}];"
+                 for j in range(rows // STEP) for e in range(4)]
+        lines.append("__syncwarp();")
+        lane = "(threadIdx.x & 31)"
+        for r in range(rows * COLUMNS // STAGED // WARP):
+            row, col = f"({lane} >> 1) + {r * WARP * STAGED // COLUMNS}", f"{STAGED} * ({lane} & 1)"
+            offset, conds = self.access(op, tensor, op.operands[2:], (row, f"{w} * {COLUMNS} + {col}"))
+            write = (f"*reinterpret_cast<uint4*>(&{self.name(tensor)}[{offset}]) = "
+                     f"*reinterpret_cast<const uint4*>(&{at(row, col)});")
+            lines.append(f"if ({' && '.join(conds)}) {write}" if conds else write)
+        lines.append("__syncwarp();  // the rows are written again only after every lane's reads")
+        self.in_column_warps(lines)
+        self.arena.touch(buf, first)
+        return True
 
     def sharing_column(self, op: DotOp) -> list[DotOp]:
         """op and the later products of the loop reading the same column tile as their B whose A

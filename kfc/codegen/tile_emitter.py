@@ -77,7 +77,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
                  product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False,
                  column_registers: bool = False, double_buffer: bool = False, share_a: bool = False,
-                 fuse_loops: bool = True) -> None:
+                 fuse_loops: bool = True, staged_stores: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
@@ -106,7 +106,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         self.whole_groups = whole_groups  # rows read along them whole groups, read so (lane_read)
         self.early_loads = early_loads  # the CTA's loads all stored in its first phase of loads
         self.column_registers = column_registers  # a carried tile whose columns never mix in registers
-        self.double_buffer = double_buffer  # and two copies of its loop's loads (TileColumns)
+        self.double_buffer, self.staged_stores = double_buffer, staged_stores  # its loads twice; stores by rows
         self.last_store = None  # (len(lines) after it, its tensors): the last store's phase (TilePhases)
         self.reopenable = None  # (len(lines) after it, its step, what it read): a phase a later write may continue
         self.reopened = False   # the last phase was taken back up: the next begin_phase continues it (TilePhases)

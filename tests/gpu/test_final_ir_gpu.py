@@ -281,17 +281,21 @@ def test_quantisation_writes_torchs_bytes(name, dtype, m, n):
     assert not diff.any(), f"{int(diff.sum())} of {m * n} codes differ from torch's, first at {diff.nonzero()[0].tolist()}"
 
 
-@pytest.mark.parametrize("name, double", [("kda_recurrence_c16", False), ("kda_recurrence_c16", True),
-                                          ("kda_recurrence_c32", False), ("kda_recurrence_split", False),
-                                          ("kda_fwd_flashkda_c16", False), ("kda_fwd_fla_c16", False)])
-def test_column_registers_compute_what_the_final_ir_computes(name, double, tmp_path, monkeypatch):
-    """The recurrence with its state in registers, a warp to 16 columns (kfc.codegen.tile_columns,
-    off by default until timed), and with two copies of its loads: its check shapes take it at
-    V = 128 and 32 (two warps of eight), the default emitter at V = 24 and 8; the split's first
-    instance at VB = 64 (four warps); the one-kernel FlashKDA and fla forms. The switches are
-    part of the JIT cache's key (kfc.codegen.cuda.switches)."""
+@pytest.mark.parametrize("name, double, staged", [
+    ("kda_recurrence_c16", False, False), ("kda_recurrence_c16", True, False), ("kda_recurrence_c32", False, False),
+    ("kda_recurrence_split", False, False), ("kda_fwd_flashkda_c16", False, False), ("kda_fwd_fla_c16", False, False),
+    ("kda_recurrence_c16", False, True), ("kda_recurrence_c32", False, True), ("kda_recurrence_split", False, True),
+    ("kda_fwd_flashkda_c16", False, True), ("kda_fwd_fla_c16", False, True)])
+def test_column_registers_compute_what_the_final_ir_computes(name, double, staged, tmp_path, monkeypatch):
+    """The recurrence with its state in registers, a warp to 16 columns (kfc.codegen.tile_columns),
+    with two copies of its loads, and with its 16-bit stores through the warp's rows
+    (TILE_STAGED_STORES): its check shapes take it at V = 128 and 32 (two warps of eight), the
+    default emitter at V = 24 and 8; the split's first instance at VB = 64 (four warps); the
+    one-kernel FlashKDA and fla forms. The switches are part of the JIT cache's key
+    (kfc.codegen.cuda.switches)."""
     monkeypatch.setattr(cuda, "TILE_COLUMN_REGISTERS", True)
     monkeypatch.setattr(cuda, "TILE_DOUBLE_BUFFER", double)
+    monkeypatch.setattr(cuda, "TILE_STAGED_STORES", staged)
     path = ROOT / "kernels" / "kda_recurrence_split.kfc" if name == "kda_recurrence_split" else Path(f"{name}.kfc")
     test_the_gpu_computes_what_the_final_ir_computes(path, tmp_path)
 
