@@ -261,3 +261,13 @@ def test_a_loop_every_thread_runs_at_most_once_is_a_block_or_an_if():
     assert "if ((threadIdx.x) < 128) {" in cu and "if ((threadIdx.x >> 5) < 2) {" in cu
     counts = re.findall(r"for \(int \w+ = threadIdx\.x; \w+ < (\d+); \w+ \+= 256\)", cu)
     assert all(int(n) > 256 for n in counts)
+
+
+def test_the_first_index_of_the_grid_is_what_is_left_of_the_ctas_index():
+    """The grid is the parallel loop's box, so the first index (after the later ones' remainders
+    and quotients) is below its extent: no 64-bit remainder by it (the CTA's set-up in KDA's
+    kernels, whose loops linearize to one index, was two such divisions)."""
+    for path, bind in (("kernels/kda_prepare_flashkda.kfc", {"C": "16"}),
+                       ("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": "f32"})):
+        cu = compile_op(load_kfc(path, bind), parse_target("sm_90a"), shape={"T": 4096, "K": 128, "V": 128}).kernel.cu
+        assert re.search(r"const long long v\d+ = v\d+ \+ kfc_p;", cu) and "kfc_p %" not in cu and "kfc_p /=" not in cu

@@ -81,19 +81,16 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
-        self.func = func
-        self.kernel_name = kernel_name
+        self.func, self.kernel_name = func, kernel_name
         self.loop = next(op for op in func.body.ops if isinstance(op, ParallelOp))
         self.names: dict[Value, str] = {v: c_param(v.name) for v in func.args}
         self.int_constants: dict[Value, int] = {}
         self.lines: list[str] = []
-        self.indent = 1
-        self.counter = 0
+        self.indent, self.counter = 1, 0
         self.inline: dict[Value, object] = {}  # tile -> f(index tuple) -> C expression
         self.buffers: dict[Value, Buffer] = {}
         self.pending: dict[Value, object] = {}  # tiles to store, not yet stored: tile -> f(index tuple)
-        self.plan = TilePlan(self.loop)
-        self.arena = SharedArena()
+        self.plan, self.arena = TilePlan(self.loop), SharedArena()
         self.step = 0          # the CTA-wide phases written so far
         self.in_phase = False  # inside one: its reads are of this step; between two, of the next
         self.unsynced_reads = False  # a scalar read a shared tile since the last barrier
@@ -345,10 +342,13 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
         return " * ".join(extents)
 
     def emit_parallel(self, op: ParallelOp) -> None:
-        """One CTA per point of the loop's box, the last index fastest along blockIdx.x."""
+        """One CTA per point of the loop's box (the grid: programs), the last index fastest."""
         self.emit("long long kfc_p = blockIdx.x;")
-        for arg, lo, hi in reversed(list(zip(op.body.args, op.lowers, op.uppers))):
+        for i, arg, lo, hi in reversed(list(zip(range(len(op.lowers)), op.body.args, op.lowers, op.uppers))):
             n, ext = self.name(arg), self.fresh("kfc_n")
+            if i == 0:  # what is left of the CTA's index is below the first extent: no remainder
+                self.emit(f"const long long {n} = {self.name(lo)} + kfc_p;")
+                continue
             self.emit(f"const long long {ext} = {self.name(hi)} - {self.name(lo)};")
             self.emit(f"const long long {n} = {self.name(lo)} + kfc_p % {ext};")
             self.emit(f"kfc_p /= {ext};")
