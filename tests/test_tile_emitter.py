@@ -271,3 +271,16 @@ def test_the_first_index_of_the_grid_is_what_is_left_of_the_ctas_index():
                        ("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": "f32"})):
         cu = compile_op(load_kfc(path, bind), parse_target("sm_90a"), shape={"T": 4096, "K": 128, "V": 128}).kernel.cu
         assert re.search(r"const long long v\d+ = v\d+ \+ kfc_p;", cu) and "kfc_p %" not in cu and "kfc_p /=" not in cu
+
+
+def test_a_flat_elements_indices_in_powers_of_two_are_shifts_and_masks():
+    """A thread's flat element e of a tile is nonnegative, so its index along an axis of 2^k
+    elements after a stride of 2^s is (e >> s) & (2^k - 1): the compiler, not seeing e's sign,
+    writes a signed division and remainder otherwise. Other extents keep / and %."""
+    em = TileKernelEmitter.__new__(TileKernelEmitter)
+    em.lines, em.indent, em.counter = [], 1, 0
+    assert em.unflatten("e", (16, 32)) == ("kfc_i2", "kfc_i1")
+    assert em.lines == ["  const int kfc_i1 = (e >> 0) & 31;", "  const int kfc_i2 = (e >> 5) & 15;"]
+    em.lines = []
+    em.unflatten("e", (3, 24))
+    assert em.lines == ["  const int kfc_i3 = e % 24;", "  const int kfc_i4 = (e / 24) % 3;"]

@@ -20,6 +20,7 @@ from ..ir.core import Op, Value
 from ..ir.multiples import known_multiple
 from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp, index_operands
 from .c_names import C_TYPES
+from .elementwise_rules import power_of_two
 from .tile_fusion import CtaLoop, fuse_loops
 from .tile_mma import mma_dot
 from .tile_plan import C_SIZES, THREADS, Buffer, strided_loop, warp_reduction
@@ -80,11 +81,15 @@ class TileWrites:
         return tests + ([] if extent is not None and facts.below(v, extent) else [f"{p} < {ext}"])
 
     def unflatten(self, e: str, shape) -> tuple[str, ...]:
-        """Declare the indices of flat element e of a tile of this shape; their names."""
+        """Declare the indices of flat element e (nonnegative) of a tile of this shape; their
+        names. Powers of two are a shift and a mask: the compiler cannot see e's sign."""
         idx, stride = [], 1
         for d in reversed(shape):
             n = self.fresh("kfc_i")
-            self.emit(f"const int {n} = ({e} / {stride}) % {d};" if stride > 1 else f"const int {n} = {e} % {d};")
+            if power_of_two(d) is not None and power_of_two(stride) is not None:
+                self.emit(f"const int {n} = ({e} >> {power_of_two(stride)}) & {d - 1};")
+            else:
+                self.emit(f"const int {n} = ({e} / {stride}) % {d};" if stride > 1 else f"const int {n} = {e} % {d};")
             idx.append(n)
             stride *= d
         return tuple(reversed(idx))
