@@ -359,7 +359,6 @@ class TileColumns:
             lines.append(f"if ({' && '.join(conds)}) {write}" if conds else write)
         lines.append("__syncwarp();  // the rows are written again only after every lane's reads")
         self.in_column_warps(lines)
-        self.arena.touch(buf, first)
         return True
 
     def sharing_column(self, op: DotOp) -> list[DotOp]:
