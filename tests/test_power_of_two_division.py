@@ -5,7 +5,7 @@ against the interpreter by tests/gpu/test_final_ir_gpu.py (`divisions`, negative
 
 import re
 
-from kfc.codegen.elementwise_rules import power_of_two
+from kfc.ir.multiples import power_of_two
 from kfc.compile import compile_op
 from kfc.frontend import parse_kfc
 from kfc.model.target import parse_target

@@ -6,6 +6,7 @@ rule is a loop over the thread's registers; a scalar's, one expression.
 from __future__ import annotations
 
 from ..ir.dtypes import DType
+from ..ir.multiples import power_of_two
 from ..ir.ptx_ops import CvtPackOp, Ex2ApproxOp, RcpApproxOp, RsqrtApproxOp, TanhApproxOp
 from ..ir.tile_ops import BinaryOp, BitcastOp, BroadcastOp, CastOp, CmpOp, ConstOp, DimOp, IotaOp, UnaryOp, WhereOp
 from . import ptx
@@ -117,11 +118,6 @@ def emit_binary(em, op: BinaryOp) -> None:
                 "and": f"({a} & {b})", "or": f"({a} | {b})", "xor": f"({a} ^ {b})"}[fn]
 
     em.assign(op, expr)
-
-
-def power_of_two(n: int | None) -> int | None:
-    """k where n = 2^k, else None."""
-    return n.bit_length() - 1 if n is not None and n > 0 and n & (n - 1) == 0 else None
 
 
 @rule(CmpOp)

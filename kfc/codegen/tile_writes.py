@@ -17,10 +17,9 @@ import functools
 
 from ..ir.bounds import IndexFacts
 from ..ir.core import Op, Value
-from ..ir.multiples import known_multiple
+from ..ir.multiples import known_multiple, power_of_two
 from ..ir.tile_ops import DotOp, ReduceOp, ScanOp, TriInvOp, index_operands
 from .c_names import C_TYPES
-from .elementwise_rules import power_of_two
 from .tile_fusion import CtaLoop, fuse_loops
 from .tile_mma import mma_dot
 from .tile_plan import C_SIZES, THREADS, Buffer, strided_loop, warp_reduction

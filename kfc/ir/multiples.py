@@ -31,3 +31,8 @@ def known_multiple(v: Value, owner: Callable[[Value], Op | None],
     step = owner(loop.operands[2])
     return math.gcd(known_multiple(loop.operands[0], owner, loop_of),
                     step.value if isinstance(step, ConstOp) and isinstance(step.value, int) else 1)
+
+
+def power_of_two(n: int | None) -> int | None:
+    """k where n = 2^k, else None (a division by it is a shift; kfc.codegen's emitters)."""
+    return n.bit_length() - 1 if n is not None and n > 0 and n & (n - 1) == 0 else None
