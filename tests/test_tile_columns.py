@@ -237,6 +237,7 @@ def test_staged_stores_take_o_out_in_16_bytes_a_lane(monkeypatch):
     """The recurrence's o in one 16-byte store a lane a chunk (C = 16; two at C = 32), not eight
     2-byte ones, for sm_90a; fewer instructions and no spills. The split form's block of columns
     (a slice from a multiple of 64) takes it too."""
+    monkeypatch.setattr(cuda, "TILE_STAGED_STORES", False)
     plain = compile_op(load_kfc("kernels/kda_recurrence.kfc", {"C": "16", "SD": "f32", "WD": "f32"}),
                        parse_target("sm_90a"), shape=SHAPE)
     built = {}

@@ -77,7 +77,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                  whole_groups: bool = True, tri_inv_lanes: bool = True,
                  product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False,
                  column_registers: bool = False, double_buffer: bool = False, share_a: bool = False,
-                 fuse_loops: bool = True, staged_stores: bool = False) -> None:
+                 fuse_loops: bool = True, staged_stores: bool = True) -> None:
         problem = tile_program_problem(func)
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
