@@ -344,7 +344,7 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
     def emit_parallel(self, op: ParallelOp) -> None:
         """One CTA per point of the loop's box (the grid: programs), the last index fastest."""
         self.emit("long long kfc_p = blockIdx.x;")
-        for i, arg, lo, hi in reversed(list(zip(range(len(op.lowers)), op.body.args, op.lowers, op.uppers))):
+        for i, (arg, lo, hi) in reversed(list(enumerate(zip(op.body.args, op.lowers, op.uppers)))):
             n, ext = self.name(arg), self.fresh("kfc_n")
             if i == 0:  # what is left of the CTA's index is below the first extent: no remainder
                 self.emit(f"const long long {n} = {self.name(lo)} + kfc_p;")

@@ -85,8 +85,9 @@ class TileWrites:
         idx, stride = [], 1
         for d in reversed(shape):
             n = self.fresh("kfc_i")
-            if power_of_two(d) is not None and power_of_two(stride) is not None:
-                self.emit(f"const int {n} = ({e} >> {power_of_two(stride)}) & {d - 1};")
+            shift = power_of_two(stride)
+            if power_of_two(d) is not None and shift is not None:
+                self.emit(f"const int {n} = ({e} >> {shift}) & {d - 1};")
             else:
                 self.emit(f"const int {n} = ({e} / {stride}) % {d};" if stride > 1 else f"const int {n} = {e} % {d};")
             idx.append(n)
