@@ -120,9 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--from-kb", action="store_true",
                    help="use the fastest pipeline the knowledge base records for this op, target and shape")
     k.add_argument("--kb", metavar="PATH|URL",
-                   help="a knowledge base (a file, or postgresql://...): for --from-kb; or, without -p, to start from "
-                        "its nearest record that beat its op's default by 5%%: this op's own tunes, else the most "
-                        "alike op's, at the nearest shape (kfc.kb.advice)")
+                   help="a knowledge base (a file, or postgresql://...; default: $KFC_KB, else ~/.cache/kfc/kb.sqlite, "
+                        "where it exists): for --from-kb; or, without -p, to start from its nearest record that beat "
+                        "its op's default by 5%% as a user calls it: this op's own tunes, else the most alike op's, "
+                        "at the nearest shape (kfc.kb.advice)")
+    k.add_argument("--no-kb", action="store_true", help="compile the default pipeline, whatever a knowledge base holds")
     _add_pass_flags(k)
     k.set_defaults(run=cmd_compile)
 
@@ -347,6 +349,9 @@ def cmd_compile(args) -> int:
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
     pipeline = args.pipeline
     if args.from_kb:
+        if args.no_kb:
+            raise KfcError("give either --from-kb or --no-kb, not both", hint="--from-kb compiles the fastest "
+                           "pipeline the knowledge base records; --no-kb the default pipeline")
         if pipeline:
             raise KfcError("give either -p or --from-kb, not both", hint="-p PIPELINE compiles that pipeline; "
                            "--from-kb the fastest one the knowledge base records")
@@ -360,11 +365,12 @@ def cmd_compile(args) -> int:
                           timing=args.timing, allow_spills=args.allow_spills)
 
     advice = None
-    if pipeline is None and args.kb:  # opt-in: tuned records did not carry over to eager calls (kfc.kb.advice)
+    if pipeline is None and not args.no_kb:
         from .compile import choose_dims  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
         from .kb.advice import advise  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+        from .kb.database import default_path  # lazy: as above
 
-        advice = advise(args.kb, spec.func, target.name, choose_dims(spec, args.shape))
+        advice = advise(args.kb or default_path(), spec.func, target.name, choose_dims(spec, args.shape))
     if advice is not None:
         result, said, _ = build_advised(advice, build)
         print(said)

@@ -38,6 +38,14 @@ def _repo_root_cwd(monkeypatch):
     monkeypatch.chdir(ROOT)
 
 
+@pytest.fixture(autouse=True)
+def _no_default_knowledge_base(monkeypatch, tmp_path_factory):
+    """kfc compile and kfc.load read the default knowledge base where it exists (kfc.kb.advice):
+    each test gets a default of its own that does not exist, so neither the user's
+    ~/.cache/kfc/kb.sqlite nor another test's tunes change what a test compiles."""
+    monkeypatch.setenv("KFC_KB", str(tmp_path_factory.mktemp("kb") / "kb.sqlite"))
+
+
 @pytest.fixture
 def shared_memory_form(monkeypatch):
     """Tile kernels with every tile in shared memory: tests of that form (the fallback of a

@@ -85,6 +85,26 @@ def test_opens_in_wal_with_schema_version(kb):
     assert kb.integrity_check() == "ok"
 
 
+def test_a_version_1_knowledge_base_is_migrated_and_keeps_its_records(kb_location):
+    with KnowledgeBase(kb_location) as kb:
+        op = kb.op_id("0123456789abcdef", "rmsnorm", {})
+        run = kb.start_run(op, "sm_90a", {"M": 8, "N": 64}, "offline", 1, {})
+        cid = kb.add_candidate(run, op, "sm_90a", {"M": 8, "N": 64}, Proposal("canonicalize", "", "test", None))
+        kb.record_outcome(cid, Outcome(Stage.TIMED, median_us=5.0, speedup=1.1))
+        with kb._write() as conn:  # as version 1 wrote it: no eager figures
+            conn.execute("ALTER TABLE outcomes DROP COLUMN eager_us")
+            conn.execute("ALTER TABLE outcomes DROP COLUMN eager_speedup")
+            conn.execute("DELETE FROM kfc_schema")
+            conn.execute("INSERT INTO kfc_schema(version, created_utc) VALUES (1, 'then')")
+    with KnowledgeBase(kb_location) as kb:
+        assert [r[0] for r in kb.conn.execute("SELECT version FROM kfc_schema ORDER BY version")] == [1, 2]
+        (t,) = kb.trials(run_id=run)
+        assert (t.outcome.median_us, t.outcome.speedup, t.outcome.eager_us) == (5.0, 1.1, None)
+        cid = kb.add_candidate(run, op, "sm_90a", {"M": 8, "N": 64}, Proposal("cse", "", "test", None))
+        kb.record_outcome(cid, Outcome(Stage.TIMED, median_us=4.0, eager_us=6.0, eager_speedup=1.2))
+        assert kb.trials(run_id=run)[-1].outcome.eager_speedup == 1.2
+
+
 def test_default_path_follows_kfc_kb(monkeypatch, tmp_path):
     monkeypatch.setenv("KFC_KB", str(tmp_path / "x" / "kb.sqlite"))
     assert default_path() == tmp_path / "x" / "kb.sqlite"

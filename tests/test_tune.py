@@ -49,7 +49,8 @@ class FakeGpu:
             raise KeyboardInterrupt
         f = Future()
         f.set_result((Compiled(Stage.COMPILED, "", 40, 0, 64),
-                      GateResult(Stage.TIMED, median_us=self.time_of(pipeline), spread_us=1.0, times_us=(1.0,))))
+                      GateResult(Stage.TIMED, median_us=self.time_of(pipeline), spread_us=1.0, times_us=(1.0,),
+                                 eager_us=self.time_of(pipeline) + 7.0)))
         return f
 
 
@@ -68,6 +69,10 @@ def test_a_tune_records_every_candidate_and_keeps_the_best(kb):
     trials = kb.trials(run_id=r.run_id)
     assert len(trials) == 13 and trials[0].proposal.proposer == "baseline"
     assert len({t.proposal.pipeline for t in trials}) == 13
+    base = trials[0].outcome  # each candidate's speedups over it, back to back and eagerly
+    for t in trials[1:]:
+        assert t.outcome.speedup == pytest.approx(base.median_us / t.outcome.median_us)
+        assert t.outcome.eager_speedup == pytest.approx(base.eager_us / t.outcome.eager_us)
     assert r.best.outcome.median_us == min(t.outcome.median_us for t in trials)
     assert r.best.outcome.median_us <= r.baseline.outcome.median_us
     assert all(t.outcome.speedup is not None for t in trials[1:])

@@ -250,10 +250,17 @@ def distinct_fixed(spec: OpSpec, dims_list: list[dict[str, int]]) -> list[dict[s
     return out
 
 
-def to_outcome(compiled: Compiled, gated: GateResult | None, baseline_us: float | None) -> Outcome:
+def to_outcome(compiled: Compiled, gated: GateResult | None, baseline: Outcome | None) -> Outcome:
+    """The record of a candidate; its speedups over the default pipeline's `baseline` outcome
+    of the same run (None for the baseline itself), as timed back to back and eagerly."""
     if gated is None:
         return Outcome(compiled.stage, compiled.error, compiled.registers, compiled.spills, compiled.smem_bytes)
-    speedup = baseline_us / gated.median_us if baseline_us and gated.median_us else None
+
+    def over(base: float | None, mine: float | None) -> float | None:
+        return base / mine if base and mine else None
+
     return Outcome(gated.stage, (f"{gated.defence}: " if gated.defence and gated.error else "") + gated.error,
                    compiled.registers, compiled.spills, compiled.smem_bytes, gated.median_us, gated.spread_us,
-                   gated.bytes_moved, None, gated.roofline_fraction, speedup, gated.times_us, gated.notes)
+                   gated.bytes_moved, None, gated.roofline_fraction,
+                   over(baseline and baseline.median_us, gated.median_us), gated.times_us, gated.notes,
+                   gated.eager_us, over(baseline and baseline.eager_us, gated.eager_us))

@@ -69,6 +69,7 @@ class GateResult:
     bytes_moved: int | None = None
     roofline_fraction: float | None = None
     notes: str = ""
+    eager_us: float | None = None  # one call at a time, L2 flushed before each (time_eagerly)
 
 
 @attrs.define
@@ -206,6 +207,27 @@ def _sync(inputs) -> None:
 # --- GPU timing -----------------------------------------------------------------------------
 
 L2_BYTES = 60 * 1024 * 1024
+# Calls timed one at a time, as a user makes them (the benchmarks' headline: triton's do_bench).
+# A pipeline faster back to back in a graph can be slower this way (kfc.kb.advice), so both
+# figures are recorded.
+EAGER_CALLS = 20
+
+
+def time_eagerly(fn: Callable, sets: list, outs: list, calls: int = EAGER_CALLS) -> float:
+    """The median time of `calls` calls, each after L2 is flushed by writing four times its size
+    (the flush stays outside the events), the inputs rotating; microseconds."""
+    import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
+
+    flush = torch.empty(4 * L2_BYTES, dtype=torch.uint8, device="cuda")
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    for i, (start, end) in enumerate(events):
+        args, o = sets[i % len(sets)], outs[i % len(outs)]
+        flush.zero_()
+        start.record()
+        fn(*args, out=o if len(o) > 1 else o[0])
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
 def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 10) -> GateResult:
@@ -265,4 +287,4 @@ def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 1
                 raise Rejected("timed", f"output {i} of a timed call: {problem}", Stage.CORRECT)
     q = statistics.quantiles(event_us, n=10) if len(event_us) > 1 else [med] * 9
     return GateResult(Stage.TIMED, median_us=med, spread_us=q[-1] - q[0], times_us=tuple(event_us),
-                      notes="graph" if graph is not None else "loop")
+                      notes="graph" if graph is not None else "loop", eager_us=time_eagerly(fn, sets, outs))

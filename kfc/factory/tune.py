@@ -36,7 +36,7 @@ from ..ir.specialize import specialize
 from ..model.target import Target
 from .evaluate import to_outcome
 from .model import TuneContext
-from ..model.records import Proposal, Stage, Trial
+from ..model.records import Outcome, Proposal, Stage, Trial
 from .problem import gate_cases
 from .matmul_space import MatmulSpace, matmul_space, product_roles
 from .space import SearchSpace
@@ -106,7 +106,7 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
     batch = batch or max(2, 2 * getattr(evaluator, "n_gpus", 1))
     status = "interrupted"
 
-    def evaluate(proposals: list[Proposal], baseline_us: float | None, ids: list[int] | None = None) -> list[Trial]:
+    def evaluate(proposals: list[Proposal], baseline: Outcome | None, ids: list[int] | None = None) -> list[Trial]:
         ids = ids or [kb.add_candidate(run_id, op_id, target.name, dims, p, space.config_of(p.pipeline))
                       for p in proposals]
         futures = [(p, cid, evaluator.evaluate(spec, target, p.pipeline, cases, dims))
@@ -114,7 +114,7 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
         out = []
         for p, cid, fut in futures:
             compiled, gated = fut.result()
-            outcome = to_outcome(compiled, gated, baseline_us)
+            outcome = to_outcome(compiled, gated, baseline)
             kb.record_outcome(cid, outcome)
             out.append(Trial(cid, p, outcome, op_id))
             if gated is not None and gated.defence == "reference":
@@ -132,10 +132,10 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
             default = space.default_pipeline() if isinstance(space, MatmulSpace) else default_pipeline("row")
             (baseline,) = evaluate([Proposal(_canonical(default), "kfc's default pipeline", "baseline")], None, ids)
             history.append(baseline)
-        base_us = baseline.outcome.median_us
+        base = baseline.outcome
         pending = [(cid, p) for cid, p in pending if p.proposer != "baseline"][: max(0, budget - done)]
         if pending:  # in flight when the interrupted run stopped: theirs to finish
-            trials = evaluate([p for _, p in pending], base_us, [cid for cid, _ in pending])
+            trials = evaluate([p for _, p in pending], base, [cid for cid, _ in pending])
             history += trials
             done += len(trials)
         lessons: list[str] = [ls["text"] for ls in kb.lessons(op_id)]
@@ -148,7 +148,7 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
             proposals = [p for p in proposals if p.pipeline not in tried][: budget - done]
             if not proposals:
                 break  # the policy has nothing new: the space is exhausted for it
-            trials = evaluate(proposals, base_us)
+            trials = evaluate(proposals, base)
             history += trials
             done += len(trials)
             best = _best(history)

@@ -1,11 +1,13 @@
 """The knowledge base at compile time: the recorded pipeline to start an op from, when none is
-given and a knowledge base is named (kfc compile --kb, kfc.load(kb=...)). Not by default: see
-MIN_SPEEDUP's measurements. The record is the nearest one by what the program does, not by its name: this op's own
-tunes first, then those of ops whose features are alike (kfc.kb.op_similarity), most alike
-first; within an op, the shape nearest to the one compiled (by the ratio of each dim) and then
-the largest speedup over that op's default. Only records that beat their op's default by at
-least MIN_SPEEDUP count: a pipeline no faster than the default teaches nothing, and one a few
-percent faster did not carry over (below)."""
+given (kfc compile and kfc.load, from the knowledge base named or the default one where it
+exists; --no-kb and kb=False turn it off). The record is the nearest one by what the program
+does, not by its name: this op's own tunes first, then those of ops whose features are alike
+(kfc.kb.op_similarity), most alike first; within an op, the shape nearest to the one compiled
+(by the ratio of each dim) and then the largest speedup over that op's default. Only records
+that beat their op's default by at least MIN_SPEEDUP as a user calls them (eagerly, L2 flushed:
+Outcome.eager_speedup) count: a pipeline no faster than the default teaches nothing, and one
+faster only back to back did not carry over (below). Records of tunes that timed only back to
+back (a knowledge base older than the eager figure) give no advice."""
 
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ from .store import KnowledgeBase
 # of a 6-candidate tune at 32768x4096 (1.025x its default as the tuner times kernels, back to
 # back) ran 1-3% faster than the default in CUDA graphs but 5-8% slower eagerly (L2 flushed
 # before each call) at 32768x4096, 16384x4096 and 8192x8192; its best of 8 at 65536x1024
-# (1.10x) ran 1-3% slower eagerly there and 9% slower at 16384x2048. A record's speedup is the
-# tuner's timing's; until the tuner times as a user calls, advice is asked for, not given.
+# (1.10x) ran 1-3% slower eagerly there and 9% slower at 16384x2048. So a record counts by its
+# eager speedup, which the gate records beside the back-to-back one.
 MIN_SPEEDUP = 1.05
 
 
@@ -38,12 +40,12 @@ class Advice:
     op_name: str
     similarity: float        # 1.0 for the op's own records
     shape: dict[str, int]    # the shape the record was timed at
-    speedup: float           # over its op's default pipeline, as measured then
+    speedup: float           # over its op's default pipeline, eagerly, as measured then
 
     def describe(self) -> str:
         whose = "this op's" if self.similarity >= 1.0 else f"{self.op_name}'s (similarity {self.similarity:.2f})"
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
-        return f"candidate {self.candidate_id}, {whose} tune at {shape}, {self.speedup:.2f}x its default"
+        return f"candidate {self.candidate_id}, {whose} tune at {shape}, {self.speedup:.2f}x its default eagerly"
 
 
 def nearest_advice(kb: KnowledgeBase, func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:
@@ -57,14 +59,14 @@ def nearest_advice(kb: KnowledgeBase, func: FuncOp, target: str, dims: dict[str,
     ops += kb.similar_ops(op_features(func), k=1_000_000, exclude_fingerprint=fingerprint)
     for op_id, name, similarity in ops:
         trials = [t for t in kb.trials(op_id=op_id, target=target)
-                  if t.outcome.median_us is not None and (t.outcome.speedup or 0.0) >= MIN_SPEEDUP]
+                  if t.outcome.eager_us is not None and (t.outcome.eager_speedup or 0.0) >= MIN_SPEEDUP]
         if not trials:
             continue
         shapes = {c["id"]: c["shape"] for c in kb.candidates(op_id=op_id, target=target)}
-        best = min(trials, key=lambda t: (shape_distance(shapes[t.candidate_id], dims), -t.outcome.speedup,
+        best = min(trials, key=lambda t: (shape_distance(shapes[t.candidate_id], dims), -t.outcome.eager_speedup,
                                           t.candidate_id))
         return Advice(best.proposal.pipeline, best.candidate_id, name, similarity, shapes[best.candidate_id],
-                      best.outcome.speedup)
+                      best.outcome.eager_speedup)
     return None
 
 

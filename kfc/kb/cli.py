@@ -64,7 +64,8 @@ def add_commands(subparsers) -> argparse.ArgumentParser:
 
     s = _sub(sub, "show", "a table of candidates: proposer, stage, time, speedup, pipeline",
              "List candidates, oldest first: id, run, proposer, the stage reached (pending: no outcome yet), "
-             "median time, speedup over the default pipeline, the pipeline and the error.",
+             "median time, speedup over the default pipeline (back to back, and eagerly where timed so), the pipeline "
+             "and the error.",
              "kfc kb show --run 3        or   kfc kb show --op rmsnorm --target sm_90a --limit 20")
     s.add_argument("--run", type=cli_args.int_in(1), dest="run_id", metavar="ID", help="only this run's candidates")
     s.add_argument("--op", metavar="NAME", help="only this op's (a name or a fingerprint)")
@@ -249,7 +250,8 @@ def cmd_show(args) -> int:
         return 0
     table = Table(title=f"kfc kb show: {len(rows)} candidate{'s' * (len(rows) != 1)}")
     for col, just in (("id", "right"), ("run", "right"), ("op", "left"), ("proposer", "left"), ("stage", "left"),
-                      ("median µs", "right"), ("speedup", "right"), ("pipeline", "left"), ("error", "left")):
+                      ("median µs", "right"), ("speedup", "right"), ("eager µs", "right"), ("eager speedup", "right"),
+                      ("pipeline", "left"), ("error", "left")):
         table.add_column(col, justify=just, overflow="fold")
     colour = {"timed": "green", None: "yellow"}
     for c in rows:
@@ -257,7 +259,8 @@ def cmd_show(args) -> int:
         error = (c["error"] or "").splitlines()[0][:80] if c["error"] else ""
         table.add_row(str(c["id"]), _fmt(c["run_id"], "d"), c["op_name"], escape(c["proposer"] or ""),
                       f"[{colour.get(c['stage'], 'red')}]{stage}[/]", _fmt(c["median_us"], ".2f"),
-                      _fmt(c["speedup"], ".3f"), escape(c["pipeline"]), escape(error))
+                      _fmt(c["speedup"], ".3f"), _fmt(c["eager_us"], ".2f"), _fmt(c["eager_speedup"], ".3f"),
+                      escape(c["pipeline"]), escape(error))
     _console().print(table)
     return 0
 

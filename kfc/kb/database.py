@@ -20,7 +20,7 @@ from typing import Self
 from ..diagnostics import KfcError
 from . import postgres
 from .rows import DAMAGED_HINT, now_utc
-from .schema import APPLICATION_ID, BUSY_TIMEOUT_S, HINT, SCHEMA, SCHEMA_VERSION, TABLES
+from .schema import APPLICATION_ID, BUSY_TIMEOUT_S, HINT, MIGRATIONS, SCHEMA, SCHEMA_VERSION, TABLES
 
 
 @contextmanager
@@ -176,13 +176,31 @@ class Database:
             raise KfcError(f"{self.path} is a kfc knowledge base of schema version {version}; this kfc reads "
                            f"version {SCHEMA_VERSION}", hint="upgrade kfc, or " + HINT)
         if version < SCHEMA_VERSION:
-            raise KfcError(f"{self.path} is a kfc knowledge base of the old schema version {version}, which "
-                           f"this kfc (version {SCHEMA_VERSION}) cannot migrate", hint=HINT)
+            self._migrate(version)
         missing = set(TABLES) - tables
         if missing:
             raise KfcError(f"{self.path} is a damaged kfc knowledge base: table(s) {', '.join(sorted(missing))} "
                            "are missing", hint=HINT)
         return True
+
+    def _migrate(self, version: int) -> None:
+        """Bring a knowledge base of an older schema version up to this one (schema.MIGRATIONS),
+        one version at a time, each in one transaction; what it held stays."""
+        if version not in MIGRATIONS:
+            raise KfcError(f"{self.path} is a kfc knowledge base of the old schema version {version}, which "
+                           f"this kfc (version {SCHEMA_VERSION}) cannot migrate", hint=HINT)
+        def apply(conn) -> None:  # under the write lock: another process may have migrated it since
+            now = conn.execute("SELECT MAX(version) FROM kfc_schema").fetchone()[0]
+            for v in range(now, SCHEMA_VERSION):
+                for stmt in MIGRATIONS[v]:
+                    conn.execute(postgres.translate_schema(stmt) if self.is_postgres else stmt)
+                conn.execute("INSERT INTO kfc_schema(version, created_utc) VALUES (?, ?)", (v + 1, now_utc()))
+
+        if self.conn.in_transaction:  # _init_schema's second look holds the lock already
+            apply(self.conn)
+        else:
+            with self._write() as conn:
+                apply(conn)
 
     def _init_schema(self) -> None:
         if self._check_schema(self._tables()):

@@ -1,6 +1,6 @@
 """The knowledge base's tables, as SQL, and the constants that describe them.
 
-Tables (schema version 1; `kfc_schema` holds the version, `PRAGMA application_id` marks the file):
+Tables (schema version 2; `kfc_schema` holds the version, `PRAGMA application_id` marks the file):
 
     ops         id, fingerprint UNIQUE, name, features JSON, created_utc
     runs        id, op_id, target, shape JSON, policy, budget, started_utc, finished_utc,
@@ -10,12 +10,14 @@ Tables (schema version 1; `kfc_schema` holds the version, `PRAGMA application_id
                 parent_id (nullable), proposer, rationale, created_utc
     outcomes    candidate_id PK/FK, stage, error, registers, spills, smem_bytes, median_us,
                 spread_us, bytes_moved, flops, roofline_fraction, speedup, times_us JSON, notes,
-                recorded_utc
+                recorded_utc, eager_us, eager_speedup (version 2: MIGRATIONS adds them to a version 1)
     lessons     id, op_id (nullable: a lesson about every op), text, evidence JSON (candidate ids),
                 author, created_utc
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# the statements that take a knowledge base from version v to v + 1, by v
+MIGRATIONS = {1: ("ALTER TABLE outcomes ADD COLUMN eager_us REAL", "ALTER TABLE outcomes ADD COLUMN eager_speedup REAL")}
 APPLICATION_ID = 0x6B666362  # "kfcb"
 RUN_STATUSES = ("running", "finished", "interrupted", "failed")
 BUSY_TIMEOUT_S = 30.0
@@ -81,7 +83,9 @@ CREATE TABLE outcomes (
     speedup           REAL,
     times_us          TEXT NOT NULL DEFAULT '[]',
     notes             TEXT NOT NULL DEFAULT '',
-    recorded_utc      TEXT NOT NULL
+    recorded_utc      TEXT NOT NULL,
+    eager_us          REAL,
+    eager_speedup     REAL
 );
 CREATE INDEX outcomes_stage ON outcomes(stage, median_us);
 CREATE TABLE lessons (
@@ -98,9 +102,10 @@ CREATE INDEX lessons_op ON lessons(op_id);
 TABLES = ("ops", "runs", "candidates", "outcomes", "lessons")
 JSON_COLUMNS = {"features", "shape", "env", "config", "times_us", "evidence"}
 OUTCOME_FIELDS = ("stage", "error", "registers", "spills", "smem_bytes", "median_us", "spread_us",
-                   "bytes_moved", "flops", "roofline_fraction", "speedup", "times_us", "notes")
+                   "bytes_moved", "flops", "roofline_fraction", "speedup", "times_us", "notes", "eager_us",
+                  "eager_speedup")
 ENV_COLUMNS = ("gpu", "driver", "toolchain", "kfc_commit")
 INT_FIELDS = {"registers", "spills", "smem_bytes", "bytes_moved", "flops"}
-FLOAT_FIELDS = {"median_us", "spread_us", "roofline_fraction", "speedup"}
+FLOAT_FIELDS = {"median_us", "spread_us", "roofline_fraction", "speedup", "eager_us", "eager_speedup"}
 HINT = "give another path with --kb PATH or the KFC_KB environment variable"
 

@@ -50,6 +50,9 @@ class Outcome:
     speedup: float | None = None         # over the default pipeline, same shape, same run
     times_us: tuple[float, ...] = ()
     notes: str = ""
+    # as a user calls it: one call at a time, L2 flushed before each (the eager headline figure)
+    eager_us: float | None = None
+    eager_speedup: float | None = None   # over the default pipeline's eager time, same shape, same run
 
 
 @attrs.frozen

@@ -41,6 +41,9 @@ def test_an_honest_candidate_is_timed():
     r = gate().evaluate(cheats.honest, CASES, TIMED)
     assert r.stage is Stage.TIMED, r
     assert 0 < r.roofline_fraction < 1 and r.median_us > 0
+    # and as a user calls it, one call at a time after an L2 flush: the same kernel, so the same
+    # order of time (on an H100 a kfc rmsnorm's eager time was 0.85 of its back-to-back one)
+    assert r.eager_us is not None and 0.3 * r.median_us < r.eager_us < 3 * r.median_us, r
 
 
 @pytest.mark.parametrize("cheat,defence", [
