@@ -51,7 +51,7 @@ def side(names: list[str], shapes: list[tuple[int, int]]) -> list[dict]:
 
     rows = []
     for op in bench_ops.select(names):
-        kernel = kfc.load(ROOT / op.path)
+        kernel = kfc.load(ROOT / op.path, kb=False)
         for m, n in shapes:
             case = bench_ops.prepare(op, m, n, torch.bfloat16)
             if case is None:

@@ -40,7 +40,7 @@ def kfc_contender(op: str, pipeline: str | None = None, name: str = "kfc") -> ha
     def make():
         import kfc
 
-        k = kfc.load(ROOT / "kernels" / f"{op}.kfc", pipeline=pipeline)
+        k = kfc.load(ROOT / "kernels" / f"{op}.kfc", pipeline=pipeline, kb=False)
         return lambda *inputs: k(*inputs)
     return harness.Contender(name, make)
 

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    k = kfc.load(ROOT / "kernels" / "colsum.kfc", pipeline=args.pipeline)
+    k = kfc.load(ROOT / "kernels" / "colsum.kfc", pipeline=args.pipeline, kb=False)
     rows, failures = [], []
     for m, n in shapes:
         x = torch.randn(m, n, device="cuda").to(dtype)

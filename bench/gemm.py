@@ -81,7 +81,7 @@ def kfc_fn(pipeline: str | None, epilogue: str | None):
     """kfc's kernel (with the epilogue fused) as fn(a, b, bias)."""
     import kfc
 
-    k = kfc.load(kernel_path(epilogue), pipeline=pipeline)
+    k = kfc.load(kernel_path(epilogue), pipeline=pipeline, kb=False)
     return lambda a, b, bias: k(a, b) if epilogue is None else k(a, b, bias)
 
 

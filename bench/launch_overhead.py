@@ -32,14 +32,14 @@ def reference(x, w):
 def kfc_rmsnorm():
     import kfc
 
-    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc", kb=False)
     return lambda x, w: k(x, w)
 
 
 def kfc_rmsnorm_by_keyword():
     import kfc
 
-    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc", kb=False)
     return lambda x, w: k(x=x, w=w)
 
 
@@ -47,7 +47,7 @@ def kfc_rmsnorm_mixed():
     """Positional x, keyword w and eps: a defaulted scalar given by name."""
     import kfc
 
-    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc", kb=False)
     return lambda x, w: k(x, w=w, eps=EPS)
 
 
@@ -55,7 +55,7 @@ def kfc_rmsnorm_ctypes():
     """kfc's launch through ctypes, where the compiled launcher cannot be built (kfc.runtime.fastcall)."""
     import kfc
 
-    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc", kb=False)
     k._native = None
     return lambda x, w: k(x, w)
 
@@ -65,7 +65,7 @@ def kfc_rmsnorm_out():
 
     import kfc
 
-    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc")
+    k = kfc.load(ROOT / "kernels" / "rmsnorm.kfc", kb=False)
     buf = {}
 
     def run(x, w):

@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
     rows, failures = [], []
     for op in ops:
-        kernel = kfc.load(ROOT / op.path)
+        kernel = kfc.load(ROOT / op.path, kb=False)
         compiled = torch.compile(op.formula)
         for m, n in shapes:
             case = prepare(op, m, n, dtype)

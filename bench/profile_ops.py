@@ -33,7 +33,7 @@ def run(names: list[str], shapes: list[tuple[int, int]]) -> None:
     import kfc
 
     for op in bench_ops.select(names):
-        kernel = kfc.load(bench_ops.ROOT / op.path)
+        kernel = kfc.load(bench_ops.ROOT / op.path, kb=False)
         for m, n in shapes:
             if n > op.max_n:
                 continue

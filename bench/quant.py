@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     rows, failures = [], []
     for name in OPS:
-        k = kfc.load(ROOT / "examples" / f"{name}.kfc")
+        k = kfc.load(ROOT / "examples" / f"{name}.kfc", kb=False)
         compiled = torch.compile(formula(name))
         for m, n in shapes:
             x = torch.randn(m, n, device="cuda").to(dtype)

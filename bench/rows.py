@@ -71,7 +71,7 @@ def kfc_contender(op: str, pipeline: str | None = None):
     def make():
         import kfc
 
-        k = kfc.load(ROOT / "kernels" / f"{op}.kfc", pipeline=pipeline)
+        k = kfc.load(ROOT / "kernels" / f"{op}.kfc", pipeline=pipeline, kb=False)
         return lambda *a: k(*a)
     return make
 

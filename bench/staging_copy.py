@@ -23,7 +23,7 @@ COPIES = ("bulk", "threads")
 
 def measure(op: str, gen) -> list:
     ref = rows.reference(op)
-    kernels = {c: kfc.load(f"kernels/{op}.kfc", pipeline=PIPELINE % c) for c in COPIES}
+    kernels = {c: kfc.load(f"kernels/{op}.kfc", pipeline=PIPELINE % c, kb=False) for c in COPIES}
     quack = rows.quack(op)()
     table = []
     for m, n in SHAPES:
