@@ -14,11 +14,8 @@ def load(path, target=None, pipeline=None, kb=None, bind=None):
 
     advisor = None
     if kb is not False and pipeline is None:
-        from .kb.advice import advise  # lazy: kfc.kb pulls kfc.ir ~2 s; import kfc stays light
-        from .kb.database import default_path  # lazy: as above
-
-        where = default_path() if kb is None else kb
+        from .kb.advice import advise, advise_by_default  # lazy: kfc.kb pulls kfc.ir ~2 s; import kfc stays light
 
         def advisor(func, target_name, dims):
-            return advise(where, func, target_name, dims)
+            return advise_by_default(func, target_name, dims) if kb is None else advise(kb, func, target_name, dims)
     return _load(path, target, pipeline, advisor, bind)

@@ -348,6 +348,8 @@ def cmd_compile(args) -> int:
     spec = load_kfc(args.file, args.dtype)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
     pipeline = args.pipeline
+    if args.no_kb and args.kb:
+        raise KfcError("give either --kb or --no-kb, not both", hint="--kb KB reads that knowledge base; --no-kb none")
     if args.from_kb:
         if args.no_kb:
             raise KfcError("give either --from-kb or --no-kb, not both", hint="--from-kb compiles the fastest "
@@ -367,10 +369,11 @@ def cmd_compile(args) -> int:
     advice = None
     if pipeline is None and not args.no_kb:
         from .compile import choose_dims  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
-        from .kb.advice import advise  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
-        from .kb.database import default_path  # lazy: as above
+        from .kb.advice import advise, advise_by_default  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
-        advice = advise(args.kb or default_path(), spec.func, target.name, choose_dims(spec, args.shape))
+        dims = choose_dims(spec, args.shape)
+        advice = advise(args.kb, spec.func, target.name, dims) if args.kb else \
+            advise_by_default(spec.func, target.name, dims)
     if advice is not None:
         result, said, _ = build_advised(advice, build)
         print(said)
@@ -438,7 +441,9 @@ def cmd_package(args) -> int:
 
 
 def cmd_warm(args) -> int:
+    from .compile import build_advised  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .frontend import instances as spec_instances, load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+    from .kb.advice import advise_by_default  # lazy: as above
     from .runtime.cache import writable_cache_dir  # lazy: beside cached_compile's import
     from .runtime.kernel import cached_compile  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
@@ -455,8 +460,12 @@ def cmd_warm(args) -> int:
 
     def build(job):
         inst, shape, pipe = job
-        try:
-            cached_compile(inst, target, pipe, shape)
+        try:  # what kfc.load compiles: the default knowledge base's advice where it gives one
+            advice = advise_by_default(inst.func, target.name, shape) if pipe is None else None
+            if advice is not None:
+                build_advised(advice, lambda p: cached_compile(inst, target, p, shape))
+            else:
+                cached_compile(inst, target, pipe, shape)
             return None
         except KfcError as e:
             return f"{inst.instance_name} {shape} {pipe or 'default'}: {e.message.splitlines()[0]}"

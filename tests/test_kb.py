@@ -96,6 +96,9 @@ def test_a_version_1_knowledge_base_is_migrated_and_keeps_its_records(kb_locatio
             conn.execute("ALTER TABLE outcomes DROP COLUMN eager_speedup")
             conn.execute("DELETE FROM kfc_schema")
             conn.execute("INSERT INTO kfc_schema(version, created_utc) VALUES (1, 'then')")
+    with KnowledgeBase(kb_location, create=False) as kb:  # a reader leaves it as it is, an older kfc's still
+        assert kb.version == 1 and kb.trials(run_id=run)[0].outcome.eager_us is None
+        assert kb.candidates(run_id=run)[0]["eager_speedup"] is None
     with KnowledgeBase(kb_location) as kb:
         assert [r[0] for r in kb.conn.execute("SELECT version FROM kfc_schema ORDER BY version")] == [1, 2]
         (t,) = kb.trials(run_id=run)

@@ -112,6 +112,19 @@ def test_the_default_knowledge_base_is_read_where_it_exists_and_no_kb_turns_it_o
     assert json.loads((tmp_path / "b" / "report.json").read_text())["pipeline"] != TUNED
     assert main(["compile", src, "--no-kb", "--from-kb"]) == 2
     assert "either --from-kb or --no-kb" in capsys.readouterr().err
+    assert main(["compile", src, "--no-kb", "--kb", str(kb_path)]) == 2
+    assert "either --kb or --no-kb" in capsys.readouterr().err
+
+
+def test_an_unreadable_default_knowledge_base_is_said_once_and_the_default_compiles(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "kb.sqlite"
+    bad.write_text("not a knowledge base" * 100)
+    monkeypatch.setenv("KFC_KB", str(bad))
+    src = _write(tmp_path, NEW_OP)
+    assert main(["compile", src, "-o", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert f"not using the default knowledge base {bad}" in err and "--no-kb" in err
+    assert main(["compile", src, "--kb", str(bad), "-o", str(tmp_path / "b")]) == 2  # named: an error
 
 
 def test_a_record_that_does_not_apply_falls_back_to_the_default(tmp_path, capsys):

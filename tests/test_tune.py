@@ -5,6 +5,7 @@ import math
 import sys
 from concurrent.futures import Future
 
+import attrs
 import pytest
 
 from kfc.factory.evaluate import Compiled, GpuWorker
@@ -76,6 +77,26 @@ def test_a_tune_records_every_candidate_and_keeps_the_best(kb):
     assert r.best.outcome.median_us == min(t.outcome.median_us for t in trials)
     assert r.best.outcome.median_us <= r.baseline.outcome.median_us
     assert all(t.outcome.speedup is not None for t in trials[1:])
+
+
+class BackToBackOnlyGpu(FakeGpu):
+    """A gate as it was before it timed eagerly: no eager figure."""
+
+    def evaluate(self, spec, target, pipeline, cases, timed):
+        compiled, gated = super().evaluate(spec, target, pipeline, cases, timed).result()
+        f = Future()
+        f.set_result((compiled, attrs.evolve(gated, eager_us=None)))
+        return f
+
+
+def test_a_baseline_timed_before_the_eager_figure_is_timed_again(kb):
+    spec = load_kfc("kernels/rmsnorm.kfc")
+    old = tune(spec, TARGET, DIMS, 2, SearchPolicy(seed=1), kb, BackToBackOnlyGpu(spec))
+    assert kb.trials(run_id=old.run_id)[0].outcome.eager_us is None
+    new = tune(spec, TARGET, DIMS, 2, SearchPolicy(seed=2), kb, FakeGpu(spec))
+    trials = kb.trials(run_id=new.run_id)
+    assert trials[0].proposal.proposer == "baseline" and trials[0].outcome.eager_us is not None
+    assert all(t.outcome.eager_speedup is not None for t in trials[1:])
 
 
 def test_a_rerun_resumes_without_repeating_itself(kb):

@@ -127,6 +127,9 @@ def tune(spec: OpSpec, target: Target, dims: dict[str, int], budget: int, policy
     try:
         history = kb.trials(op_id=op_id, target=target.name, shape=dims)
         baseline = _baseline(history, spec)
+        if baseline is not None and baseline.outcome.eager_us is None and \
+                baseline.candidate_id not in {t.candidate_id for t in kb.trials(run_id=run_id)}:
+            baseline = None  # an earlier run's, timed before the gate timed eagerly: no base for eager speedups
         if baseline is None:
             ids = [cid for cid, p in pending if p.proposer == "baseline"][-1:]
             default = space.default_pipeline() if isinstance(space, MatmulSpace) else default_pipeline("row")

@@ -12,13 +12,15 @@ back (a knowledge base older than the eager figure) give no advice."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import attrs
 
 from ..ir.func import FuncOp
 from . import postgres
-from .database import reporting_damage
+from ..diagnostics import KfcError
+from .database import default_path, reporting_damage
 from .fingerprint import op_features, op_fingerprint
 from .rows import shape_distance
 from .store import KnowledgeBase
@@ -68,6 +70,23 @@ def nearest_advice(kb: KnowledgeBase, func: FuncOp, target: str, dims: dict[str,
         return Advice(best.proposal.pipeline, best.candidate_id, name, similarity, shapes[best.candidate_id],
                       best.outcome.eager_speedup)
     return None
+
+
+def advise_by_default(func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:
+    """advise from the default knowledge base, which nobody named: where it cannot be read (damaged,
+    of a newer kfc, a server down) that is said once on stderr and the default pipeline serves."""
+    where = default_path()
+    try:
+        return advise(where, func, target, dims)
+    except KfcError as e:
+        if str(where) not in _UNREADABLE:
+            _UNREADABLE.add(str(where))
+            print(f"kfc: not using the default knowledge base {where}: {e.message.splitlines()[0]} "
+                  "(--no-kb or kfc.load(kb=False) stops reading it)", file=sys.stderr)
+        return None
+
+
+_UNREADABLE: set[str] = set()  # default knowledge bases found unreadable, said once each
 
 
 def advise(location: str | os.PathLike, func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:

@@ -48,6 +48,10 @@ class Database:
         if path is None:
             path = default_path()
         self._conn = None
+        # a reader (create=False) leaves an older schema as it is (kfc of that version still
+        # reads it) and reads its missing columns as None; a writer migrates it (MIGRATIONS)
+        self._migrates = create
+        self.version = SCHEMA_VERSION
         self._errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
         if postgres.is_url(str(path)):
             self._open_postgres(str(path))
@@ -175,8 +179,13 @@ class Database:
         if version > SCHEMA_VERSION:
             raise KfcError(f"{self.path} is a kfc knowledge base of schema version {version}; this kfc reads "
                            f"version {SCHEMA_VERSION}", hint="upgrade kfc, or " + HINT)
-        if version < SCHEMA_VERSION:
+        if version < SCHEMA_VERSION and self._migrates:
             self._migrate(version)
+        elif version < SCHEMA_VERSION:
+            if version not in MIGRATIONS:
+                raise KfcError(f"{self.path} is a kfc knowledge base of the old schema version {version}, which "
+                               f"this kfc (version {SCHEMA_VERSION}) cannot read", hint=HINT)
+            self.version = version
         missing = set(TABLES) - tables
         if missing:
             raise KfcError(f"{self.path} is a damaged kfc knowledge base: table(s) {', '.join(sorted(missing))} "

@@ -88,7 +88,7 @@ def outcome_of(row: sqlite3.Row) -> Outcome:
         smem_bytes=row["smem_bytes"], median_us=row["median_us"], spread_us=row["spread_us"],
         bytes_moved=row["bytes_moved"], flops=row["flops"], roofline_fraction=row["roofline_fraction"],
         speedup=row["speedup"], times_us=tuple(from_json(row["times_us"] or "[]", "times_us", row["candidate_id"])),
-        notes=row["notes"], eager_us=row["eager_us"], eager_speedup=row["eager_speedup"])
+        notes=row["notes"], **{k: row[k] if k in row.keys() else None for k in ("eager_us", "eager_speedup")})
 
 
 def proposal_of(row: sqlite3.Row) -> Proposal:

@@ -205,8 +205,9 @@ class KnowledgeBase(Database):
         name, and its outcome's columns (all None, stage included, while it has none)."""
         where, params = self._where(op_id, run_id, target, shape)
         sql = ("SELECT c.*, p.name AS op_name, o.stage, o.error, o.registers, o.spills, o.smem_bytes, o.median_us, "
-               "o.spread_us, o.bytes_moved, o.flops, o.roofline_fraction, o.speedup, o.times_us, o.eager_us, o.eager_speedup, "
-               "o.notes AS outcome_notes, o.recorded_utc FROM candidates c JOIN ops p ON p.id = c.op_id "
+               "o.spread_us, o.bytes_moved, o.flops, o.roofline_fraction, o.speedup, o.times_us, "
+               + ("o.eager_us, o.eager_speedup, " if self.version >= 2 else "NULL AS eager_us, NULL AS eager_speedup, ")
+               + "o.notes AS outcome_notes, o.recorded_utc FROM candidates c JOIN ops p ON p.id = c.op_id "
                "LEFT JOIN outcomes o ON o.candidate_id = c.id")
         return [decode_row(r) for r in self.conn.execute(sql + where + " ORDER BY c.id", params)]
 
