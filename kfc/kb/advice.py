@@ -72,6 +72,9 @@ def nearest_advice(kb: KnowledgeBase, func: FuncOp, target: str, dims: dict[str,
     return None
 
 
+_UNREADABLE: set[str] = set()  # default knowledge bases found unreadable, said once each
+
+
 def advise_by_default(func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:
     """advise from the default knowledge base, which nobody named: where it cannot be read (damaged,
     of a newer kfc, a server down) that is said once on stderr and the default pipeline serves."""
@@ -84,9 +87,6 @@ def advise_by_default(func: FuncOp, target: str, dims: dict[str, int]) -> Advice
             print(f"kfc: not using the default knowledge base {where}: {e.message.splitlines()[0]} "
                   "(--no-kb or kfc.load(kb=False) stops reading it)", file=sys.stderr)
         return None
-
-
-_UNREADABLE: set[str] = set()  # default knowledge bases found unreadable, said once each
 
 
 def advise(location: str | os.PathLike, func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:
