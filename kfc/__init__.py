@@ -14,8 +14,8 @@ def load(path, target=None, pipeline=None, kb=None, bind=None):
 
     advisor = None
     if kb is not False and pipeline is None:
-        from .kb.advice import advise, advise_by_default  # lazy: kfc.kb pulls kfc.ir ~2 s; import kfc stays light
+        from .kb.advice import advise_from  # lazy: kfc.kb pulls kfc.ir ~2 s; import kfc stays light
 
         def advisor(func, target_name, dims):
-            return advise_by_default(func, target_name, dims) if kb is None else advise(kb, func, target_name, dims)
+            return advise_from(kb, func, target_name, dims)
     return _load(path, target, pipeline, advisor, bind)

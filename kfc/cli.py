@@ -369,11 +369,9 @@ def cmd_compile(args) -> int:
     advice = None
     if pipeline is None and not args.no_kb:
         from .compile import choose_dims  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
-        from .kb.advice import advise, advise_by_default  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+        from .kb.advice import advise_from  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
-        dims = choose_dims(spec, args.shape)
-        advice = advise(args.kb, spec.func, target.name, dims) if args.kb else \
-            advise_by_default(spec.func, target.name, dims)
+        advice = advise_from(args.kb, spec.func, target.name, choose_dims(spec, args.shape))
     if advice is not None:
         result, said, _ = build_advised(advice, build)
         print(said)

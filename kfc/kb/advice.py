@@ -72,6 +72,11 @@ def nearest_advice(kb: KnowledgeBase, func: FuncOp, target: str, dims: dict[str,
     return None
 
 
+def advise_from(location: str | os.PathLike | None, func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:
+    """advise from the knowledge base named (an error where it cannot be read), else from the default one."""
+    return advise(location, func, target, dims) if location else advise_by_default(func, target, dims)
+
+
 _UNREADABLE: set[str] = set()  # default knowledge bases found unreadable, said once each
 
 
