@@ -235,12 +235,20 @@ def _matches_torch(pipeline: str):
     outputs, and the same bits from a second call."""
     requires_gpu()
     import kfc
+    from kfc.diagnostics import KfcError
 
     g = kfc.load("kernels/gemm.kfc", pipeline=pipeline)
     for m, n, k in SPECIALISED_SHAPES:
         a, b = inputs(m, n, k)
         ref = a.float() @ b.float()
-        got = g(a, b, out=poisoned(m, n))
+        try:
+            got = g(a, b, out=poisoned(m, n))
+        except KfcError as e:
+            # ptxas 13.0 spills 4 bytes of a clustered kernel without a register budget at M = 1
+            # (a pipeline given explicitly: the default takes 64-row tiles there); kfc refuses a
+            # spilling kernel with one message naming its remedies
+            assert m == 1 and "spills registers" in str(e) and "allow spills" in str(e), str(e)
+            continue
         torch.cuda.synchronize()
         o = got.float()
         assert torch.isfinite(o).all(), f"{pipeline} {m}x{n}x{k}: unwritten or non-finite elements"

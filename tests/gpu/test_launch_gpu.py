@@ -287,7 +287,7 @@ def test_a_kernel_loaded_with_a_knowledge_base_compiles_from_its_nearest_record(
 
     kb = tmp_path / "kb.sqlite"
     with KnowledgeBase(kb) as k:
-        record(k, "rmsnorm", "kernels/rmsnorm.kfc", [({"M": 32768, "N": 4096}, TUNED, 50.0, 1.2)])
+        record(k, "rmsnorm", "kernels/rmsnorm.kfc", [({"M": 32768, "N": 4096}, TUNED, 50.0, 1.2, 1.15)])
     path = tmp_path / "scaled_rms.kfc"
     path.write_text(NEW_OP)
     advised, default = kfc.load(path, kb=str(kb)), kfc.load(path)
