@@ -275,8 +275,7 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
         raise KfcError(f"{spec.instance_name} spills registers to local memory with {pipe} at "
                        f"{', '.join(f'{k}={v}' for k, v in fixed.items())}: {rep.spill_stores} bytes stored, "
                        f"{rep.spill_loads} loaded, {rep.registers} registers",
-                       hint="choose a tile with fewer elements per thread (more threads, or a cluster), "
-                            "or allow spills (kfc compile --allow-spills)")
+                       hint=f"{spill_remedy(pipe)}, or allow spills (kfc compile --allow-spills)")
     tc = find_toolchain()
     report = {
         "op": func.sym_name, "source": spec.path, "kfc_version": __version__,
@@ -294,6 +293,13 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     }
     return CompileResult(func.sym_name, target, arch, str(pipe), fixed, tuple(dynamic), print_ir(lowered), kernel,
                          plan, report)
+
+
+def spill_remedy(pipe) -> str:
+    """What to change when the kernel `pipe` built spills: the last pass with a say in a thread's
+    registers names its options, else the row tile's remedy."""
+    hints = [h for h in (p.spill_hint() for p in pipe) if h]
+    return hints[-1] if hints else "choose a tile with fewer elements per thread (more threads, or a cluster)"
 
 
 def tile_kernel_held(plan) -> bool:

@@ -345,3 +345,16 @@ def test_an_epilogue_tanh_is_approximated_only_where_the_outputs_precision_hides
     args = {**operands(70, 136, 64), "bias": np.random.default_rng(0).standard_normal(136).astype(np.float32)}
     np.testing.assert_allclose(run(low, args)["c"].astype(np.float32), run(func, args)["c"].astype(np.float32),
                                rtol=2 ** -7, atol=1e-2)
+
+
+def test_a_spilling_product_is_told_the_options_that_free_registers():
+    """kfc compile's spill message: the matrix product's own remedies (its consumers' register
+    budget, a narrower tile), where a row program is told to spread its row wider."""
+    from kfc.compile import spill_remedy
+
+    hint = spill_remedy(parse_pipeline("cse,accelerate-matmul{producer=warpgroup,cluster=2},dce"))
+    assert "registers=232" in hint and "bn=128" in hint
+    hint = spill_remedy(parse_pipeline("accelerate-matmul{producer=warpgroup,registers=232,bn=64}"))
+    assert hint.startswith("choose a tile with fewer elements per thread")
+    assert spill_remedy(parse_pipeline("accelerate-matmul{bn=128}")) == "take a narrower tile (bn=64)"
+    assert "more threads" in spill_remedy(parse_pipeline("tile,lower-ptx"))

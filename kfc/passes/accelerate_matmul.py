@@ -171,6 +171,13 @@ class AccelerateMatmul(Pass):
     def required_features(self) -> frozenset[str]:
         return self.REQUIRES | ({self.mma} if self.mma != "auto" else set())
 
+    def spill_hint(self) -> str | None:
+        # a thread of a consumer warpgroup holds bn / 2 f32 accumulators a 64-row piece
+        budget = ("give the consumers 232 registers (registers=232)" if self.producer == "warpgroup"
+                  and not self.registers else None)
+        narrower = f"take a narrower tile (bn={self.bn // 2})" if self.bn > 64 else None
+        return ", or ".join(x for x in (budget, narrower) if x) or None
+
     def instruction(self, target) -> str:
         """The MMA these options build on `target`."""
         if self.mma != "auto":

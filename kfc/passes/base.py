@@ -118,6 +118,11 @@ class Pass:
         """Target features this pass needs with these options (some depend on an option)."""
         return self.REQUIRES
 
+    def spill_hint(self) -> str | None:
+        """What to change in this pass's options when its kernel spills registers; None where
+        the pass has no say in a thread's registers."""
+        return None
+
     # --- options ----------------------------------------------------------------------------
     @classmethod
     def option_fields(cls) -> list[attrs.Attribute]:
