@@ -207,6 +207,12 @@ def _sync(inputs) -> None:
 # --- GPU timing -----------------------------------------------------------------------------
 
 L2_BYTES = 60 * 1024 * 1024
+# A timed replay runs the rotation's calls as many times as make at least this long on the GPU:
+# each replay starts after a device sync, so a short one (one 256 MB row kernel of 180 us, or two
+# calls of a 50 us skinny GEMM) would also time the graph's launch and the idle GPU's start
+# (a kfc rmsnorm timed 217 us a call in a one-call replay and 184 us eagerly on an H100)
+MIN_REPLAY_US = 1000.0
+MAX_REPEATS = 64
 # Calls timed one at a time, as a user makes them (the benchmarks' headline: triton's do_bench).
 # A pipeline faster back to back in a graph can be slower this way (kfc.kb.advice), so both
 # figures are recorded.
@@ -231,9 +237,10 @@ def time_eagerly(fn: Callable, sets: list, outs: list, calls: int = EAGER_CALLS)
 
 
 def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 10) -> GateResult:
-    """CUDA events around a CUDA graph of calls over rotating inputs (a loop when the candidate
-    cannot be captured), after a full device sync; a wall-clock cross-check between device
-    syncs; the timed calls' outputs checked afterwards."""
+    """CUDA events around a CUDA graph of calls over rotating inputs, repeated to at least
+    MIN_REPLAY_US a replay (a loop when the candidate cannot be captured), after a full device
+    sync; a wall-clock cross-check between device syncs; the timed calls' outputs checked
+    afterwards."""
     import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
 
     nbytes = gate.p.bytes_moved(dims)
@@ -247,22 +254,29 @@ def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 1
 
     batch()
     torch.cuda.synchronize()
+    repeats = replay_repeats(batch, rotation)
+
+    def timed():
+        for _ in range(repeats):
+            batch()
+
     graph = None
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            batch()
+            timed()
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            batch()
+            timed()
         torch.cuda.synchronize()
     except Exception:  # noqa: BLE001 - not capturable: time a loop instead
         graph = None
         torch.cuda.synchronize()
-    run = graph.replay if graph is not None else batch
+    run = graph.replay if graph is not None else timed
+    calls = rotation * repeats
     event_us, wall_us = [], []
     for _ in range(replays):
         torch.cuda.synchronize()
@@ -272,8 +286,8 @@ def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 1
         run()
         end.record()
         torch.cuda.synchronize()  # every stream: work launched elsewhere is waited for here
-        wall_us.append((time.perf_counter() - w0) * 1e6 / rotation)
-        event_us.append(start.elapsed_time(end) * 1e3 / rotation)
+        wall_us.append((time.perf_counter() - w0) * 1e6 / calls)
+        event_us.append(start.elapsed_time(end) * 1e3 / calls)
     med = statistics.median(event_us)
     wall = statistics.median(wall_us)
     if graph is None and med < ESCAPE_RATIO * wall and wall > 20:
@@ -287,4 +301,18 @@ def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 1
                 raise Rejected("timed", f"output {i} of a timed call: {problem}", Stage.CORRECT)
     q = statistics.quantiles(event_us, n=10) if len(event_us) > 1 else [med] * 9
     return GateResult(Stage.TIMED, median_us=med, spread_us=q[-1] - q[0], times_us=tuple(event_us),
-                      notes="graph" if graph is not None else "loop", eager_us=time_eagerly(fn, sets, outs))
+                      notes=f"{'graph' if graph is not None else 'loop'} of {calls} calls",
+                      eager_us=time_eagerly(fn, sets, outs))
+
+
+def replay_repeats(batch: Callable, rotation: int) -> int:
+    """How many times a timed replay runs the rotation's calls: enough for MIN_REPLAY_US of work
+    by one batch timed after a sync (an overestimate of its time, so never too many)."""
+    import torch  # lazy: torch (~3 s); the tune parent imports this module and never loads torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    batch()
+    end.record()
+    torch.cuda.synchronize()
+    return max(1, min(MAX_REPEATS, math.ceil(MIN_REPLAY_US / max(start.elapsed_time(end) * 1e3, 1.0))))

@@ -1,13 +1,15 @@
 """The gate on the GPU: every planted cheat is rejected, including the two whose defence needs
 a GPU (work on another stream; a time faster than the memory roofline)."""
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import gate_cheats as cheats  # noqa: E402
 
-from kfc.factory.gate import Case, Gate, Problem, time_on_gpu  # noqa: E402
+from kfc.factory.gate import MAX_REPEATS, MIN_REPLAY_US, Case, Gate, Problem, time_on_gpu  # noqa: E402
 from kfc.model.records import Stage  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -44,6 +46,11 @@ def test_an_honest_candidate_is_timed():
     # and as a user calls it, one call at a time after an L2 flush: the same kernel, so the same
     # order of time (on an H100 a kfc rmsnorm's eager time was 0.85 of its back-to-back one)
     assert r.eager_us is not None and 0.3 * r.median_us < r.eager_us < 3 * r.median_us, r
+    # each timed replay long enough that the graph's launch after a sync is a small part of it
+    m = re.fullmatch(r"graph of (\d+) calls", r.notes)
+    assert m, r.notes
+    calls = int(m[1])
+    assert calls * r.median_us >= MIN_REPLAY_US / 4 or calls >= 32 * MAX_REPEATS, r
 
 
 @pytest.mark.parametrize("cheat,defence", [
