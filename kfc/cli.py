@@ -163,8 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fixed dims to build (repeatable; default: every shape of the check block)")
     pk.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: by kind of op)")
     pk.add_argument("-o", "--output", required=True, metavar="DIR", help="a new or empty folder for the package")
-    pk.add_argument("--kb", metavar="PATH|URL", help="the knowledge base whose measurements the report shows "
-                    "(default: $KFC_KB, else ~/.cache/kfc/kb.sqlite, when it exists)")
+    pk.add_argument("--kb", metavar="PATH|URL", help="the knowledge base to start from, as kfc compile does "
+                    "without -p (its nearest record that beat its op's default by 5%% as a user calls it), and "
+                    "whose measurements the report shows (default: $KFC_KB, else ~/.cache/kfc/kb.sqlite, when it "
+                    "exists)")
+    pk.add_argument("--no-kb", action="store_true", help="build the default pipeline (or -p's) without "
+                    "consulting any knowledge base")
     pk.set_defaults(run=cmd_package)
 
     add_tune_command(sub, cli_args.shape, cli_args.dtypes, _add_reference_flags)
@@ -431,10 +435,18 @@ def cmd_package(args) -> int:
     from .frontend import load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .package.build import build_package  # lazy: pulls kfc.runtime, kfc.ir, ml_dtypes ~2 s; off kfc --help
 
+    if args.no_kb and args.kb:
+        raise KfcError("give either --kb or --no-kb, not both", hint="--kb KB reads that knowledge base; --no-kb none")
     names = args.target or load_kfc(args.file).targets or ("sm_90a",)
     targets = [parse_target(t) for t in dict.fromkeys(names)]
+    advise = None
+    if not args.no_kb and not args.pipeline:
+        from .kb.advice import advise_from  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
+
+        def advise(func, target, dims):
+            return advise_from(args.kb, func, target, dims)
     build_package(args.file, targets, args.shape or [], Path(args.output), args.pipeline,
-                  args.kb or default_path())
+                  None if args.no_kb else args.kb or default_path(), advise=advise)
     return 0
 
 

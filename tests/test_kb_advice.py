@@ -116,6 +116,25 @@ def test_the_default_knowledge_base_is_read_where_it_exists_and_no_kb_turns_it_o
     assert "either --kb or --no-kb" in capsys.readouterr().err
 
 
+def test_kfc_package_builds_from_the_record_kfc_compile_would_use_and_says_so(kb_path, tmp_path, capsys,
+                                                                               monkeypatch):
+    """kfc package ships the kernels kfc.load would compile: the default knowledge base's advice
+    where it gives one (named in the progress and in report.json), none with --no-kb or -p."""
+    kb_path, ids = kb_path
+    monkeypatch.setenv("KFC_KB", str(kb_path))
+    src = _write(tmp_path, NEW_OP)
+    assert main(["package", src, "--shape", "N=4096", "-o", str(tmp_path / "a")]) == 0
+    assert f"from the knowledge base: candidate {ids[0]}, rmsnorm's" in capsys.readouterr().err
+    (kernel,) = json.loads((tmp_path / "a" / "report.json").read_text())["kernels"]
+    assert kernel["pipeline"] == TUNED and f"candidate {ids[0]}" in kernel["advised"]
+    assert main(["package", src, "--shape", "N=4096", "--no-kb", "-o", str(tmp_path / "b")]) == 0
+    assert "knowledge base:" not in capsys.readouterr().err
+    (kernel,) = json.loads((tmp_path / "b" / "report.json").read_text())["kernels"]
+    assert kernel["pipeline"] != TUNED and kernel["advised"] is None
+    assert main(["package", src, "--no-kb", "--kb", str(kb_path), "-o", str(tmp_path / "c")]) == 2
+    assert "either --kb or --no-kb" in capsys.readouterr().err
+
+
 def test_an_unreadable_default_knowledge_base_is_said_once_and_the_default_compiles(tmp_path, capsys, monkeypatch):
     bad = tmp_path / "kb.sqlite"
     bad.write_text("not a knowledge base" * 100)

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from ..compile import compile_op, fixed_dims, prepare_output_dir
+from ..compile import build_advised, choose_dims, compile_op, fixed_dims, prepare_output_dir
 from ..diagnostics import KfcError
 from ..files import write_atomically
 from ..frontend.spec import instances as spec_instances, load_kfc
@@ -101,7 +101,11 @@ def dims_key(dims: dict[str, int]) -> str:
 
 def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str, int]], out_dir: Path,
                   pipeline: str | None = None, kb_path: Path | None = None,
-                  progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Path:
+                  progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                  advise: Callable | None = None) -> Path:
+    """Build and write the package. Where no pipeline is given, `advise(func, target name, dims)`
+    (kfc.kb.advice) may name a record to start from, as kfc compile and kfc.load do; each kernel's
+    report says which."""
     spec = load_kfc(path)
     fixed = fixed_shapes(spec, shapes)
     instances = spec_instances(spec)
@@ -117,19 +121,23 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
 
     def build(job):
         inst, target, dims = job
-        return job, compile_op(inst, target, pipeline, shape=dims)
+        advice = advise(inst.func, target.name, choose_dims(inst, dims)) if advise and pipeline is None else None
+        if advice is None:
+            return job, compile_op(inst, target, pipeline, shape=dims), None
+        result, said, _ = build_advised(advice, lambda p: compile_op(inst, target, p, shape=dims))
+        return job, result, said
 
     results = []
     with ThreadPoolExecutor(max_workers=4) as pool:
-        for k, ((inst, target, dims), result) in enumerate(pool.map(build, jobs), 1):
+        for k, ((inst, target, dims), result, said) in enumerate(pool.map(build, jobs), 1):
             progress(f"  [{k}/{len(jobs)}] {inst.instance_name} {target.name} {dims_key(dims)}: "
-                     f"{result.report['ptxas']['registers']} registers")
-            results.append((inst, target, dims, result))
+                     f"{result.report['ptxas']['registers']} registers" + (f"; {said}" if said else ""))
+            results.append((inst, target, dims, result, said))
     inputs, outputs = describe(spec)
     meta_instances = {}
     report_kernels = []
     kb_best = _knowledge(kb_path, instances, targets, op_fingerprint)
-    for inst, target, dims, result in results:
+    for inst, target, dims, result, said in results:
         rel = Path("kernels") / inst.instance_name / target.name / dims_key(dims)
         for suffix, data in ((".cubin", result.kernel.cubin), (".ptx", result.kernel.ptx.encode()),
                              (".cu", result.kernel.cu.encode())):
@@ -141,7 +149,7 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
         entry["kernels"].append({"target": target.name, "dims": dims, "cubin": str(rel.with_suffix(".cubin")),
                                  "kernels": result.report["kernels"]})
         report_kernels.append({"instance": inst.instance_name, "target": target.name, "dims": dims,
-                               "pipeline": result.pipeline, "ptxas": result.report["ptxas"],
+                               "pipeline": result.pipeline, "advised": said, "ptxas": result.report["ptxas"],
                                "knowledge_base": kb_best.get((inst.instance_name, target.name, dims_key(dims)))})
     op_schema = schema(KfcKernel(spec))
     meta = {"op": spec.name, "signature": spec.name + op_schema, "schema": op_schema, "inputs": inputs, "outputs": outputs,
