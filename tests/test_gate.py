@@ -95,3 +95,15 @@ def test_a_plausible_time_is_accepted_with_its_roofline_fraction():
     gate = Gate(cpu_problem(), timer=_fake_timer(100.0))
     r = gate.evaluate(cheats.honest, [Case({"M": 2, "N": 96})], {"M": 4096, "N": 4096})
     assert r.stage is Stage.TIMED and 0 < r.roofline_fraction < 1 and r.bytes_moved == 2 * 4096 * 4096 * 2 + 4096 * 4
+
+
+def test_a_timed_replay_runs_a_millisecond_of_calls_within_its_cap():
+    """time_on_gpu's replays: short batches repeated to MIN_REPLAY_US, long ones once, never past
+    MAX_REPLAY_CALLS calls (a candidate whose work escapes the timed stream times as nearly 0)."""
+    from kfc.factory.gate import MAX_REPLAY_CALLS, MIN_REPLAY_US, repeats_for
+
+    assert repeats_for(180.0, 1) == 6 and 6 * 180.0 >= MIN_REPLAY_US  # one 256 MB row kernel
+    assert repeats_for(100.0, 2) == 10  # two 50 us GEMMs a batch
+    assert repeats_for(5000.0, 1) == 1 and repeats_for(MIN_REPLAY_US, 4) == 1
+    assert repeats_for(0.0, 32) * 32 == MAX_REPLAY_CALLS and repeats_for(3.0, 32) * 32 <= MAX_REPLAY_CALLS
+    assert repeats_for(0.0, 1000) == 1  # a rotation past the cap still runs once

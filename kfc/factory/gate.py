@@ -212,7 +212,7 @@ L2_BYTES = 60 * 1024 * 1024
 # calls of a 50 us skinny GEMM) would also time the graph's launch and the idle GPU's start
 # (a kfc rmsnorm timed 217 us a call in a one-call replay and 184 us eagerly on an H100)
 MIN_REPLAY_US = 1000.0
-MAX_REPEATS = 64
+MAX_REPLAY_CALLS = 512  # a call of 2 us: 1 ms; a candidate whose work escapes the timed stream stays cheap
 # Calls timed one at a time, as a user makes them (the benchmarks' headline: triton's do_bench).
 # A pipeline faster back to back in a graph can be slower this way (kfc.kb.advice), so both
 # figures are recorded.
@@ -315,4 +315,11 @@ def replay_repeats(batch: Callable, rotation: int) -> int:
     batch()
     end.record()
     torch.cuda.synchronize()
-    return max(1, min(MAX_REPEATS, math.ceil(MIN_REPLAY_US / max(start.elapsed_time(end) * 1e3, 1.0))))
+    return repeats_for(start.elapsed_time(end) * 1e3, rotation)
+
+
+def repeats_for(batch_us: float, rotation: int) -> int:
+    """The repeats of a batch of `rotation` calls taking `batch_us` that make MIN_REPLAY_US, within
+    MAX_REPLAY_CALLS calls a replay (and at least one batch)."""
+    wanted = math.ceil(MIN_REPLAY_US / max(batch_us, 1.0))
+    return max(1, min(MAX_REPLAY_CALLS // rotation, wanted))
