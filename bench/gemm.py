@@ -4,7 +4,8 @@
                          [--epilogue bias-gelu] [--kb KB] [--out FILE]
 
 bf16 a [M, K], b [K, N] from a normal distribution, bf16 c, fp32 accumulation. Each shape
-compiles its own kfc kernel (every dim is fixed per compile). Both contenders' outputs are
+compiles its own kfc kernel (every dim is fixed per compile); all of them are built first, at
+once, so the GPU does not idle through each nvcc run of the timed loop. Both contenders' outputs are
 checked against a.float() @ b.float() first (max |err| / max |ref| < 1e-2; a wrong contender is
 not timed and the run exits non-zero); then timed eagerly (triton.testing.do_bench, median, L2
 flushed before each call) and by CUDA graph replay (triton.testing.do_bench_cudagraph, median).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 from . import harness
@@ -82,7 +84,24 @@ def kfc_fn(pipeline: str | None, epilogue: str | None):
     import kfc
 
     k = kfc.load(kernel_path(epilogue), pipeline=pipeline, kb=False)
-    return lambda a, b, bias: k(a, b) if epilogue is None else k(a, b, bias)
+
+    def fn(a, b, bias):
+        return k(a, b) if epilogue is None else k(a, b, bias)
+    fn.kernel = k  # for prebuild
+    return fn
+
+
+def prebuild(jobs: list[tuple], out=sys.stderr) -> None:
+    """Build every (kfc fn, shapes) pair's kernels before anything is timed, all at once: the
+    GPU would otherwise idle through each nvcc run of the timed loop. A kernel that cannot be
+    built fails again, with its message, at its first call there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        problems = sum(pool.map(lambda job: job[0].kernel.prebuild(job[1]), jobs), [])
+    print(f"prebuilt {sum(len(shapes) for _, shapes in jobs)} kernel(s) in {time.perf_counter() - started:.1f} s"
+          + "".join(f"\n  not built: {p}" for p in problems), file=out, flush=True)
 
 
 def contenders(pipelines: list[str | None], epilogue: str | None = None) -> dict:
@@ -119,12 +138,16 @@ def run(shapes, pipelines: list[str | None], seed: int = 0, epilogue: str | None
 
     torch.backends.cuda.matmul.allow_tf32 = False  # an fp32 reference, not a tf32 one
     every = contenders(pipelines, epilogue)
+    at = {(m, n, k): {"M": m, "N": n, "K": k} for m, n, k in shapes}
+    tuned_fns = {s: kfc_fn(tuned[s], epilogue) for s in shapes} if tuned is not None else {}
+    prebuild([(fn, list(at.values())) for fn, _ in every.values() if hasattr(fn, "kernel")]
+             + [(fn, [at[s]]) for s, fn in tuned_fns.items()])
     gen = torch.Generator(device="cuda")
     rows, failures = [], []
     for m, n, k in shapes:
         fns = dict(every)
         if tuned is not None:
-            fns = {kfc_name(TUNED): (kfc_fn(tuned[m, n, k], epilogue), epilogue or "gemm"), **every}
+            fns = {kfc_name(TUNED): (tuned_fns[m, n, k], epilogue or "gemm"), **every}
         gen.manual_seed(seed + m * 31 + n * 7 + k)
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -124,3 +124,20 @@ def test_a_keyword_call_is_planned_as_the_positional_call_it_equals():
     assert keyword_plan(names, fill, 2, ("x",)) is None  # given twice: the full path says so
     assert keyword_plan(names, fill, 0, ("y",)) is None  # unknown: the full path says so
     assert keyword_plan(names, fill, 1, ("w",))((1,), {"w": 2}) == (1, 2)
+
+
+def test_prebuild_fills_the_jit_cache_at_each_shape_and_names_what_cannot_be_built(tmp_path, monkeypatch):
+    """KfcKernel.prebuild: every shape's kernel built into the JIT cache before any call (the
+    benchmarks' first calls then only load), several at once; a shape its pipeline refuses is one
+    line naming the shape and why, not an exception."""
+    import kfc
+    from kfc.runtime.kernel import cache, kernel_cache_key
+
+    monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path))
+    pipe = "canonicalize,cse,dce,tile{threads=32},lower-reductions,lower-ptx,canonicalize,cse,dce"
+    k = kfc.load("kernels/rmsnorm.kfc", target="sm_90a", pipeline=pipe, bind={"T": "bf16"})
+    shapes = [{"M": 64, "N": 1024}, {"M": 64, "N": 2048}, {"M": 64, "N": 262144}]
+    problems = k.prebuild(shapes, workers=2)
+    assert len(problems) == 1 and "N': 262144" in problems[0] and "registers" in problems[0], problems
+    for dims in shapes[:2]:
+        assert cache.lookup(kernel_cache_key(k.spec, k.target, pipe, dims)) is not None

@@ -13,6 +13,7 @@ does not recognise goes the full way, which says what is wrong.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -102,6 +103,24 @@ class KfcKernel:
                 module = launcher.Module(cubin, name, launcher.primary_context(device_index))
                 self._loaded[memo] = (module, report)
             return self._loaded[memo]
+
+    def prebuild(self, shapes: list[dict[str, int]], workers: int | None = None) -> list[str]:
+        """Compile this instance's kernels at these dims (its type parameters as bound, else as
+        the spec defaults them) into the JIT cache, several at a time (nvcc runs in processes of
+        its own), so that the first calls only load them: a benchmark that compiles as it goes
+        leaves the GPU idle through every build. Returns what could not be built, one line each;
+        the first call at those dims raises the same error."""
+        from concurrent.futures import ThreadPoolExecutor  # lazy: only benchmarks and warm-ups prebuild
+
+        def build(dims):
+            try:
+                self._compile(dims, tuple(sorted(fixed_dims(self.func, dims).items())))
+                return None
+            except KfcError as e:
+                return f"{self.name} at {dims}: {e.message.splitlines()[0]}"
+
+        with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+            return [p for p in pool.map(build, shapes) if p]
 
     def _compile(self, dims: dict[str, int], fixed: tuple):
         """The cubin and report at `dims`: from the advisor's record where it gives one that
