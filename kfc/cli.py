@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sm_90a, sm_100a, ... (repeatable; default: the file's targets, else sm_90a)")
     pk.add_argument("--shape", type=cli_args.shape, action="append", metavar="N=..",
                     help="fixed dims to build (repeatable; default: every shape of the check block)")
-    pk.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: by kind of op)")
+    pk.add_argument("-p", "--pipeline", metavar="PIPELINE", help="the passes to run (default: the knowledge "
+                    "base's advice, else by kind of op)")
     pk.add_argument("-o", "--output", required=True, metavar="DIR", help="a new or empty folder for the package")
     pk.add_argument("--kb", metavar="PATH|URL", help="the knowledge base to start from, as kfc compile does "
                     "without -p (its nearest record that beat its op's default by 5%% as a user calls it), and "

@@ -353,8 +353,12 @@ def test_a_spilling_product_is_told_the_options_that_free_registers():
     from kfc.compile import spill_remedy
 
     hint = spill_remedy(parse_pipeline("cse,accelerate-matmul{producer=warpgroup,cluster=2},dce"))
-    assert "registers=232" in hint and "bn=128" in hint
+    assert "registers=232" in hint and "bn=192" in hint
     hint = spill_remedy(parse_pipeline("accelerate-matmul{producer=warpgroup,registers=232,bn=64}"))
     assert hint.startswith("choose a tile with fewer elements per thread")
     assert spill_remedy(parse_pipeline("accelerate-matmul{bn=128}")) == "take a narrower tile (bn=64)"
+    # only widths the pass takes with these options: 192 -> 128, and a cluster of 2 keeps 128
+    assert spill_remedy(parse_pipeline("accelerate-matmul{bn=192}")) == "take a narrower tile (bn=128)"
+    hint = spill_remedy(parse_pipeline("accelerate-matmul{producer=warpgroup,registers=232,cluster=2,bn=128}"))
+    assert hint.startswith("choose a tile with fewer elements per thread")
     assert "more threads" in spill_remedy(parse_pipeline("tile,lower-ptx"))

@@ -275,8 +275,10 @@ def time_on_gpu(gate: Gate, fn: Callable, dims: dict[str, int], replays: int = 1
     except Exception:  # noqa: BLE001 - not capturable: time a loop instead
         graph = None
         torch.cuda.synchronize()
-    run = graph.replay if graph is not None else timed
-    calls = rotation * repeats
+    # a loop (a candidate that cannot be captured) runs one batch a timed run, as before: its many
+    # launches would fill the queue and hide work escaping the timed stream from the wall clock
+    run = graph.replay if graph is not None else batch
+    calls = rotation * repeats if graph is not None else rotation
     event_us, wall_us = [], []
     for _ in range(replays):
         torch.cuda.synchronize()

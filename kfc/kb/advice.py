@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import attrs
@@ -78,6 +79,7 @@ def advise_from(location: str | os.PathLike | None, func: FuncOp, target: str, d
 
 
 _UNREADABLE: set[str] = set()  # default knowledge bases found unreadable, said once each
+_UNREADABLE_LOCK = threading.Lock()  # kfc package and kfc warm advise from several threads
 
 
 def advise_by_default(func: FuncOp, target: str, dims: dict[str, int]) -> Advice | None:
@@ -87,8 +89,10 @@ def advise_by_default(func: FuncOp, target: str, dims: dict[str, int]) -> Advice
     try:
         return advise(where, func, target, dims)
     except KfcError as e:
-        if str(where) not in _UNREADABLE:
+        with _UNREADABLE_LOCK:
+            said = str(where) in _UNREADABLE
             _UNREADABLE.add(str(where))
+        if not said:
             print(f"kfc: not using the default knowledge base {where}: {e.message.splitlines()[0]} "
                   "(--no-kb or kfc.load(kb=False) stops reading it)", file=sys.stderr)
         return None

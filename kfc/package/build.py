@@ -123,21 +123,21 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
         inst, target, dims = job
         advice = advise(inst.func, target.name, choose_dims(inst, dims)) if advise and pipeline is None else None
         if advice is None:
-            return job, compile_op(inst, target, pipeline, shape=dims), None
-        result, said, _ = build_advised(advice, lambda p: compile_op(inst, target, p, shape=dims))
-        return job, result, said
+            return job, compile_op(inst, target, pipeline, shape=dims), None, None
+        result, said, used = build_advised(advice, lambda p: compile_op(inst, target, p, shape=dims))
+        return job, result, said, used
 
     results = []
     with ThreadPoolExecutor(max_workers=4) as pool:
-        for k, ((inst, target, dims), result, said) in enumerate(pool.map(build, jobs), 1):
+        for k, ((inst, target, dims), result, said, used) in enumerate(pool.map(build, jobs), 1):
             progress(f"  [{k}/{len(jobs)}] {inst.instance_name} {target.name} {dims_key(dims)}: "
                      f"{result.report['ptxas']['registers']} registers" + (f"; {said}" if said else ""))
-            results.append((inst, target, dims, result, said))
+            results.append((inst, target, dims, result, used))
     inputs, outputs = describe(spec)
     meta_instances = {}
     report_kernels = []
     kb_best = _knowledge(kb_path, instances, targets, op_fingerprint)
-    for inst, target, dims, result, said in results:
+    for inst, target, dims, result, used in results:
         rel = Path("kernels") / inst.instance_name / target.name / dims_key(dims)
         for suffix, data in ((".cubin", result.kernel.cubin), (".ptx", result.kernel.ptx.encode()),
                              (".cu", result.kernel.cu.encode())):
@@ -149,7 +149,8 @@ def build_package(path: str | Path, targets: list[Target], shapes: list[dict[str
         entry["kernels"].append({"target": target.name, "dims": dims, "cubin": str(rel.with_suffix(".cubin")),
                                  "kernels": result.report["kernels"]})
         report_kernels.append({"instance": inst.instance_name, "target": target.name, "dims": dims,
-                               "pipeline": result.pipeline, "advised": said, "ptxas": result.report["ptxas"],
+                               "pipeline": result.pipeline,
+                               "advised": used.describe() if used else None, "ptxas": result.report["ptxas"],
                                "knowledge_base": kb_best.get((inst.instance_name, target.name, dims_key(dims)))})
     op_schema = schema(KfcKernel(spec))
     meta = {"op": spec.name, "signature": spec.name + op_schema, "schema": op_schema, "inputs": inputs, "outputs": outputs,

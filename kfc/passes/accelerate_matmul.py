@@ -175,7 +175,8 @@ class AccelerateMatmul(Pass):
         # a thread of a consumer warpgroup holds bn / 2 f32 accumulators a 64-row piece
         budget = ("give the consumers 232 registers (registers=232)" if self.producer == "warpgroup"
                   and not self.registers else None)
-        narrower = f"take a narrower tile (bn={self.bn // 2})" if self.bn > 64 else None
+        fits = [c for c in (192, 128, 64) if c < self.bn and attrs.evolve(self, bn=c).options_problem() is None]
+        narrower = f"take a narrower tile (bn={fits[0]})" if fits else None
         return ", or ".join(x for x in (budget, narrower) if x) or None
 
     def instruction(self, target) -> str:
