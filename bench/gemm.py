@@ -91,18 +91,6 @@ def kfc_fn(pipeline: str | None, epilogue: str | None):
     return fn
 
 
-def prebuild(jobs: list[tuple], out=sys.stderr) -> None:
-    """Build every (kfc fn, shapes) pair's kernels before anything is timed, all at once: the
-    GPU would otherwise idle through each nvcc run of the timed loop. A kernel that cannot be
-    built fails again, with its message, at its first call there."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-        problems = sum(pool.map(lambda job: job[0].kernel.prebuild(job[1]), jobs), [])
-    print(f"prebuilt {sum(len(shapes) for _, shapes in jobs)} kernel(s) in {time.perf_counter() - started:.1f} s"
-          + "".join(f"\n  not built: {p}" for p in problems), file=out, flush=True)
-
 
 def contenders(pipelines: list[str | None], epilogue: str | None = None) -> dict:
     """name -> (fn(a, b, bias), what it computes: "gemm" or the epilogue's name). With an
@@ -140,8 +128,8 @@ def run(shapes, pipelines: list[str | None], seed: int = 0, epilogue: str | None
     every = contenders(pipelines, epilogue)
     at = {(m, n, k): {"M": m, "N": n, "K": k} for m, n, k in shapes}
     tuned_fns = {s: kfc_fn(tuned[s], epilogue) for s in shapes} if tuned is not None else {}
-    prebuild([(fn, list(at.values())) for fn, _ in every.values() if hasattr(fn, "kernel")]
-             + [(fn, [at[s]]) for s, fn in tuned_fns.items()])
+    harness.prebuild([(fn.kernel, list(at.values())) for fn, _ in every.values() if hasattr(fn, "kernel")]
+                     + [(fn.kernel, [at[s]]) for s, fn in tuned_fns.items()])
     gen = torch.Generator(device="cuda")
     rows, failures = [], []
     for m, n, k in shapes:

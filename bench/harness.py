@@ -17,6 +17,8 @@ import math
 import platform
 import statistics
 import subprocess
+import sys
+import time
 from typing import Any, Callable
 
 import attrs
@@ -106,6 +108,20 @@ def time_loop(fn: Callable, arg_sets: list[tuple], replays: int = 10) -> tuple[l
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(arg_sets))
     return times, outs
+
+
+def prebuild(jobs: list[tuple[Any, list[dict[str, int]]]], out=None) -> None:
+    """Build every (kfc kernel, [dims, ...]) job's kernels into the JIT cache before anything is
+    timed, all at once (KfcKernel.prebuild): the GPU would otherwise idle through each nvcc run
+    of the timed loop. A kernel that cannot be built fails again, with its message, at its first
+    call there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        problems = sum(pool.map(lambda job: job[0].prebuild(job[1]), jobs), [])
+    print(f"prebuilt {sum(len(shapes) for _, shapes in jobs)} kernel(s) in {time.perf_counter() - started:.1f} s"
+          + "".join(f"\n  not built: {p}" for p in problems), file=out or sys.stderr, flush=True)
 
 
 def time_eager(fn: Callable, args: tuple) -> float:

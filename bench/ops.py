@@ -221,8 +221,11 @@ def main(argv=None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
     rows, failures = [], []
+    kernels = {op.name: kfc.load(ROOT / op.path, kb=False) for op in ops}
+    harness.prebuild([(kernels[op.name].instance_named({"T": args.dtype}),
+                       [{"M": m, "N": n} for m, n in shapes if n <= op.max_n]) for op in ops])
     for op in ops:
-        kernel = kfc.load(ROOT / op.path, kb=False)
+        kernel = kernels[op.name]
         compiled = torch.compile(op.formula)
         for m, n in shapes:
             case = prepare(op, m, n, dtype)

@@ -113,16 +113,15 @@ def test_bench_kda_times_a_kfc_calls_kernels_apart(monkeypatch):
 
 
 def test_bench_gemm_builds_every_kernel_before_timing(tmp_path, monkeypatch, capsys):
-    """bench.gemm's prebuild: each contender's kernels at every shape built at once into the JIT
-    cache (the timed loop then only loads them), a refused one named, not raised."""
+    """bench.harness.prebuild (bench.gemm, bench.ops): each contender's kernels at every shape built
+    at once into the JIT cache (the timed loop then only loads them), a refused one named, not raised."""
     import kfc
-    from bench import gemm
+    from bench import harness
 
     monkeypatch.setenv("KFC_CACHE_DIR", str(tmp_path))
-    fn = lambda a, b, bias: None  # noqa: E731 - stands in for kfc_fn's wrapper
-    fn.kernel = kfc.load("kernels/gemm.kfc", target="sm_90a", kb=False,
-                         pipeline="accelerate-matmul{producer=warpgroup,inflight=1,cluster=2}")
-    gemm.prebuild([(fn, [{"M": 130, "N": 264, "K": 200}, {"M": 1, "N": 8, "K": 8}])])
+    k = kfc.load("kernels/gemm.kfc", target="sm_90a", kb=False,
+                 pipeline="accelerate-matmul{producer=warpgroup,inflight=1,cluster=2}")
+    harness.prebuild([(k, [{"M": 130, "N": 264, "K": 200}, {"M": 1, "N": 8, "K": 8}])])
     err = capsys.readouterr().err
     assert "prebuilt 2 kernel(s)" in err
     # ptxas 13.0 spills the clustered kernel at M = 1 alone (docs/gemm.md); another ptxas may not

@@ -141,3 +141,11 @@ def test_prebuild_fills_the_jit_cache_at_each_shape_and_names_what_cannot_be_bui
     assert len(problems) == 1 and "N': 262144" in problems[0] and "registers" in problems[0], problems
     for dims in shapes[:2]:
         assert cache.lookup(kernel_cache_key(k.spec, k.target, pipe, dims)) is not None
+
+
+def test_an_instance_named_by_its_dtypes_is_the_one_a_call_with_such_tensors_takes(rmsnorm):
+    """instance_named (what bench.ops prebuilds) and instance_for (what a call binds) agree; a
+    name the op has no type parameter of is left out."""
+    named = rmsnorm.instance_named({"T": "f16", "NOT_A_PARAM": "bf16"})
+    assert named is rmsnorm.instance_for({"x": torch.empty(2, 4, dtype=torch.float16)})
+    assert named.spec.dtypes["T"] == "f16"

@@ -150,6 +150,17 @@ class KfcKernel:
             if name not in options:
                 raise KfcError(f"{self.name}: {param!r} is {value.dtype}; its type {tv} takes {' | '.join(options)}")
             want[tv] = name
+        return self._instance(want)
+
+    def instance_named(self, dtypes: dict[str, str]) -> "KfcKernel":
+        """The kernel instantiated with these type parameters' values (T="bf16"); the op's other
+        type parameters, and any name it does not have, left as they are."""
+        params = dict(self.spec.type_params)
+        return self._instance({**self.spec.dtypes, **{k: v for k, v in dtypes.items() if k in params}})
+
+    def _instance(self, want: dict[str, str]) -> "KfcKernel":
+        if not self.spec.type_params:
+            return self
         key = tuple(sorted(want.items()))
         if key not in self._instances:
             self._instances[key] = instantiate(self.spec, want)
