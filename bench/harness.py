@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import attrs
@@ -115,8 +116,6 @@ def prebuild(jobs: list[tuple[Any, list[dict[str, int]]]], out=None) -> None:
     timed, all at once (KfcKernel.prebuild): the GPU would otherwise idle through each nvcc run
     of the timed loop. A kernel that cannot be built fails again, with its message, at its first
     call there."""
-    from concurrent.futures import ThreadPoolExecutor
-
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
         problems = sum(pool.map(lambda job: job[0].prebuild(job[1]), jobs), [])

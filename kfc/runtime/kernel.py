@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,6 @@ class KfcKernel:
         its own), so that the first calls only load them: a benchmark that compiles as it goes
         leaves the GPU idle through every build. Returns what could not be built, one line each;
         the first call at those dims raises the same error."""
-        from concurrent.futures import ThreadPoolExecutor  # lazy: only benchmarks and warm-ups prebuild
 
         def build(dims):
             try:
