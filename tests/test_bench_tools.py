@@ -126,3 +126,33 @@ def test_bench_gemm_builds_every_kernel_before_timing(tmp_path, monkeypatch, cap
     assert "prebuilt 2 kernel(s)" in err
     # ptxas 13.0 spills the clustered kernel at M = 1 alone (docs/gemm.md); another ptxas may not
     assert "not built" not in err or "'M': 1" in err.split("not built")[1]
+
+
+def test_a_variant_sets_the_options_of_the_passes_it_names_and_nothing_else():
+    from bench.variants import variant_pipeline
+    from kfc.passes import ROW_PIPELINE
+
+    p = variant_pipeline(ROW_PIPELINE, "lower-ptx{stream=none,store=none}+tile{threads=128}")
+    assert p == ROW_PIPELINE.replace("lower-ptx", "lower-ptx{stream=none,store=none}").replace(
+        ",tile,", ",tile{threads=128},")
+    with pytest.raises(ValueError, match="a pass of"):
+        variant_pipeline(ROW_PIPELINE, "accelerate-matmul{bn=128}")  # not a pass of the row pipeline
+    with pytest.raises(ValueError, match="a pass of"):
+        variant_pipeline(ROW_PIPELINE, "tile")
+    from kfc.diagnostics import KfcError
+    with pytest.raises(KfcError, match="threads"):
+        variant_pipeline(ROW_PIPELINE, "tile{threads=100}")  # not a power of two
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--variant", "T128"], "NAME=PASS"),
+    (["--variant", "D=tile{threads=128}"], "NAME not D"),
+    (["--variant", "X=tile{nothreads=1}"], "nothreads"),
+    (["--variant", "X=tile{threads=128}", "--ops", "no_such_op"], "unknown op"),
+])
+def test_bench_variants_refuses_a_bad_variant_before_any_gpu_work(argv, words, capsys):
+    from bench import variants
+
+    with pytest.raises(SystemExit) as e:
+        variants.main(argv)
+    assert e.value.code == 2 and words in capsys.readouterr().err
