@@ -345,6 +345,12 @@ def cmd_check(args) -> int:
     return 0
 
 
+def refuse_kb_with_no_kb(args) -> None:
+    """kfc compile's and kfc package's --kb KB and --no-kb ask for opposite things."""
+    if args.no_kb and args.kb:
+        raise KfcError("give either --kb or --no-kb, not both", hint="--kb KB reads that knowledge base; --no-kb none")
+
+
 def cmd_compile(args) -> int:
     from .compile import build_advised, check_output_dir  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .compile import compile_op, write_outputs  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
@@ -353,8 +359,7 @@ def cmd_compile(args) -> int:
     spec = load_kfc(args.file, args.dtype)
     target = parse_target(args.target or (spec.targets[0] if spec.targets else "sm_90a"))
     pipeline = args.pipeline
-    if args.no_kb and args.kb:
-        raise KfcError("give either --kb or --no-kb, not both", hint="--kb KB reads that knowledge base; --no-kb none")
+    refuse_kb_with_no_kb(args)
     if args.from_kb:
         if args.no_kb:
             raise KfcError("give either --from-kb or --no-kb, not both", hint="--from-kb compiles the fastest "
@@ -436,16 +441,14 @@ def cmd_package(args) -> int:
     from .frontend import load_kfc  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
     from .package.build import build_package  # lazy: pulls kfc.runtime, kfc.ir, ml_dtypes ~2 s; off kfc --help
 
-    if args.no_kb and args.kb:
-        raise KfcError("give either --kb or --no-kb, not both", hint="--kb KB reads that knowledge base; --no-kb none")
+    refuse_kb_with_no_kb(args)
     names = args.target or load_kfc(args.file).targets or ("sm_90a",)
     targets = [parse_target(t) for t in dict.fromkeys(names)]
     advise = None
     if not args.no_kb and not args.pipeline:
         from .kb.advice import advise_from  # lazy: kfc.ir, ml_dtypes ~2 s; off kfc --help
 
-        def advise(func, target, dims):
-            return advise_from(args.kb, func, target, dims)
+        advise = functools.partial(advise_from, args.kb)
     build_package(args.file, targets, args.shape or [], Path(args.output), args.pipeline,
                   None if args.no_kb else args.kb or default_path(), advise=advise)
     return 0
