@@ -2,7 +2,7 @@
 
     python -m bench.kda [--cases T=8192:H=96,varlen=1300+547+2048:H=96,...] [--chunks 16,32,64]
                         [--state none|f32|bf16] [--workspaces f32,bf16] [--one-kernel]
-                        [--parts] [--codegen TILE_COLUMN_REGISTERS=True,...] [--out FILE]
+                        [--fla] [--parts] [--codegen TILE_COLUMN_REGISTERS=True,...] [--out FILE]
 
 FlashKDA's interface (its benchmark's): B = 1, K = V = 128, bf16 q, k, v, raw gates and beta
 logits, the gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound -5, q and k
@@ -10,7 +10,9 @@ L2-normalised in the kernel, states V-first. Contenders: `flashkda` (flash_kda.f
 imports: build it with ../shared/peers/flashkda.sh), `fla` (fla's chunk_kda with
 use_gate_in_kernel, safe_gate, use_qk_l2norm_in_kernel and use_beta_sigmoid_in_kernel, its state
 [K, V]-first) and `kfc[C=..]` (kfc.nn.kda.flash_kda_fwd at each chunk: the prepare kernel and the
-recurrence; with --one-kernel also `kfc[C=..,one kernel]`, kernels/kda_fwd_flashkda.kfc alone). Every contender's o (and final state) is first checked against the float64 recurrence
+recurrence; with --one-kernel also `kfc[C=..,one kernel]`, kernels/kda_fwd_flashkda.kfc alone;
+with --fla also `kfc chunk_kda[C=16,pair]` and `[C=16,one kernel]`, kfc.nn.kda.chunk_kda called
+as fla is, split and not). Every contender's o (and final state) is first checked against the float64 recurrence
 (kfc.reference.kda.kda_flashkda): relative RMSE within 2e-2, a wrong contender is not timed and
 the run exits non-zero; the error is recorded. Timing: eager, triton.testing.do_bench median with
 the L2 flushed before each call (the headline); CUDA graph, do_bench_cudagraph median, beside it.
@@ -73,7 +75,8 @@ def inputs(lengths: list[int], H: int, state: str, seed: int = 0):
 WORKSPACES = {"f32": "float32", "bf16": "bfloat16"}
 
 
-def contenders(x: dict, chunks: list[int], one_kernel: bool = False, workspaces: tuple[str, ...] = ("f32",)) -> dict:
+def contenders(x: dict, chunks: list[int], one_kernel: bool = False, workspaces: tuple[str, ...] = ("f32",),
+               fla_interface: bool = False) -> dict:
     """name -> a call returning (o, final state V-first or None), or a string saying why it is absent."""
     import torch
 
@@ -112,9 +115,8 @@ def contenders(x: dict, chunks: list[int], one_kernel: bool = False, workspaces:
         return call
     calls["flashkda"] = harness.safe(flashkda)
 
-    def fla():
-        from fla.ops.kda import chunk_kda
-
+    def in_flas_interface(chunk_kda, **extra):
+        """A call of an fla-interface chunk_kda in FlashKDA's gate mode, its state [K, V]-first."""
         h0 = None if x["h0"] is None else x["h0"].float().transpose(-1, -2).contiguous()  # fla: f32 [K, V]
 
         def call():
@@ -122,9 +124,18 @@ def contenders(x: dict, chunks: list[int], one_kernel: bool = False, workspaces:
                               output_final_state=h0 is not None, use_qk_l2norm_in_kernel=True,
                               use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"].reshape(-1),
                               safe_gate=True, lower_bound=LOWER_BOUND, use_beta_sigmoid_in_kernel=True,
-                              cu_seqlens=x["cu_seqlens"])
+                              cu_seqlens=x["cu_seqlens"], **extra)
             return o, None if ht is None else ht.transpose(-1, -2)
         return call
+
+    for split in (True, False) if fla_interface else ():
+        label = "kfc chunk_kda[C=16" + (",pair]" if split else ",one kernel]")
+        calls[label] = harness.safe(lambda split=split: in_flas_interface(kda.chunk_kda, split=split))
+
+    def fla():
+        from fla.ops.kda import chunk_kda
+
+        return in_flas_interface(chunk_kda)
     calls["fla"] = harness.safe(fla)
     return calls
 
@@ -151,7 +162,8 @@ def kernel_launches(call) -> list[tuple[str, object]]:
 
 
 def run(cases: list[str], chunks: list[int], state: str, progress=None, one_kernel: bool = False,
-        workspaces: tuple[str, ...] = ("f32",), parts: bool = False) -> tuple[list[dict], list[str]]:
+        workspaces: tuple[str, ...] = ("f32",), parts: bool = False,
+        fla_interface: bool = False) -> tuple[list[dict], list[str]]:
     """Each case's row (contenders checked, then timed; with `parts`, each kernel of a kfc
     contender timed alone too, eager) and the failures; `progress(rows, failures)` after each
     case, so a run stopped part-way keeps what it measured."""
@@ -168,7 +180,7 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None, one_kern
             want_o, want_ht = kda_flashkda(x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"],
                                            x["cu_seqlens"], h0=x["h0"], scale=K ** -0.5, lower_bound=LOWER_BOUND)
         row: dict = {"case": case, "T": sum(lengths), "H": H, "sequences": len(lengths), "state": state}
-        for name, call in contenders(x, chunks, one_kernel, workspaces).items():
+        for name, call in contenders(x, chunks, one_kernel, workspaces, fla_interface).items():
             if isinstance(call, str):
                 row[name] = {"ok": False, "error": call}
                 continue
@@ -258,6 +270,9 @@ def main(argv=None) -> int:
                          "(half the traffic between the kernels) or f32,bf16")
     ap.add_argument("--one-kernel", action="store_true",
                     help="also time kfc's single kernel per (sequence, head) at each chunk, beside the split pair")
+    ap.add_argument("--fla", action="store_true",
+                    help="also time kfc's fla interface (kfc.nn.kda.chunk_kda, chunk 16) as fla is called: "
+                         "its split pair and its one kernel")
     ap.add_argument("--parts", action="store_true",
                     help="also time each kernel of a kfc contender alone (the prepare kernel and the recurrence)")
     ap.add_argument("--codegen", default="",
@@ -287,7 +302,7 @@ def main(argv=None) -> int:
     workspaces = tuple(args.workspaces.split(","))
     if not set(workspaces) <= set(WORKSPACES):
         ap.error(f"--workspaces takes {', '.join(WORKSPACES)}, not {args.workspaces}")
-    rows, failures = run(cases, chunks, args.state, progress, args.one_kernel, workspaces, args.parts)
+    rows, failures = run(cases, chunks, args.state, progress, args.one_kernel, workspaces, args.parts, args.fla)
     path = save("kda", payload(rows, failures), also=args.out)
     print(f"saved {path}")
     names = [k for k in rows[0] if isinstance(rows[0][k], dict)] if rows else []

@@ -112,6 +112,34 @@ def test_bench_kda_times_a_kfc_calls_kernels_apart(monkeypatch):
         main(["--help"])
 
 
+def test_bench_kda_times_kfcs_fla_interface_as_fla_is_called_where_asked(monkeypatch):
+    """--fla: kfc.nn.kda.chunk_kda, split and not, called with the arguments fla's chunk_kda gets
+    (FlashKDA's gate mode, the state [K, V]-first), each returning o and the state V-first, the
+    two equal to FlashKDA's form (flash_kda_fwd) on the interpreter; absent without --fla."""
+    import torch
+
+    import kfc.nn.kda as kda
+    from bench.kda import contenders
+    from tests.test_kda_entry import interpreted
+
+    monkeypatch.setattr(kda, "run", interpreted)
+    g = torch.Generator().manual_seed(0)
+    T, H, D = 21, 1, 16
+    x = dict(q=torch.randn(1, T, H, D, generator=g).bfloat16(), k=torch.randn(1, T, H, D, generator=g).bfloat16(),
+             v=torch.randn(1, T, H, D, generator=g).bfloat16(), g=torch.randn(1, T, H, D, generator=g).bfloat16(),
+             beta=torch.randn(1, T, H, generator=g).bfloat16(), A_log=torch.rand(H, generator=g),
+             dt_bias=torch.rand(H, D, generator=g), cu_seqlens=torch.tensor([0, 9, T]),
+             h0=torch.randn(2, H, D, D, generator=g) * 0.1)
+    calls = contenders(x, [16], fla_interface=True)
+    assert "kfc chunk_kda[C=16,one kernel]" not in contenders(x, [16])
+    results = {n: calls[n]() for n in ("kfc[C=16]", "kfc chunk_kda[C=16,pair]", "kfc chunk_kda[C=16,one kernel]")}
+    (o, ht) = results["kfc[C=16]"]
+    for name in ("kfc chunk_kda[C=16,pair]", "kfc chunk_kda[C=16,one kernel]"):
+        got_o, got_ht = results[name]
+        assert torch.allclose(got_o.float(), o.float(), atol=2e-2), name
+        assert torch.allclose(got_ht.float(), ht.float(), atol=2e-3), name
+
+
 def test_bench_gemm_builds_every_kernel_before_timing(tmp_path, monkeypatch, capsys):
     """bench.harness.prebuild (bench.gemm, bench.ops): each contender's kernels at every shape built
     at once into the JIT cache (the timed loop then only loads them), a refused one named, not raised."""

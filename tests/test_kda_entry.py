@@ -216,6 +216,92 @@ def test_f32_inputs_are_refused_with_the_dtypes_the_kernel_takes():
         kda.chunk_kda(q, k, v, raw, beta)
 
 
+def launches_recorded(monkeypatch):
+    """kda.run on the interpreter, each launch's kernel name and bindings kept in the list returned."""
+    launched = []
+
+    def recorded(name, bind, given, outs, pipeline=None):
+        launched.append((name, dict(bind)))
+        interpreted(name, bind, given, outs)
+
+    monkeypatch.setattr(kda, "run", recorded)
+    return launched
+
+
+def test_fla_split_pair_with_resets_matches_the_recurrence_and_the_one_kernel(monkeypatch):
+    """chunk_kda(split=True): kernels/kda_prepare_fla.kfc for every (chunk, head), then the
+    recurrence, on fla's log-space gates with resets of -1e5 (the decays taken pair by pair stay
+    exact), varlen with an empty sequence and one shorter than a chunk, an f32 state [K, V]: as
+    the float64 recurrence and as the one kernel (split=False)."""
+    launched = launches_recorded(monkeypatch)
+    cu = torch.tensor([0, 37, 37, 42, 112], dtype=torch.int32)
+    q, k, v, raw, beta, _ = draw(1, 112, 2, 2, 16, 8, seed=7)
+    q, k = (F.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+    g = F.logsigmoid(raw)
+    g[0, 3, 0, :4] = -1e5
+    g[0, 60, 1, 5] = -1e5
+    h0 = torch.randn(4, 2, 16, 8)
+    b = beta.sigmoid()
+    want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), b.double(), cu, h0.double())
+    got = {}
+    for split in (True, False):
+        launched.clear()
+        o, ht = kda.chunk_kda(q, k, v, g, b, initial_state=h0, output_final_state=True, cu_seqlens=cu, split=split)
+        close(f"o, split={split}", o, want_o)
+        close(f"ht, split={split}", ht, want_ht)
+        got[split] = o
+    close("split against one kernel", got[True], got[False])
+    launched.clear()
+    kda.chunk_kda(q, k, v, g, b, initial_state=h0, cu_seqlens=cu, split=True)
+    assert [n for n, _ in launched] == ["kda_prepare_fla", "kda_recurrence"], launched
+    assert launched[1][1] == dict(C=16, SD="f32", WD="f32")
+
+
+@pytest.mark.parametrize("v_first", [False, True])
+def test_fla_split_pair_takes_every_gate_form_grouped_heads_and_either_state_layout(monkeypatch, v_first):
+    """The pair with the gate in the kernel (softplus, and safe_gate's lower-bound form), the L2
+    norm in the kernel, beta as logits doubled (allow_neg_eigval), two value heads a q/k head,
+    a batch of two, and a bf16 state given and returned [K, V] or V-first."""
+    launched = launches_recorded(monkeypatch)
+    q, k, v, raw, beta, h0 = draw(2, 23, 1, 2, 8, 16, seed=11)
+    h0 = h0.bfloat16()
+    A_log, dt_bias = torch.randn(2), torch.randn(2 * 8)
+    state = h0.transpose(-1, -2).contiguous() if v_first else h0
+    for safe in (False, True):
+        launched.clear()
+        o, ht = kda.chunk_kda(q, k, v, raw.bfloat16(), beta.bfloat16(), initial_state=state, output_final_state=True,
+                              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                              safe_gate=safe, lower_bound=-4.0 if safe else None, use_beta_sigmoid_in_kernel=True,
+                              allow_neg_eigval=True, state_v_first=v_first, split=True)
+        assert [n for n, _ in launched] == ["kda_prepare_fla", "kda_recurrence"]
+        for n in range(2):  # the batch's rows as sequences of their own
+            want_o, want_ht = kda_fla_gated(q[n:n + 1], k[n:n + 1], v[n:n + 1], raw[n:n + 1].bfloat16(),
+                                            beta[n:n + 1].bfloat16(), A_log, dt_bias, torch.tensor([0, 23]),
+                                            h0=h0[n:n + 1].float(), gate_form=2 if safe else 1, lower_bound=-4.0,
+                                            beta_logits=1, beta_max=2.0)
+            close(f"o[{n}], safe_gate={safe}", o[n:n + 1], want_o)
+            assert ht.dtype == torch.bfloat16
+            close(f"ht[{n}], safe_gate={safe}", ht[n:n + 1].transpose(-1, -2) if v_first else ht[n:n + 1], want_ht)
+
+
+def test_fla_split_pair_is_left_for_the_one_kernel_where_it_does_not_hold(monkeypatch):
+    """split=True runs the one kernel at chunk 32, with f16 inputs (the recurrence writes o in
+    bf16) and past K = 128 (the pair's products are TF32); left out, split is FLA_SPLIT's."""
+    launched = launches_recorded(monkeypatch)
+    q, k, v, raw, beta, _ = draw(1, 20, 1, 1, 8, 8)
+    g, b = F.logsigmoid(raw), beta.sigmoid()
+    for kwargs, name in ((dict(chunk_size=32), "kda_fwd_fla"), (dict(), "kda_prepare_fla")):
+        launched.clear()
+        kda.chunk_kda(q, k, v, g, b, split=True, **kwargs)
+        assert launched[0][0] == name, kwargs
+    launched.clear()
+    kda.chunk_kda(q.half(), k.half(), v.half(), g, b, split=True)
+    assert [n for n, _ in launched] == ["kda_fwd_fla"]
+    launched.clear()
+    kda.chunk_kda(q, k, v, g, b)
+    assert launched[0][0] == ("kda_prepare_fla" if kda.FLA_SPLIT else "kda_fwd_fla")
+
+
 def test_flash_kda_fwd_split_matches_the_recurrence_and_the_one_kernel():
     """The split pair (prepare for every chunk at once, then the recurrence) on varlen sequences
     (one empty, one shorter than a chunk) with an f32 state, gates near lower_bound = -5 (the

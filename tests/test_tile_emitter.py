@@ -250,6 +250,17 @@ def test_kda_split_pair_compiles_with_its_products_on_tensor_cores(target, share
     assert rec.kernel.cu.rstrip()[:-1].rstrip().splitlines()[-1].strip() != "__syncthreads();"
 
 
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_kda_prepare_kernel_in_flas_interface_compiles_a_cta_per_chunk_and_value_head(target):
+    """kernels/kda_prepare_fla.kfc at C = 16, K = V = 128: a CTA per (chunk, value head), w and u on
+    tensor cores; its decays taken pair by pair (fla's gates are unbounded below), so Akk and
+    Aqk are sums over K in a thread's loop, not products; no spills."""
+    shape = {"T": 4096, "K": 128, "V": 128}
+    r = compile_op(load_kfc("kernels/kda_prepare_fla.kfc", {"C": "16"}), parse_target(target), shape=shape)
+    assert r.report["kernels"][0]["grid"] == ["(((((T + 16) - 1) // 16) + N) * HV)", "1", "1"]
+    assert r.kernel.cu.count("][4] = {};") == 2 and not r.kernel.report.spills
+
+
 def test_a_loop_every_thread_runs_at_most_once_is_a_block_or_an_if():
     # first lies in [0, stride): count <= stride means one iteration or none a thread
     assert strided_loop("e", "threadIdx.x", 512, 256) == "for (int e = threadIdx.x; e < 512; e += 256) {"

@@ -6,7 +6,8 @@
 
 chunk_kda takes fla's `chunk_kda` arguments with their meanings and runs kernels/kda_fwd_fla.kfc,
 whose run-time switches carry fla's options (the gate given or computed in the kernel, its
-lower-bound form, q/k L2 norm, beta as logits), so one compiled kernel serves every call.
+lower-bound form, q/k L2 norm, beta as logits), so one compiled kernel serves every call; with
+split=True (kfc's own), kernels/kda_prepare_fla.kfc and the recurrence below, where they hold.
 flash_kda_fwd takes FlashKDA's `fwd` arguments and writes `out` and `final_state` in place, by
 two kernels: kernels/kda_prepare_flashkda.kfc does every chunk's state-independent work for all
 (chunk, head) at once into f32 workspaces, then kernels/kda_recurrence.kfc carries the state
@@ -40,7 +41,10 @@ FLA_CHUNKS = (32, 64)   # the chunk sizes fla's chunk_kda accepts when one is gi
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 WORKSPACE = torch.float32  # the split pair's workspaces (kernels/kda_prepare_flashkda.kfc's WD)
-SPLIT_CHUNKS = (16,)  # kernels/kda_prepare_flashkda.kfc's chunk
+SPLIT_CHUNKS = (16,)  # the split pairs' chunk
+# chunk_kda's default for `split`: off until a GPU run has timed its pair (kernels/kda_prepare_fla.kfc,
+# exact decays pair by pair) against its one kernel; bench.kda --fla times both
+FLA_SPLIT = False
 SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound it is exact for (FlashKDA's range)
 # the columns of V a CTA of the split pair's recurrence takes (kernels/kda_recurrence_split.kfc's
 # VB): None, as recurrence_columns chooses; 0, all of V in one CTA (kernels/kda_recurrence.kfc)
@@ -64,7 +68,7 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
               return_intermediate_states: bool = False, state_v_first: bool = False,
               cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None,
               cp_context=None, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
-              chunk_size: Optional[int] = None, **kwargs):
+              chunk_size: Optional[int] = None, split: Optional[bool] = None, **kwargs):
     """fla's `chunk_kda` forward: (o [B, T, HV, V], final state [N, HV, K, V] or None).
 
     q, k [B, T, H, K] and v [B, T, HV, V] in bf16 or f16 (HV a multiple of H); g [B, T, HV, K]
@@ -76,7 +80,11 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
     cu_seqlens_cpu concern fla's backward and scheduling: accepted, unused. With
     return_intermediate_states, (o, final state, h): h the state before each 64-token chunk of
     every sequence, [B, NT, HV, K, V] (with cu_seqlens [1, NT, ...], NT every sequence's chunks)
-    in q's dtype, computed one launch per chunk (kfc.nn.kda_states): correct, not fast."""
+    in q's dtype, computed one launch per chunk (kfc.nn.kda_states): correct, not fast.
+    `split` (kfc's own; default FLA_SPLIT): the chunks' state-independent work as a parallel
+    kernel before the recurrence (kernels/kda_prepare_fla.kfc, then kernels/kda_recurrence.kfc),
+    where the chunk is 16, the inputs bf16 (the recurrence writes o in bf16), K at most 128 and
+    the state one CTA's; else one kernel."""
     what = "chunk_kda"
     if chunk_size is not None and chunk_size not in FLA_CHUNKS:
         raise ValueError(f"`chunk_size` must be either 32 or 64, got {chunk_size} (kfc.nn.kda.chunk_kda takes fla's "
@@ -141,6 +149,19 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
                  lower_bound=float(-5.0 if lower_bound is None else lower_bound),
                  qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), beta_logits=int(bool(use_beta_sigmoid_in_kernel)),
                  beta_max=2.0 if allow_neg_eigval else 1.0)
+    split = FLA_SPLIT if split is None else split
+    if split and chunk in SPLIT_CHUNKS and q.dtype == torch.bfloat16 and K <= TF32_HEAD_DIM and K * V <= WHOLE_STATE:
+        # the recurrence keeps states V-first: the caller's as given with state_v_first, else transposed
+        if state is not None:
+            given["h0"] = ready(initial_state if state_v_first else state.transpose(-1, -2))
+        given["cu_seqlens"] = offsets.to(torch.int64)
+        ht = torch.empty(N, HV, V, K, dtype=sd, device=q.device)
+        _prepared_then_recurrence("kda_prepare_fla", dict(C=chunk), given, (1, B * T, HV),
+                                  K, V, torch.float32, N, (o, ht), sd)
+        final = None
+        if output_final_state:
+            final = ht if state_v_first else ht.transpose(-1, -2).contiguous()
+        return o.reshape(B, T, HV, V), final
     name, columns = fla_kernel(K, V)
     run(name, dict(C=chunk, SD=_kfc_dtype(sd), **columns), given, (o, ht), fla_pipeline(K))
     final = None
@@ -197,23 +218,35 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
         run("kda_fwd_flashkda", dict(C=chunk, SD=_kfc_dtype(sd)),
             dict(given, cu_seqlens=offsets, **state_in, scale=float(scale), lower_bound=float(lower_bound)), o_ht)
     else:
-        rows = (1, B * T, H)
-        # the workspaces in `workspace`'s dtype (docs/kda.md), gend in f32
-        work = {n: torch.empty(*rows, d, dtype=torch.float32 if n == "gend" else workspace, device=q.device)
-                for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", chunk), ("gend", K))}
-        wd = _kfc_dtype(workspace)
-        run("kda_prepare_flashkda", dict(C=chunk, WD=wd),
-            dict(given, cu_seqlens=offsets, scale=float(scale), lower_bound=float(lower_bound)), tuple(work.values()))
-        bind = dict(C=chunk, SD=_kfc_dtype(sd), WD=wd)
-        vb = recurrence_columns(N * H, V, q.device) if RECURRENCE_COLUMNS is None else RECURRENCE_COLUMNS
-        if vb and V in SPLIT_V and V % vb == 0:  # blocks of vb columns, a CTA each
-            run("kda_recurrence_split", dict(bind, V=V, VB=vb), dict(work, cu_seqlens=offsets, **state_in), o_ht)
-        else:
-            run("kda_recurrence", bind, dict(work, cu_seqlens=offsets, **state_in), o_ht)
+        given = dict(given, cu_seqlens=offsets, **state_in, scale=float(scale), lower_bound=float(lower_bound))
+        _prepared_then_recurrence("kda_prepare_flashkda", dict(C=chunk, WD=_kfc_dtype(workspace)), given,
+                                  (1, B * T, H), K, V, workspace, N, o_ht, sd)
     if o is not out:
         out.copy_(o)
     if final_state is not None and ht is not final_state:
         final_state.copy_(ht)
+
+
+def _prepared_then_recurrence(prepare: str, bind: dict, given: dict, rows: tuple, K: int, V: int,
+                              workspace: torch.dtype, N: int, o_ht: tuple, sd: torch.dtype) -> None:
+    """The split pair: `prepare` (bound by `bind`) stores every chunk's w, u, qg, kg, aqk and gend
+    for all (chunk, head) at once into workspaces of `rows` [1, T, heads] (gend in f32, the
+    rest in `workspace`), then the recurrence carries the state (`given`'s h0, V-first) across
+    each sequence's chunks into o_ht (o [1, T, heads, V] and the final state V-first), over
+    blocks of V's columns where recurrence_columns (or RECURRENCE_COLUMNS) says so."""
+    chunk = bind["C"]
+    work = {n: torch.empty(*rows, d, dtype=torch.float32 if n == "gend" else workspace, device=o_ht[0].device)
+            for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", chunk), ("gend", K))}
+    run(prepare, bind, {n: x for n, x in given.items() if n != "h0"}, tuple(work.values()))
+    recur = dict(C=chunk, SD=_kfc_dtype(sd), WD=_kfc_dtype(workspace))
+    state_in = {"h0": given["h0"]} if "h0" in given else {}
+    heads = rows[2]
+    vb = recurrence_columns(N * heads, V, o_ht[0].device) if RECURRENCE_COLUMNS is None else RECURRENCE_COLUMNS
+    if vb and V in SPLIT_V and V % vb == 0:  # blocks of vb columns, a CTA each
+        run("kda_recurrence_split", dict(recur, V=V, VB=vb), dict(work, cu_seqlens=given["cu_seqlens"], **state_in),
+            o_ht)
+    else:
+        run("kda_recurrence", recur, dict(work, cu_seqlens=given["cu_seqlens"], **state_in), o_ht)
 
 
 def recurrence_columns(pairs: int, V: int, device: torch.device) -> int:

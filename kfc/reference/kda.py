@@ -19,7 +19,8 @@ import math
 
 import torch
 
-__all__ = ["kda_recurrent", "kda_flashkda", "kda_fla_gated", "kda_prepare_flashkda", "kda_recurrence"]
+__all__ = ["kda_recurrent", "kda_flashkda", "kda_fla_gated", "kda_prepare_flashkda", "kda_prepare_fla",
+           "kda_recurrence"]
 
 L2NORM_EPS = 1e-6  # fla's and FlashKDA's in-kernel q/k normalisation: x / sqrt(sum(x^2) + eps)
 
@@ -111,18 +112,8 @@ def kda_fla_gated(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0=None, scale=N
     beta activated as beta_max * sigmoid(beta), else taken as probabilities. A_log and dt_bias
     absent read as zeros, as the kernel reads them. States [N, HV, K, V]; with HV value heads a
     multiple of q's and k's H, value head h reads q/k head h // (HV / H). Returns (o, ht)."""
-    f = torch.float64
-    HV, K = g.shape[-2:]
-    A_log = torch.zeros(HV, dtype=f, device=g.device) if A_log is None else A_log.to(f)
-    z = g.to(f) + (0.0 if dt_bias is None else dt_bias.to(f).reshape(HV, K)[None, None])
-    rate = A_log.exp()[None, None, :, None]
-    gate = {0: g.to(f), 1: -rate * torch.nn.functional.softplus(z),
-            2: lower_bound * torch.sigmoid(rate * z)}[int(gate_form)]
-    b = beta_max * torch.sigmoid(beta.to(f)) if beta_logits else beta.to(f)
-    group = v.shape[2] // q.shape[2]  # grouped value heads: value head h reads q/k head h // group
-    q, k = (x.repeat_interleave(group, dim=2) for x in (q, k))
-    if qk_l2norm:
-        q, k = _l2norm(q), _l2norm(k)
+    gate, b = _fla_gate(g, A_log, dt_bias, gate_form, lower_bound), _fla_beta(beta, beta_logits, beta_max)
+    q, k = _fla_qk(q, k, v.shape[2], qk_l2norm)
     return kda_recurrent(q, k, v, gate, b, cu_seqlens, h0, scale)
 
 
@@ -133,12 +124,27 @@ def kda_prepare_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=Non
     token row: w = Ainv diag(beta) (k e^G), u = Ainv diag(beta) v, qg = q e^G (q scaled),
     kg = k e^(Gend - G), aqk = causal Aqk [.., C] and gend = e^Gend on the chunk's first row (its
     other rows are not written: NaN here, as the check poisons them)."""
+    gate = _flashkda_gate(g, A_log, dt_bias, lower_bound)
+    return _prepare(_l2norm(q), _l2norm(k), v, gate, torch.sigmoid(beta.to(torch.float64)), cu_seqlens, scale, C)
+
+
+def kda_prepare_fla(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=None, gate_form=1, lower_bound=-5.0,
+                    qk_l2norm=1, beta_logits=0, beta_max=1.0, *, C):
+    """kda_prepare_flashkda's outputs (kernels/kda_prepare_fla.kfc) for fla's interface, in float64:
+    the inputs and options as kda_fla_gated's, the outputs [1, T, HV, ...] per value head."""
+    gate, b = _fla_gate(g, A_log, dt_bias, gate_form, lower_bound), _fla_beta(beta, beta_logits, beta_max)
+    q, k = _fla_qk(q, k, v.shape[2], qk_l2norm)
+    return _prepare(q, k, v, gate, b, cu_seqlens, scale, C)
+
+
+def _prepare(q, k, v, gate, beta, cu_seqlens, scale, C):
+    """The prepare kernels' outputs from q and k as the kernel normalises them (unscaled), v, the
+    log-space gate and beta as probabilities, all [1, T, H, ...]."""
     f = torch.float64
     _, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
-    gate = _flashkda_gate(g, A_log, dt_bias, lower_bound)
-    qn, kn, vf, b, gate = _l2norm(q)[0] * scale, _l2norm(k)[0], v.to(f)[0], torch.sigmoid(beta.to(f))[0], gate[0]
+    qn, kn, vf, b, gate = q.to(f)[0] * scale, k.to(f)[0], v.to(f)[0], beta.to(f)[0], gate.to(f)[0]
     bounds = [int(x) for x in cu_seqlens.tolist()]
     out = {n: torch.zeros(T, H, d, dtype=f, device=q.device)
            for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", C))}
@@ -182,6 +188,33 @@ def kda_recurrence(w, u, qg, kg, aqk, gend, cu_seqlens, h0=None):
             o[t:e] = (rows(qg) @ S[n] + rows(aqk)[:, :, : e - t] @ U).transpose(0, 1)
             S[n] = gend[t][:, :, None] * S[n] + rows(kg).transpose(1, 2) @ U
     return o[None].float(), S.transpose(-1, -2).contiguous().float()
+
+
+def _fla_gate(g, A_log, dt_bias, gate_form, lower_bound):
+    """fla's log-space gate, in float64: g as given (gate_form 0), -exp(A_log[h]) * softplus(g +
+    dt_bias[h]) (1), or lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h])) (2); A_log and
+    dt_bias absent read as zeros, as the kernels read them."""
+    f = torch.float64
+    HV, K = g.shape[-2:]
+    A_log = torch.zeros(HV, dtype=f, device=g.device) if A_log is None else A_log.to(f)
+    z = g.to(f) + (0.0 if dt_bias is None else dt_bias.to(f).reshape(HV, K)[None, None])
+    rate = A_log.exp()[None, None, :, None]
+    if int(gate_form) == 0:
+        return g.to(f)
+    return -rate * torch.nn.functional.softplus(z) if int(gate_form) == 1 else lower_bound * torch.sigmoid(rate * z)
+
+
+def _fla_beta(beta, beta_logits, beta_max):
+    """beta as probabilities, in float64: beta_max * sigmoid(beta) where given as logits."""
+    return beta_max * torch.sigmoid(beta.to(torch.float64)) if beta_logits else beta.to(torch.float64)
+
+
+def _fla_qk(q, k, HV, qk_l2norm):
+    """q and k for each of the HV value heads (value head h reads q/k head h // (HV / H)),
+    L2-normalised where asked, in float64."""
+    group = HV // q.shape[2]
+    q, k = (x.to(torch.float64).repeat_interleave(group, dim=2) for x in (q, k))
+    return (_l2norm(q), _l2norm(k)) if qk_l2norm else (q, k)
 
 
 def _flashkda_gate(g, A_log, dt_bias, lower_bound):

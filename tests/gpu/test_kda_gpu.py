@@ -79,14 +79,21 @@ ENTRY_CASES = [  # (B, lengths or None, H, HV, K, V, dtype, options, chunk: None
           allow_neg_eigval=True, state_v_first=True, use_qk_l2norm_in_kernel=True), 64),
     # fla's D = 256: the state over blocks of V's columns (kernels/kda_fwd_fla_split.kfc)
     (1, [300, 77], 1, 2, 256, 256, torch.bfloat16, dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True), None),
+    # the chunk 16 in bf16 that split=True runs as the pair (kernels/kda_prepare_fla.kfc): resets, then safe_gate
+    (1, [37, 0, 300, 64], 2, 2, 64, 64, torch.bfloat16, dict(), None),
+    (1, [150, 77], 1, 2, 128, 128, torch.bfloat16,
+     dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,
+          state_v_first=True, use_qk_l2norm_in_kernel=True), None),
 ]
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("case", range(len(ENTRY_CASES)))
-def test_chunk_kda_in_flas_interface_on_the_gpu(case):
+def test_chunk_kda_in_flas_interface_on_the_gpu(case, split):
     """kfc.nn.kda.chunk_kda with fla's options: the batch packed, grouped heads, varlen with an
     empty sequence, odd head dims, each gate form, beta logits doubled, V-first bf16 states; o and
-    the final state against the fp64 recurrence, an f32 state given."""
+    the final state against the fp64 recurrence, an f32 state given. With split=True the bf16
+    cases at chunk 16 run the pair (the prepare kernel, then the recurrence), the rest one kernel."""
     from kfc.nn.kda import chunk_kda
     from kfc.reference.kda import kda_fla_gated
 
@@ -114,7 +121,7 @@ def test_chunk_kda_in_flas_interface_on_the_gpu(case):
         o, ht = chunk_kda(q.cuda(), k.cuda(), v.cuda(), gate.cuda(), b.cuda(), initial_state=state.cuda(),
                           output_final_state=True, A_log=A_log.cuda() if gate_in else None,
                           dt_bias=dt_bias.cuda() if gate_in else None,
-                          cu_seqlens=None if cu is None else cu.cuda(), chunk_size=chunk, **options)
+                          cu_seqlens=None if cu is None else cu.cuda(), chunk_size=chunk, split=split, **options)
     torch.cuda.synchronize()
     form = 2 if options.get("safe_gate") else 1 if gate_in else 0
     flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
