@@ -253,14 +253,13 @@ def test_fla_split_pair_with_resets_matches_the_recurrence_and_the_one_kernel(mo
     close("split against one kernel", got[True], got[False])
     launched.clear()
     kda.chunk_kda(q, k, v, g, b, initial_state=h0, cu_seqlens=cu, split=True)
-    assert [n for n, _ in launched] == ["kda_prepare_fla", "kda_recurrence"], launched
-    assert launched[1][1] == dict(C=16, SD="f32", WD="f32")
+    assert launched == [("kda_prepare_fla", dict(C=16, DECAY=1)), ("kda_recurrence", dict(C=16, SD="f32", WD="f32"))]
 
 
 @pytest.mark.parametrize("v_first", [False, True])
 def test_fla_split_pair_takes_every_gate_form_grouped_heads_and_either_state_layout(monkeypatch, v_first):
-    """The pair with the gate in the kernel (softplus, and safe_gate's lower-bound form), the L2
-    norm in the kernel, beta as logits doubled (allow_neg_eigval), two value heads a q/k head,
+    """The pair with the gate in the kernel (softplus, and safe_gate's lower-bound form, whose
+    decays the prepare kernel takes as products of factors), the L2 norm in the kernel, beta as logits doubled (allow_neg_eigval), two value heads a q/k head,
     a batch of two, and a bf16 state given and returned [K, V] or V-first."""
     launched = launches_recorded(monkeypatch)
     q, k, v, raw, beta, h0 = draw(2, 23, 1, 2, 8, 16, seed=11)
@@ -274,6 +273,7 @@ def test_fla_split_pair_takes_every_gate_form_grouped_heads_and_either_state_lay
                               safe_gate=safe, lower_bound=-4.0 if safe else None, use_beta_sigmoid_in_kernel=True,
                               allow_neg_eigval=True, state_v_first=v_first, split=True)
         assert [n for n, _ in launched] == ["kda_prepare_fla", "kda_recurrence"]
+        assert launched[0][1]["DECAY"] == (2 if safe else 1)  # safe_gate's bounded gates: decays as products
         for n in range(2):  # the batch's rows as sequences of their own
             want_o, want_ht = kda_fla_gated(q[n:n + 1], k[n:n + 1], v[n:n + 1], raw[n:n + 1].bfloat16(),
                                             beta[n:n + 1].bfloat16(), A_log, dt_bias, torch.tensor([0, 23]),

@@ -640,6 +640,22 @@ def test_constants_fold_through_elementwise_ops():
     assert isinstance(_def(g, add.operands[1]), ConstOp)
 
 
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_where_on_a_constant_condition_keeps_only_the_branch_it_takes(holds):
+    """where(c, a, b) with c constant and a, b not: a or b, and the other branch's work (here an
+    exponential, or a square root) left to dce; the results are the interpreter's before and after."""
+    def body(b, xr, ex):
+        cond = b.cmp("lt", b.const(1.0, DType.F32), 2.0 if holds else 0.5)
+        return b.where(cond, b.unary("exp", xr), b.unary("sqrt", b.unary("abs", xr)))
+
+    f = rows_func(body)
+    g, _ = run_pipeline(f, "canonicalize,dce")
+    assert_same_results(f, g)
+    names = set(op_names(g))
+    assert "tile.where" not in names
+    assert ("tile.exp" in names) == holds and ("tile.sqrt" in names) != holds
+
+
 def test_folding_uses_the_interpreters_integer_semantics():
     f = rows_func(lambda b, xr, ex: b.binary("add", xr, b.binary("rem", b.const(-7, DType.I32), 3)),
                   in_dtype=DType.I32)

@@ -253,12 +253,18 @@ def test_kda_split_pair_compiles_with_its_products_on_tensor_cores(target, share
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_kda_prepare_kernel_in_flas_interface_compiles_a_cta_per_chunk_and_value_head(target):
     """kernels/kda_prepare_fla.kfc at C = 16, K = V = 128: a CTA per (chunk, value head), w and u on
-    tensor cores; its decays taken pair by pair (fla's gates are unbounded below), so Akk and
-    Aqk are sums over K in a thread's loop, not products; no spills."""
+    tensor cores. With DECAY = 1 its decays are taken pair by pair (fla's gates are unbounded below),
+    so Akk and Aqk are sums over K in a thread's loop; with DECAY = 2 (bounded gates) they are a
+    product phase of their own, and the sums' code is gone (canonicalize folds where(DECAY == 2, ..)).
+    No spills."""
     shape = {"T": 4096, "K": 128, "V": 128}
-    r = compile_op(load_kfc("kernels/kda_prepare_fla.kfc", {"C": "16"}), parse_target(target), shape=shape)
-    assert r.report["kernels"][0]["grid"] == ["(((((T + 16) - 1) // 16) + N) * HV)", "1", "1"]
-    assert r.kernel.cu.count("][4] = {};") == 2 and not r.kernel.report.spills
+    for d, phases in (("1", 2), ("2", 3)):
+        r = compile_op(load_kfc("kernels/kda_prepare_fla.kfc", {"C": "16", "DECAY": d}), parse_target(target), shape=shape)
+        assert r.report["kernels"][0]["grid"] == ["(((((T + 16) - 1) // 16) + N) * HV)", "1", "1"]
+        assert r.kernel.cu.count("][4] = {};") == phases and not r.kernel.report.spills
+        # the pairwise decays: a sum over K with an exponential a term, for Akk and for Aqk
+        pairwise = re.findall(r"< 128; \+\+\w+\) \w+ = \w+ \+ .*kfc_ex2_approx", r.kernel.cu)
+        assert len(pairwise) == (2 if d == "1" else 0)
 
 
 def test_a_loop_every_thread_runs_at_most_once_is_a_block_or_an_if():

@@ -84,7 +84,7 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
     `split` (kfc's own; default FLA_SPLIT): the chunks' state-independent work as a parallel
     kernel before the recurrence (kernels/kda_prepare_fla.kfc, then kernels/kda_recurrence.kfc),
     where the chunk is 16, the inputs bf16 (the recurrence writes o in bf16), K at most 128 and
-    the state one CTA's; else one kernel."""
+    the state one CTA's (with safe_gate, its decays as products on tensor cores); else one kernel."""
     what = "chunk_kda"
     if chunk_size is not None and chunk_size not in FLA_CHUNKS:
         raise ValueError(f"`chunk_size` must be either 32 or 64, got {chunk_size} (kfc.nn.kda.chunk_kda takes fla's "
@@ -156,7 +156,9 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
             given["h0"] = ready(initial_state if state_v_first else state.transpose(-1, -2))
         given["cu_seqlens"] = offsets.to(torch.int64)
         ht = torch.empty(N, HV, V, K, dtype=sd, device=q.device)
-        _prepared_then_recurrence("kda_prepare_fla", dict(C=chunk), given, (1, B * T, HV),
+        # safe_gate's gates lie above lower_bound >= -5: the decays as products (kda_prepare_fla.kfc's DECAY = 2)
+        factored = gate_form == GATE_LOWER_BOUND and given["lower_bound"] >= -80.0 / chunk
+        _prepared_then_recurrence("kda_prepare_fla", dict(C=chunk, DECAY=2 if factored else 1), given, (1, B * T, HV),
                                   K, V, torch.float32, N, (o, ht), sd)
         final = None
         if output_final_state:

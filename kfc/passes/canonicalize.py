@@ -3,7 +3,8 @@
 Patterns: identity casts and broadcasts disappear; a widening round trip (bf16 → f32 → bf16)
 disappears; scalar constants fold through pure elementwise ops (with the interpreter's exact
 semantics, so folding can never disagree with the oracle); a broadcast of a constant becomes a
-constant tile; x * 1 and x + 0 on integers, x * 1.0 on floats, disappear.
+constant tile; x * 1 and x + 0 on integers, x * 1.0 on floats, disappear; where(c, a, b) with c
+constant is a or b (a choice made by a size parameter, `where(D == 2, ...)`, leaves no dead branch).
 """
 
 from __future__ import annotations
@@ -112,6 +113,20 @@ class BroadcastConstant(RewritePattern):
         return rw.replace([new.result])
 
 
+class ConstantCondition(RewritePattern):
+    """where(c, a, b) with c a constant tile is a (c true) or b: the branch not taken, a product or
+    a reduction say, is then dead code for dce rather than work every thread does."""
+
+    ROOT = WhereOp
+    BENEFIT = 2
+
+    def match_and_rewrite(self, op, rw: PatternRewriter) -> bool:
+        c = _const_value(rw, op.operands[0])
+        if c is None:
+            return rw.fail("the condition is not constant")
+        return rw.replace([op.operands[1] if c.value else op.operands[2]])
+
+
 class NeutralOperand(RewritePattern):
     """x * 1 and x + 0 (integers), x * 1.0 (floats) are x."""
 
@@ -133,7 +148,7 @@ class NeutralOperand(RewritePattern):
 
 
 PATTERNS = (IdentityCast(), IdentityBroadcast(), WideningRoundTrip(), FoldConstants(), BroadcastConstant(),
-            NeutralOperand())
+            ConstantCondition(), NeutralOperand())
 
 
 @define_pass("canonicalize", "fold constants, drop identity casts/broadcasts and neutral operands")

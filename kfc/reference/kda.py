@@ -129,10 +129,13 @@ def kda_prepare_flashkda(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=Non
 
 
 def kda_prepare_fla(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, scale=None, gate_form=1, lower_bound=-5.0,
-                    qk_l2norm=1, beta_logits=0, beta_max=1.0, *, C):
+                    qk_l2norm=1, beta_logits=0, beta_max=1.0, *, C, DECAY=1):
     """kda_prepare_flashkda's outputs (kernels/kda_prepare_fla.kfc) for fla's interface, in float64:
-    the inputs and options as kda_fla_gated's, the outputs [1, T, HV, ...] per value head."""
-    gate, b = _fla_gate(g, A_log, dt_bias, gate_form, lower_bound), _fla_beta(beta, beta_logits, beta_max)
+    the inputs and options as kda_fla_gated's, the outputs [1, T, HV, ...] per value head. Each
+    gate floored as the kernel floors it: at -100 (DECAY = 1), at -80 / C (DECAY = 2, its decays factorised)."""
+    floor = -80.0 / C if int(DECAY) == 2 else -100.0
+    gate = _fla_gate(g, A_log, dt_bias, gate_form, lower_bound).clamp(min=floor)
+    b = _fla_beta(beta, beta_logits, beta_max)
     q, k = _fla_qk(q, k, v.shape[2], qk_l2norm)
     return _prepare(q, k, v, gate, b, cu_seqlens, scale, C)
 
