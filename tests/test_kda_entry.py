@@ -253,7 +253,8 @@ def test_fla_split_pair_with_resets_matches_the_recurrence_and_the_one_kernel(mo
     close("split against one kernel", got[True], got[False])
     launched.clear()
     kda.chunk_kda(q, k, v, g, b, initial_state=h0, cu_seqlens=cu, split=True)
-    assert launched == [("kda_prepare_fla", dict(C=16, DECAY=1)), ("kda_recurrence", dict(C=16, SD="f32", WD="f32"))]
+    assert launched == [("kda_prepare_fla", dict(C=16, DECAY=1)),
+                        ("kda_recurrence", dict(C=16, SD="f32", WD="f32", O="bf16"))]
 
 
 @pytest.mark.parametrize("v_first", [False, True])
@@ -285,8 +286,7 @@ def test_fla_split_pair_takes_every_gate_form_grouped_heads_and_either_state_lay
 
 
 def test_fla_split_pair_is_left_for_the_one_kernel_where_it_does_not_hold(monkeypatch):
-    """split=True runs the one kernel at chunk 32, with f16 inputs (the recurrence writes o in
-    bf16) and past K = 128 (the pair's products are TF32); left out, split is FLA_SPLIT's."""
+    """split=True runs the one kernel at chunk 32 and the pair at 16; left out, split is FLA_SPLIT's."""
     launched = launches_recorded(monkeypatch)
     q, k, v, raw, beta, _ = draw(1, 20, 1, 1, 8, 8)
     g, b = F.logsigmoid(raw), beta.sigmoid()
@@ -295,11 +295,40 @@ def test_fla_split_pair_is_left_for_the_one_kernel_where_it_does_not_hold(monkey
         kda.chunk_kda(q, k, v, g, b, split=True, **kwargs)
         assert launched[0][0] == name, kwargs
     launched.clear()
-    kda.chunk_kda(q.half(), k.half(), v.half(), g, b, split=True)
-    assert [n for n, _ in launched] == ["kda_fwd_fla"]
-    launched.clear()
     kda.chunk_kda(q, k, v, g, b)
     assert launched[0][0] == ("kda_prepare_fla" if kda.FLA_SPLIT else "kda_fwd_fla")
+
+
+def test_fla_split_pair_writes_f16_outputs_and_carries_wide_states_over_blocks_of_columns(monkeypatch):
+    """The pair with f16 inputs (the recurrence writes o in f16: its O) and at K = V = 256, where
+    one CTA cannot hold the whole state: the recurrence over blocks of 64 of V's columns, both
+    kernels' products in 3xTF32 (fla_pipeline), as the float64 recurrence. pair_columns says which."""
+    launched = []
+
+    def recorded(name, bind, given, outs, pipeline=None):
+        launched.append((name, dict(bind), pipeline))
+        interpreted(name, bind, given, outs)
+
+    monkeypatch.setattr(kda, "run", recorded)
+    for K, dtype in ((8, torch.float16), (256, torch.bfloat16)):
+        launched.clear()
+        q, k, v, raw, beta, h0 = draw(1, 19, 1, 1, K, K, dtype=dtype, seed=K)
+        q, k = (F.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
+        g, b = F.logsigmoid(raw), beta.sigmoid()
+        o, ht = kda.chunk_kda(q, k, v, g, b.to(dtype), initial_state=h0, output_final_state=True, split=True)
+        want_o, want_ht = kda_recurrent(q.double(), k.double(), v.double(), g.double(), b.to(dtype).double(), None,
+                                        h0.double())
+        assert o.dtype == dtype
+        close(f"o, K={K}", o, want_o)
+        close(f"ht, K={K}", ht, want_ht)
+        (prep, pbind, ppipe), (rec, rbind, rpipe) = launched
+        assert prep == "kda_prepare_fla" and rbind["O"] == kda._kfc_dtype(dtype)
+        if K == 256:
+            assert rec == "kda_recurrence_split" and rbind["VB"] == 64 and ppipe == rpipe == kda.fla_pipeline(256)
+        else:
+            assert rec == "kda_recurrence" and ppipe is None
+    assert kda.pair_columns(128, 128) == 0 and kda.pair_columns(256, 256) == 64 and kda.pair_columns(128, 256) == 128
+    assert kda.pair_columns(256, 100) is None
 
 
 def test_flash_kda_fwd_split_matches_the_recurrence_and_the_one_kernel():

@@ -82,9 +82,9 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
     every sequence, [B, NT, HV, K, V] (with cu_seqlens [1, NT, ...], NT every sequence's chunks)
     in q's dtype, computed one launch per chunk (kfc.nn.kda_states): correct, not fast.
     `split` (kfc's own; default FLA_SPLIT): the chunks' state-independent work as a parallel
-    kernel before the recurrence (kernels/kda_prepare_fla.kfc, then kernels/kda_recurrence.kfc),
-    where the chunk is 16, the inputs bf16 (the recurrence writes o in bf16), K at most 128 and
-    the state one CTA's (with safe_gate, its decays as products on tensor cores); else one kernel."""
+    kernel before the recurrence (kernels/kda_prepare_fla.kfc, then kernels/kda_recurrence.kfc,
+    over blocks of V's columns where the state is wider than a CTA holds), at chunk 16 (with
+    safe_gate, its decays as products on tensor cores); else one kernel."""
     what = "chunk_kda"
     if chunk_size is not None and chunk_size not in FLA_CHUNKS:
         raise ValueError(f"`chunk_size` must be either 32 or 64, got {chunk_size} (kfc.nn.kda.chunk_kda takes fla's "
@@ -150,7 +150,8 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
                  qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), beta_logits=int(bool(use_beta_sigmoid_in_kernel)),
                  beta_max=2.0 if allow_neg_eigval else 1.0)
     split = FLA_SPLIT if split is None else split
-    if split and chunk in SPLIT_CHUNKS and q.dtype == torch.bfloat16 and K <= TF32_HEAD_DIM and K * V <= WHOLE_STATE:
+    blocks = pair_columns(K, V) if split and chunk in SPLIT_CHUNKS else None
+    if blocks is not None:
         # the recurrence keeps states V-first: the caller's as given with state_v_first, else transposed
         if state is not None:
             given["h0"] = ready(initial_state if state_v_first else state.transpose(-1, -2))
@@ -159,7 +160,7 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
         # safe_gate's gates lie above lower_bound >= -5: the decays as products (kda_prepare_fla.kfc's DECAY = 2)
         factored = gate_form == GATE_LOWER_BOUND and given["lower_bound"] >= -80.0 / chunk
         _prepared_then_recurrence("kda_prepare_fla", dict(C=chunk, DECAY=2 if factored else 1), given, (1, B * T, HV),
-                                  K, V, torch.float32, N, (o, ht), sd)
+                                  K, V, torch.float32, N, (o, ht), sd, fla_pipeline(K), blocks or None)
         final = None
         if output_final_state:
             final = ht if state_v_first else ht.transpose(-1, -2).contiguous()
@@ -230,25 +231,28 @@ def flash_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
 
 
 def _prepared_then_recurrence(prepare: str, bind: dict, given: dict, rows: tuple, K: int, V: int,
-                              workspace: torch.dtype, N: int, o_ht: tuple, sd: torch.dtype) -> None:
+                              workspace: torch.dtype, N: int, o_ht: tuple, sd: torch.dtype,
+                              pipeline: str | None = None, columns: int | None = None) -> None:
     """The split pair: `prepare` (bound by `bind`) stores every chunk's w, u, qg, kg, aqk and gend
     for all (chunk, head) at once into workspaces of `rows` [1, T, heads] (gend in f32, the
     rest in `workspace`), then the recurrence carries the state (`given`'s h0, V-first) across
-    each sequence's chunks into o_ht (o [1, T, heads, V] and the final state V-first), over
-    blocks of V's columns where recurrence_columns (or RECURRENCE_COLUMNS) says so."""
+    each sequence's chunks into o_ht (o [1, T, heads, V] in its dtype and the final state
+    V-first): over blocks of `columns` of V's columns where given, else where
+    recurrence_columns (or RECURRENCE_COLUMNS) says so. Both built by `pipeline`."""
     chunk = bind["C"]
     work = {n: torch.empty(*rows, d, dtype=torch.float32 if n == "gend" else workspace, device=o_ht[0].device)
             for n, d in (("w", K), ("u", V), ("qg", K), ("kg", K), ("aqk", chunk), ("gend", K))}
-    run(prepare, bind, {n: x for n, x in given.items() if n != "h0"}, tuple(work.values()))
-    recur = dict(C=chunk, SD=_kfc_dtype(sd), WD=_kfc_dtype(workspace))
+    run(prepare, bind, {n: x for n, x in given.items() if n != "h0"}, tuple(work.values()), pipeline)
+    recur = dict(C=chunk, SD=_kfc_dtype(sd), WD=_kfc_dtype(workspace), O=_kfc_dtype(o_ht[0].dtype))
     state_in = {"h0": given["h0"]} if "h0" in given else {}
     heads = rows[2]
-    vb = recurrence_columns(N * heads, V, o_ht[0].device) if RECURRENCE_COLUMNS is None else RECURRENCE_COLUMNS
+    vb = columns or (recurrence_columns(N * heads, V, o_ht[0].device) if RECURRENCE_COLUMNS is None
+                     else RECURRENCE_COLUMNS)
     if vb and V in SPLIT_V and V % vb == 0:  # blocks of vb columns, a CTA each
         run("kda_recurrence_split", dict(recur, V=V, VB=vb), dict(work, cu_seqlens=given["cu_seqlens"], **state_in),
-            o_ht)
+            o_ht, pipeline)
     else:
-        run("kda_recurrence", recur, dict(work, cu_seqlens=given["cu_seqlens"], **state_in), o_ht)
+        run("kda_recurrence", recur, dict(work, cu_seqlens=given["cu_seqlens"], **state_in), o_ht, pipeline)
 
 
 def recurrence_columns(pairs: int, V: int, device: torch.device) -> int:
@@ -273,6 +277,17 @@ def fla_kernel(K: int, V: int) -> tuple[str, dict]:
         return "kda_fwd_fla", {}
     fit = [vb for vb in SPLIT_VB if vb < V and V % vb == 0 and K * vb <= WHOLE_STATE]
     return ("kda_fwd_fla_split", dict(V=V, VB=max(fit))) if fit else ("kda_fwd_fla", {})
+
+
+def pair_columns(K: int, V: int) -> int | None:
+    """How chunk_kda's pair carries the state at head dims K and V: 0, in one CTA a (sequence,
+    head) where it holds the whole state (recurrence_columns may still split it); the columns of
+    V a CTA takes where it does not (kda_recurrence_split.kfc, as fla_kernel's); None where
+    neither is written (V not one the split kernel takes): then the one kernel."""
+    if K * V <= WHOLE_STATE:
+        return 0
+    name, columns = fla_kernel(K, V)
+    return columns["VB"] if name == "kda_fwd_fla_split" else None
 
 
 def fla_pipeline(K: int) -> str | None:
@@ -376,4 +391,4 @@ def _forward_only(what: str, *tensors: Optional[Tensor]) -> None:
 
 
 def _kfc_dtype(dtype: torch.dtype) -> str:
-    return {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
+    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
