@@ -71,6 +71,26 @@ op center(x: f32[S, H, D]) -> (y: f32[S, H, D]) {
     assert r.report["kernels"][0]["grid"][0] == "S" and r.report["pipeline"] == TILE_PIPELINE
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_tiles_whose_first_axis_is_a_slice_keep_their_shape_and_compile(tmp_path, rows):
+    """`x[b:b+n, :]` (n = 1 or 4): the slice masks rows past the tensor's end, which a row index
+    would not, so the loop keeps its rank-2 tiles (it was split with `:`'s dim taken for the
+    slice's, an internal error) and the tile emitter builds it; `kfc check`'s interpreter on the
+    final IR against the formula, at an extent the slices do not divide."""
+    text = f"""
+op rowmax(x: f32[B, N]) -> (m: f32[B, 1]) {{
+  parallel b in 0..(B + {rows} - 1) // {rows} {{
+    m[b * {rows}:b * {rows} + {rows}, :] = max(x[b * {rows}:b * {rows} + {rows}, :], axis=1)[:, None]
+  }}
+}}
+"""
+    f, ctx = split(tmp_path, text, {"N": 8})
+    assert ctx.stats["split-tiles"].split == 0
+    assert "the tiles' first axis is a slice" in ctx.stats["split-tiles"].kept[0]
+    r = compile_op(spec_of(tmp_path, text), parse_target("sm_90a"), shape={"B": 7, "N": 8}, verify_each=True)
+    assert r.report["pipeline"] == TILE_PIPELINE and not r.kernel.report.spills
+
+
 def test_a_reduction_over_the_first_axis_becomes_a_loop_over_the_rows(tmp_path):
     """sum, mean and max over a token's heads: one sequential loop over the heads inside the
     loop over tokens, a [D] accumulator carried for each (bf16 rows summed in f32), the

@@ -190,8 +190,10 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
             index, idx_ops = list(op.index), list(operands[first:])
             if role in ("AB", "A"):
                 # the tile's first axis is row a of the tensor dim it runs along
-                dims = _axis_dims(tensor.ttype, index)
-                d = dims[0]
+                d = _axis_dims(tensor.ttype, index)[0]
+                if d < len(index) and index[d].kind == "slice":
+                    # a slice masks the rows past its limit or the tensor's end; a row index would not
+                    raise NotSplit("the tiles' first axis is a slice (`x[t:t+n, :]`)")
                 while len(index) <= d:
                     index.append(IndexDim("all"))
                 index[d] = IndexDim("point")
@@ -232,8 +234,8 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
 
 
 def _axis_dims(t: TensorType, index) -> list[int]:
-    """The tensor dims a load or store's tile runs along (those indexed by `:`)."""
-    return [d for d, ix in enumerate(index) if ix.kind == "all"] + list(range(len(index), t.rank))
+    """The tensor dims a load or store's tile runs along, in order: those sliced or indexed by `:`."""
+    return [d for d, ix in enumerate(index) if ix.kind in ("all", "slice")] + list(range(len(index), t.rank))
 
 
 @define_pass("split-tiles", "a parallel loop over [A, B] tiles becomes a loop over one more index with [B] tiles")
