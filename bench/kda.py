@@ -16,7 +16,8 @@ as fla is, split and not). Every contender's o (and final state) is first checke
 (kfc.reference.kda.kda_flashkda): relative RMSE within 2e-2, a wrong contender is not timed and
 the run exits non-zero; the error is recorded. Timing: eager, triton.testing.do_bench median with
 the L2 flushed before each call (the headline); CUDA graph, do_bench_cudagraph median, beside it.
-`speedup_vs_<peer>` = the peer's eager time / kfc's best chunk's (> 1: kfc faster). --parts
+`speedup_vs_<peer>` = the peer's eager time / kfc's best chunk's (> 1: kfc faster), among the
+`kfc[C=..]` contenders (FlashKDA's interface). --parts
 also times each kernel a kfc contender launches alone, eager (`parts_eager_ms`: the prepare
 kernel and the recurrence apart).
 --codegen sets kfc.codegen.cuda's switches for the run (every kfc contender is built with them;
@@ -207,7 +208,8 @@ def run(cases: list[str], chunks: list[int], state: str, progress=None, one_kern
             except Exception as e:  # noqa: BLE001 - a failing contender is a result, not a crash
                 row[name] = harness.failed(e)
                 failures.append(f"{case} {name}: {row[name]['error']}")
-        timed = [(v["eager_ms"], k) for k, v in row.items() if k.startswith("kfc") and v.get("ok")]
+        # FlashKDA's interface's best (kfc[C=..]); the fla interface's contenders are shown beside it
+        timed = [(v["eager_ms"], k) for k, v in row.items() if k.startswith("kfc[") and v.get("ok")]
         if timed:
             kfc_best = min(timed)
             row["kfc_best"] = kfc_best[1]

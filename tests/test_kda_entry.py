@@ -23,12 +23,14 @@ TOLERANCE = 5e-3  # the kernels' own (kernels/kda_fwd_fla.kfc's check)
 def interpreted(name, bind, given, outs, pipeline=None):
     """kda.run on the interpreter: the kernel instantiated for the tensors' dtypes, as the
     runtime instantiates it, run on their values (as written: the pipeline is the GPU's), its
-    outputs copied into `outs`."""
+    outputs copied into `outs`. As written, a `where` on a size parameter computes both branches:
+    kda_prepare_fla's factorised decays overflow where DECAY = 1 (the branch not taken)."""
     func = load(kernel_path(name), bind=bind).instance_for(given).func
     types = {a.name: a.ttype.dtype for a in func.args}
     args = {n: (v.float().numpy().astype(types[n].np) if v.is_floating_point() else v.numpy())
             if isinstance(v, torch.Tensor) else v for n, v in given.items()}
-    got = run(func, args)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = run(func, args)
     for out, v in zip(outs, func.outputs):
         out.copy_(torch.from_numpy(got[v.name].astype(np.float32)).reshape(out.shape))
 
@@ -216,12 +218,14 @@ def test_f32_inputs_are_refused_with_the_dtypes_the_kernel_takes():
         kda.chunk_kda(q, k, v, raw, beta)
 
 
-def launches_recorded(monkeypatch):
-    """kda.run on the interpreter, each launch's kernel name and bindings kept in the list returned."""
+def launches_recorded(monkeypatch, pipelines=False):
+    """kda.run on the interpreter, each launch's kernel name and bindings (and pipeline, where
+    asked) kept in the list returned. A prepare kernel takes no state."""
     launched = []
 
     def recorded(name, bind, given, outs, pipeline=None):
-        launched.append((name, dict(bind)))
+        assert not (name.startswith("kda_prepare") and "h0" in given), "the state given to a prepare kernel"
+        launched.append((name, dict(bind), pipeline) if pipelines else (name, dict(bind)))
         interpreted(name, bind, given, outs)
 
     monkeypatch.setattr(kda, "run", recorded)
@@ -294,22 +298,18 @@ def test_fla_split_pair_is_left_for_the_one_kernel_where_it_does_not_hold(monkey
         launched.clear()
         kda.chunk_kda(q, k, v, g, b, split=True, **kwargs)
         assert launched[0][0] == name, kwargs
-    launched.clear()
-    kda.chunk_kda(q, k, v, g, b)
-    assert launched[0][0] == ("kda_prepare_fla" if kda.FLA_SPLIT else "kda_fwd_fla")
+    for default, name in ((True, "kda_prepare_fla"), (False, "kda_fwd_fla")):
+        monkeypatch.setattr(kda, "FLA_SPLIT", default)
+        launched.clear()
+        kda.chunk_kda(q, k, v, g, b)
+        assert launched[0][0] == name, default
 
 
 def test_fla_split_pair_writes_f16_outputs_and_carries_wide_states_over_blocks_of_columns(monkeypatch):
     """The pair with f16 inputs (the recurrence writes o in f16: its O) and at K = V = 256, where
     one CTA cannot hold the whole state: the recurrence over blocks of 64 of V's columns, both
     kernels' products in 3xTF32 (fla_pipeline), as the float64 recurrence. pair_columns says which."""
-    launched = []
-
-    def recorded(name, bind, given, outs, pipeline=None):
-        launched.append((name, dict(bind), pipeline))
-        interpreted(name, bind, given, outs)
-
-    monkeypatch.setattr(kda, "run", recorded)
+    launched = launches_recorded(monkeypatch, pipelines=True)
     for K, dtype in ((8, torch.float16), (256, torch.bfloat16)):
         launched.clear()
         q, k, v, raw, beta, h0 = draw(1, 19, 1, 1, K, K, dtype=dtype, seed=K)

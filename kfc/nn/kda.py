@@ -40,12 +40,14 @@ DEFAULT_CHUNK = 16      # FlashKDA's chunk, and the least shared memory per CTA 
 FLA_CHUNKS = (32, 64)   # the chunk sizes fla's chunk_kda accepts when one is given
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
-WORKSPACE = torch.float32  # the split pair's workspaces (kernels/kda_prepare_flashkda.kfc's WD)
+# flash_kda_fwd's split pair's workspaces (kernels/kda_prepare_flashkda.kfc's WD); chunk_kda's are f32
+# (kernels/kda_prepare_fla.kfc writes f32)
+WORKSPACE = torch.float32
 SPLIT_CHUNKS = (16,)  # the split pairs' chunk
-# chunk_kda's default for `split`: off until a GPU run has timed its pair (kernels/kda_prepare_fla.kfc,
-# exact decays pair by pair) against its one kernel; bench.kda --fla times both
+SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound flash_kda_fwd's is exact for (FlashKDA's range)
+# chunk_kda's default for `split`: off until a GPU run has timed its pair (kernels/kda_prepare_fla.kfc)
+# against its one kernel; bench.kda --fla times both
 FLA_SPLIT = False
-SPLIT_LOWER_BOUND = -5.0  # ... and the least lower_bound it is exact for (FlashKDA's range)
 # the columns of V a CTA of the split pair's recurrence takes (kernels/kda_recurrence_split.kfc's
 # VB): None, as recurrence_columns chooses; 0, all of V in one CTA (kernels/kda_recurrence.kfc)
 RECURRENCE_COLUMNS: Optional[int] = None
@@ -130,8 +132,12 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
                 raise KfcError(f"{what}: safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0), "
                                f"got {lower_bound}", hint="pass lower_bound=-5.0")
             gate_form = GATE_LOWER_BOUND
-    N, offsets = _sequences(what, cu_seqlens, B, T, q.device, torch.int32)
-    state = _state(what, initial_state, N, HV, K, V, state_v_first)
+    split = FLA_SPLIT if split is None else split
+    blocks = pair_columns(K, V) if split and chunk in SPLIT_CHUNKS else None
+    pair = blocks is not None
+    N, offsets = _sequences(what, cu_seqlens, B, T, q.device, torch.int64 if pair else torch.int32)
+    # the pair's recurrence keeps states V-first, the one kernel [K, V]
+    state = _state(what, initial_state, N, HV, K, V, state_v_first, kernel_v_first=pair)
     _forward_only(what, q, k, v, g, beta, initial_state, A_log, dt_bias)
 
     given = dict(q=_packed(q), k=_packed(k), v=_packed(v), g=_packed(g.float()), beta=_packed(beta.float()),
@@ -144,32 +150,22 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
         given["h0"] = state
     sd = torch.float32 if state is None else state.dtype
     o = torch.empty(1, B * T, HV, V, dtype=q.dtype, device=q.device)
-    ht = torch.empty(N, HV, K, V, dtype=sd, device=q.device)
+    ht = torch.empty(N, HV, *((V, K) if pair else (K, V)), dtype=sd, device=q.device)
     given.update(scale=float(K ** -0.5 if scale is None else scale), gate_form=gate_form,
                  lower_bound=float(-5.0 if lower_bound is None else lower_bound),
                  qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), beta_logits=int(bool(use_beta_sigmoid_in_kernel)),
                  beta_max=2.0 if allow_neg_eigval else 1.0)
-    split = FLA_SPLIT if split is None else split
-    blocks = pair_columns(K, V) if split and chunk in SPLIT_CHUNKS else None
-    if blocks is not None:
-        # the recurrence keeps states V-first: the caller's as given with state_v_first, else transposed
-        if state is not None:
-            given["h0"] = ready(initial_state if state_v_first else state.transpose(-1, -2))
-        given["cu_seqlens"] = offsets.to(torch.int64)
-        ht = torch.empty(N, HV, V, K, dtype=sd, device=q.device)
+    if pair:
         # safe_gate's gates lie above lower_bound >= -5: the decays as products (kda_prepare_fla.kfc's DECAY = 2)
         factored = gate_form == GATE_LOWER_BOUND and given["lower_bound"] >= -80.0 / chunk
         _prepared_then_recurrence("kda_prepare_fla", dict(C=chunk, DECAY=2 if factored else 1), given, (1, B * T, HV),
                                   K, V, torch.float32, N, (o, ht), sd, fla_pipeline(K), blocks or None)
-        final = None
-        if output_final_state:
-            final = ht if state_v_first else ht.transpose(-1, -2).contiguous()
-        return o.reshape(B, T, HV, V), final
-    name, columns = fla_kernel(K, V)
-    run(name, dict(C=chunk, SD=_kfc_dtype(sd), **columns), given, (o, ht), fla_pipeline(K))
+    else:
+        name, columns = fla_kernel(K, V)
+        run(name, dict(C=chunk, SD=_kfc_dtype(sd), **columns), given, (o, ht), fla_pipeline(K))
     final = None
-    if output_final_state:
-        final = ht.transpose(-1, -2).contiguous() if state_v_first else ht
+    if output_final_state:  # in the caller's layout: V-first with state_v_first
+        final = ht if pair == state_v_first else ht.transpose(-1, -2).contiguous()
     return o.reshape(B, T, HV, V), final
 
 
@@ -359,8 +355,9 @@ def _sequences(what: str, cu_seqlens: Optional[Tensor], B: int, T: int, device, 
 
 
 def _state(what: str, state: Optional[Tensor], N: int, HV: int, K: int, V: int, v_first: bool,
-           name: str = "initial_state") -> Optional[Tensor]:
-    """The state as the kernel reads it, [N, HV, K, V] (transposed from [N, HV, V, K] when v_first)."""
+           name: str = "initial_state", kernel_v_first: bool = False) -> Optional[Tensor]:
+    """The state, given [N, HV, V, K] where v_first else [N, HV, K, V], as the kernel reads it:
+    [N, HV, K, V], or [N, HV, V, K] where kernel_v_first (transposed, a copy, where they differ)."""
     if state is None:
         return None
     want = (N, HV, V, K) if v_first else (N, HV, K, V)
@@ -369,7 +366,7 @@ def _state(what: str, state: Optional[Tensor], N: int, HV: int, K: int, V: int, 
     if state.dtype not in STATE_DTYPES:
         raise KfcError(f"{what}: {name} is {state.dtype}; kfc's kernels keep states in float32 or bfloat16",
                        hint=f"convert it with {name}.float()")
-    return ready(state.transpose(-1, -2) if v_first else state)
+    return ready(state.transpose(-1, -2) if v_first != kernel_v_first else state)
 
 
 def _vector(what: str, name: str, t: Tensor, shape: tuple) -> Tensor:
