@@ -91,6 +91,26 @@ op rowmax(x: f32[B, N]) -> (m: f32[B, 1]) {{
     assert r.report["pipeline"] == TILE_PIPELINE and not r.kernel.report.spills
 
 
+@pytest.mark.parametrize("outer", ["sum", "max", "mean"])
+def test_a_reduction_of_a_kept_one_element_axis_is_the_rows_element(tmp_path, outer):
+    """`sum(max(xt, axis=1, keepdims=true), axis=1)`: split into rows, the [R, 1] tile is a
+    row's scalar, and reducing its one-element axis is that scalar (it was a reduction over
+    axis 0 of a scalar, an internal error); compiled under --verify-each, at C = 1 too."""
+    text = f"""
+op rowpeak(x: f32[B, R, C]) -> (s: f32[B, R]) {{
+  parallel b in 0..B {{
+    peak = max(x[b, :, :], axis=1, keepdims=true)
+    s[b, :] = {outer}(peak * 2.0, axis=1)
+  }}
+}}
+"""
+    f, ctx = split(tmp_path, text, {"R": 7, "C": 13})
+    assert ctx.stats["split-tiles"].split == 1
+    for c in (13, 1):
+        r = compile_op(spec_of(tmp_path, text), parse_target("sm_90a"), shape={"R": 7, "C": c}, verify_each=True)
+        assert not r.kernel.report.spills
+
+
 def test_a_reduction_over_the_first_axis_becomes_a_loop_over_the_rows(tmp_path):
     """sum, mean and max over a token's heads: one sequential loop over the heads inside the
     loop over tokens, a [D] accumulator carried for each (bf16 rows summed in f32), the

@@ -51,6 +51,11 @@ def test_tiles_too_large_for_shared_memory_are_refused_with_the_fix(capsys):
     assert "its tiles need" in err and "bytes of shared memory at once" in err and "--dtype C=32" in err
     # and which tiles take it: the state first, the largest
     assert "at the busiest phase: S f32[256, 256] (263168 B)" in err and "k[...] bf16[64, 256]" in err
+    # at its least chunk there is no smaller one to name
+    assert main(["compile", "kernels/kda_fwd.kfc", "--dtype", "C=16", "--shape", "T=4096,K=256,V=256",
+                 "-o", "/tmp/kfc-never"]) == 2
+    err = capsys.readouterr().err
+    assert "its tiles need" in err and "--dtype" not in err and "smaller dims (--shape)" in err
 
 
 def _kda_body():

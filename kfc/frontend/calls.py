@@ -70,10 +70,10 @@ class CallLowering:
             return handler(self, node, positional, kwargs)
 
     # helpers for builtins
-    def const_int(self, node, what: str) -> int:
+    def const_int(self, node, what: str, hint: str | None = None) -> int:
         v = self.value(node)
         if isinstance(v, bool) or not isinstance(v, int):
-            raise self.err(node, f"{what} must be a constant integer")
+            raise self.err(node, f"{what} must be a constant integer", hint)
         return v
 
     def const_bool(self, node, what: str) -> bool:
@@ -196,9 +196,13 @@ def _bitcast(lw: CallLowering, node, pos, kw):
 
 
 def _tri(lower: bool):
+    name, keep = ("tril", ">=") if lower else ("triu", "<=")
+    hint = (f"a mask's sizes are fixed where the op is read: give it a size parameter (op f<C: 64 | 32>(...), "
+            f"{name}(C)), or build the mask from indices, iota(R)[:, None] {keep} iota(N)[None, :]")
+
     def h(lw: CallLowering, node, pos, kw):
-        rows = lw.const_int(pos[0], "the row count")
-        cols = lw.const_int(pos[1], "the column count") if len(pos) > 1 else rows
+        rows = lw.const_int(pos[0], f"{name}'s row count", hint)
+        cols = lw.const_int(pos[1], f"{name}'s column count", hint) if len(pos) > 1 else rows
         k = lw.const_int(kw["k"], "k") if "k" in kw else 0
         if rows <= 0 or cols <= 0:
             raise lw.err(node, "a triangular mask needs positive sizes")

@@ -73,6 +73,18 @@ class OpSpec:
         return {n: int(self.dtypes[n]) for n, opts in self.type_params if opts[0].isdigit() and n in self.dtypes}
 
     @property
+    def smaller_sizes(self) -> dict[str, int]:
+        """For each size type parameter bound above the least size it offers, the next smaller
+        one (C of kda<C: 64 | 32 | 16> bound to 64: 32): what to bind where a tile is too large."""
+        out = {}
+        for n, opts in self.type_params:
+            if opts[0].isdigit() and n in self.dtypes:
+                below = [int(o) for o in opts if int(o) < int(self.dtypes[n])]
+                if below:
+                    out[n] = max(below)
+        return out
+
+    @property
     def instance_name(self) -> str:
         """The op's name with its type arguments, e.g. rmsnorm_f16."""
         return "_".join([self.name] + [self.dtypes[n] for n, _ in self.type_params])

@@ -210,6 +210,14 @@ def rows_of(ops, roles: Roles, a: Value, vmap: dict) -> list:
             continue
         if isinstance(op, ReduceOp) and roles.of(op.operands[0]) == "A":
             raise NotSplit("a reduction along the tiles' first axis (across the rows)")
+        if isinstance(op, ReduceOp) and roles.of(op.operands[0]) == "A1":
+            # row a of an [A, 1] tile is one element, and every reduction of one element is it
+            row, want = operands[0], new_type(op.result)
+            if row.type == want:
+                vmap[op.result] = row
+            else:
+                body.append(CastOp(operands=(row,), results=(fresh(op.result),), loc=op.loc))
+            continue
         if isinstance(op, ReduceOp) and register_tile(op.operands[0]).rank == 2:
             result = fresh(op.result)
             if result.ttype.rank:  # [A, 1] kept from tiles of one column: the row's scalar spread over [1]

@@ -92,6 +92,9 @@ class DotOp(Op):
             raise self.error(f"operand dtypes differ: {a.dtype} and {b.dtype}")
         if not (a.dtype.is_float or a.dtype in (DType.I8,)):
             raise self.error(f"operands must be floating point or i8, not {a.dtype}")
+        if a.dtype is DType.F64:  # the product sums in f32: f64 operands would lose their precision unseen
+            raise self.error("sums its products in f32, so f64 operands would keep only f32's precision",
+                             "convert them to say so: dot(f32(a), f32(b))")
         m, n, ka, kb = self.mnk(a, b, self.trans_a, self.trans_b)
         if ka != kb:
             raise self.error(f"contraction dims differ: {ka} and {kb} "
