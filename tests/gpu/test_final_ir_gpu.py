@@ -173,11 +173,14 @@ WRITTEN = {**{f"narrow_{d}": NARROW.format(src=d) for d in ("e4m3", "e5m2", "i8"
 
 # instances besides each op's first: KDA's kernels where their loops prefetch (C = 16, 32; the
 # one-kernel kda_fwd's are run against the fp64 recurrence by tests/gpu/test_kda_gpu.py) and the
-# pair with bf16 workspaces (f32 is each one's first)
+# pair with bf16 workspaces (f32 is each one's first), fla's prepare kernel with its decays as
+# products (DECAY = 2), the recurrence writing f16
 BOUND = {"kda_recurrence_c16": ("kda_recurrence", {"C": "16"}), "kda_recurrence_c32": ("kda_recurrence", {"C": "32"}),
          "kda_fwd_flashkda_c16": ("kda_fwd_flashkda", {"C": "16"}), "kda_fwd_fla_c16": ("kda_fwd_fla", {"C": "16"}),
          "kda_recurrence_c16_bf16": ("kda_recurrence", {"C": "16", "WD": "bf16"}),
-         "kda_prepare_flashkda_bf16": ("kda_prepare_flashkda", {"WD": "bf16"})}
+         "kda_prepare_flashkda_bf16": ("kda_prepare_flashkda", {"WD": "bf16"}),
+         "kda_prepare_fla_decay2": ("kda_prepare_fla", {"DECAY": "2"}),
+         "kda_recurrence_c16_f16": ("kda_recurrence", {"C": "16", "O": "f16"})}
 
 
 @pytest.mark.parametrize("path", OPS + [Path(f"{name}.kfc") for name in [*WRITTEN, *BOUND]], ids=lambda p: p.stem)
