@@ -58,6 +58,24 @@ def test_tiles_too_large_for_shared_memory_are_refused_with_the_fix(capsys):
     assert "its tiles need" in err and "--dtype" not in err and "smaller dims (--shape)" in err
 
 
+def test_a_program_of_two_parallel_loops_is_refused_with_what_to_do(tmp_path):
+    """A kernel is one parallel loop: two in one op are refused by name, with the way out."""
+    text = """
+op two(x: f32[B, N]) -> (m: f32[B, 1], y: f32[B, N]) {
+  parallel b in 0..B {
+    m[b, :] = max(x[b:b+1, :], axis=1)
+  }
+  parallel b in 0..B {
+    y[b:b+1, :] = x[b:b+1, :] - m[b:b+1, :]
+  }
+}
+"""
+    with pytest.raises(KfcError) as info:
+        compile_op(parse_kfc(text, str(tmp_path / "two.kfc")), parse_target("sm_90a"), shape={"B": 4, "N": 8})
+    assert "several top-level parallel loops" in info.value.message
+    assert info.value.hint.startswith("write each parallel loop as an op of its own")
+
+
 def _kda_body():
     spec = load_kfc("kernels/kda_fwd.kfc")
     func = specialize(spec.func, {"T": 200, "K": 32, "V": 32}, partial=True)

@@ -21,7 +21,7 @@ from ..ir.tile_ops import DotOp, ParallelOp
 from ..passes.matmul_match import match_matmul
 from ..passes.base import PassError
 from ..passes.rows import find_row_loop, row_length
-from .tile_emitter import tile_program_problem
+from .tile_emitter import SEVERAL_LOOPS, SEVERAL_LOOPS_HINT, tile_program_problem
 from ..model.target import Target, needs_arch_specific
 
 
@@ -47,7 +47,8 @@ def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
     if problem is None:
         return "tile", None
     if any(isinstance(op, ParallelOp) for op in func.body.ops):
-        why = PassError(f"{why.message}; nor does the tile emitter take it: {problem}", why.span, why.hint)
+        why = PassError(f"{why.message}; nor does the tile emitter take it: {problem}", why.span,
+                        SEVERAL_LOOPS_HINT if problem == SEVERAL_LOOPS else why.hint)
     return "other", why
 
 
