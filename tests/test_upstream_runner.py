@@ -56,3 +56,20 @@ def test_a_run_stopped_at_its_limit_keeps_the_outcomes_it_had(tmp_path, monkeypa
     assert outcomes["test_wrong"]["outcome"] == "failed" and "one is not two" in outcomes["test_wrong"]["why"]
     assert outcomes["test_skipped"]["outcome"] == "skipped" and "not here" in outcomes["test_skipped"]["why"]
     assert "stopped at its 8 s limit" in capsys.readouterr().out
+
+
+def test_the_fla_adapter_runs_chunk_kda_as_its_pair_where_asked(tmp_path):
+    """--split: the conftest the runner writes above fla's tests sets kfc.nn.kda.FLA_SPLIT, so
+    fla's chunk_kda calls run kfc's pair of kernels; without it, not."""
+    upstream = runpy.run_path(str(RUNNER))
+    tests = tmp_path / "fla-tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text("")
+    (tests / "test_kda.py").write_text("")
+    for split in (True, False):
+        where = tmp_path / f"run-{split}"
+        where.mkdir()
+        upstream["prepare"]("fla", tests, where, split)
+        conftest = (where / "conftest.py").read_text()
+        assert ("kfc.nn.kda.FLA_SPLIT = True" in conftest) == split
+        assert "fla.ops.kda.chunk_kda = kfc.nn.kda.chunk_kda" in conftest

@@ -1,11 +1,12 @@
 """Run the upstream KDA forward tests, unchanged, against kfc's entry points (on a GPU machine).
 
-    python tests/upstream/kda.py fla --tests ../shared/peers/fla-tests [-k EXPR] [--out FILE]
+    python tests/upstream/kda.py fla --tests ../shared/peers/fla-tests [-k EXPR] [--split] [--out FILE]
     python tests/upstream/kda.py flashkda --tests FlashKDA/tests [-k EXPR] [--out FILE]
 
 fla: fla's tests/ops/test_kda.py and tests/conftest.py (fla-core installed: its references,
 naive_recurrent_kda and the gates, stay fla's) with one conftest above them that makes
-`fla.ops.kda.chunk_kda` kfc.nn.kda.chunk_kda. FlashKDA: its tests/ with a module `flash_kda`
+`fla.ops.kda.chunk_kda` kfc.nn.kda.chunk_kda (with --split, its pair of kernels where it holds:
+kfc.nn.kda.FLA_SPLIT). FlashKDA: its tests/ with a module `flash_kda`
 whose `fwd` is kfc.nn.kda.flash_kda_fwd. Each runs in a fresh directory under /tmp; the report
 lists every test passed, failed (with the first line of why) or skipped (with its reason), and
 `--out` writes it as JSON with its provenance.
@@ -60,15 +61,17 @@ def pytest_runtest_logreport(report):
 '''
 
 
-def prepare(suite: str, tests: Path, where: Path) -> tuple[Path, dict]:
-    """The directory to run pytest in, and the environment it needs."""
+def prepare(suite: str, tests: Path, where: Path, split: bool = False) -> tuple[Path, dict]:
+    """The directory to run pytest in, and the environment it needs (fla's chunk_kda as kfc's
+    pair where `split`)."""
     env = dict(os.environ)
     paths = [str(ROOT)]
     if suite == "fla":
         (where / "tests" / "ops").mkdir(parents=True)
         shutil.copy(tests / "conftest.py", where / "tests" / "conftest.py")
         shutil.copy(tests / "test_kda.py", where / "tests" / "ops" / "test_kda.py")
-        (where / "conftest.py").write_text(FLA_ADAPTER + OUTCOME_LOG)
+        split_line = "kfc.nn.kda.FLA_SPLIT = True  # --split: the pair of kernels where it holds\n" if split else ""
+        (where / "conftest.py").write_text(FLA_ADAPTER + split_line + OUTCOME_LOG)
     else:
         shutil.copytree(tests, where / "tests")
         (where / "shim" / "flash_kda").mkdir(parents=True)
@@ -109,9 +112,14 @@ def main(argv=None) -> int:
                     help="fla: the folder with test_kda.py and conftest.py; flashkda: FlashKDA's tests/ folder")
     ap.add_argument("-k", dest="keyword", help="pytest -k expression selecting tests")
     ap.add_argument("--timeout", type=int, default=540, help="seconds before the run is stopped (default 540)")
+    ap.add_argument("--split", action="store_true",
+                    help="fla: run chunk_kda as its pair of kernels where it holds (kfc.nn.kda.FLA_SPLIT)")
     ap.add_argument("--out", help="write the report as JSON here")
     args = ap.parse_args(argv)
-    where, env = prepare(args.suite, args.tests.resolve(), Path(tempfile.mkdtemp(prefix=f"kfc-upstream-{args.suite}-")))
+    if args.split and args.suite != "fla":
+        ap.error("--split is fla's chunk_kda's; FlashKDA's fwd splits by its own `split` argument")
+    where, env = prepare(args.suite, args.tests.resolve(), Path(tempfile.mkdtemp(prefix=f"kfc-upstream-{args.suite}-")),
+                         args.split)
     junit = where / "report.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "tests"]
     if args.keyword:
@@ -136,7 +144,8 @@ def main(argv=None) -> int:
         from bench.provenance import save
 
         save(f"kda_upstream_{args.suite}", {"suite": args.suite, "tests": str(args.tests), "keyword": args.keyword,
-                                            "pytest_exit": rc, "counts": counts, "cases": rows}, also=args.out)
+                                            "split": args.split, "pytest_exit": rc, "counts": counts, "cases": rows},
+             also=args.out)
     return 0 if rc == 0 else 1
 
 
