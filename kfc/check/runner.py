@@ -49,6 +49,9 @@ class OutputResult:
     ir: str = "source"  # which IR the interpreter ran: the op as written, or "final" (after the passes)
 
 
+# where a final IR's failure comes from when the op as written fails the same comparison
+SOURCE_DEPARTS = "none: the source departs too"
+
 def case_elements(spec: OpSpec, dims: dict[str, int]) -> int:
     total = 0
     for v in spec.func.args:
@@ -264,7 +267,7 @@ def final_ir_results(spec: OpSpec, stages, inputs: dict, refs, source_ok: bool, 
     final = compared(stages[-1][1])
     departed = ""
     if not source_ok:
-        departed = "none: the source departs too"
+        departed = SOURCE_DEPARTS
     elif not all(ok for _, _, _, ok, _ in final):
         departed = "after pass " + next((name for name, func in stages
                                          if not all(ok for _, _, _, ok, _ in compared(func))), stages[-1][0])

@@ -504,8 +504,12 @@ class Builder:
             value = self.literal(value, TensorType(t.dtype))
         vt = self.tile_of(value, "stored value")
         if vt.dtype != t.dtype:
+            # an integer literal is an index (loop bounds and offsets take it): say where one came from
+            index = " (an integer literal, such as a carry's start `n = 0`, is an index)" \
+                if vt.dtype is DType.INDEX else ""
             raise self.error(f"dtype mismatch in store: {_a(vt.dtype)} tile into the {t.dtype} tensor "
-                             f"{tensor.name or ''}".rstrip(), f"convert it, e.g. {t.dtype}(...)")
+                             f"{tensor.name or ''}".rstrip() + index,
+                             f"convert it, e.g. {t.dtype}(...)" + (f", or start from {t.dtype}(0)" if index else ""))
         if vt.shape != shape:
             if not broadcast_compatible(vt.shape, shape):
                 raise self.error(f"shape mismatch in store: a {_shape(vt.shape)} tile into a "

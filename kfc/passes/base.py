@@ -182,14 +182,22 @@ def convert_option(cls: type[Pass], name: str, text: str):
                 raise ValueError("expected true or false")
             value = text == "true"
         elif t is int:
-            value = int(text)
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError("not a whole number") from None
         elif t is float:
-            value = float(text)
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError("not a number") from None
         elif isinstance(t, type) and issubclass(t, enum.Enum):
             value = t(text)
         else:
             value = text
     except ValueError as e:
         allowed = f" ({', '.join(m.value for m in t)})" if isinstance(t, type) and issubclass(t, enum.Enum) else ""
-        raise PassError(f"bad value {text!r} for {cls.NAME}'s option {name} ({_type_name(t)}){allowed}: {e}") from None
+        known = option_range(field)
+        raise PassError(f"bad value {text!r} for {cls.NAME}'s option {name} ({_type_name(t)}){allowed}: {e}",
+                        hint=f"{name} takes {known.describe()}" if known else None) from None
     return value

@@ -76,8 +76,15 @@ def parse_pipeline(text: str) -> Pipeline:
             raise PassError(f"bad options for pass {name}: {e}", hint=f"its options: {cls.describe_options()}") from None
         pos = m.end()
         if pos < len(text):
+            if text[pos] == "{" and "}" not in text[pos:]:
+                raise PassError(f"bad pipeline at column {pos + 1}: {name}'s options open a brace that never closes",
+                                hint=f'close it: "{name}{{key=value,...}}"')
+            if text[pos] == "}":
+                raise PassError(f"bad pipeline at column {pos + 1}: a closing brace with none open",
+                                hint="options are in one pair of braces after the pass's name: \"tile{rows=2}\"")
             if text[pos] != ",":
-                raise PassError(f"bad pipeline at column {pos + 1}: expected ',' before {text[pos:pos + 20]!r}")
+                raise PassError(f"bad pipeline at column {pos + 1}: expected ',' before {text[pos:pos + 20]!r}",
+                                hint='write passes separated by commas, options in braces: "canonicalize,tile{rows=2}"')
             pos += 1
             if pos >= len(text) or not text[pos:].strip():
                 raise PassError("the pipeline ends with a comma")
