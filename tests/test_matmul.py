@@ -270,6 +270,24 @@ def test_a_bias_along_the_columns_is_read_for_the_tile_and_added_in_the_kernel()
     assert len(r.report["kernels"]) == 1 and "HGMMA" in disassemble(r.kernel.cubin)
 
 
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_an_optional_bias_left_out_reads_as_zeros_in_the_interpreter_and_the_kernel(target):
+    """`bias: f32[N]?`: the lowered program run without it equals the product alone (the
+    interpreter read None as a vector, an internal error), and the kernel tests the pointer
+    before it reads (the runtime passes a null pointer for an input left out)."""
+    spec = parse_kfc("""
+op opt_bias(a: bf16[M, K], b: bf16[K, N], bias: f32[N]?) -> (c: bf16[M, N]) {
+  c = bf16(dot(a, b) + bias)
+}
+""", "opt_bias.kfc")
+    func, low = lowered(spec, {"M": 100, "N": 72, "K": 40}, f"canonicalize,{SMALL},cse,dce")
+    args = operands(100, 72, 40, seed=5)
+    np.testing.assert_allclose(run(low, {**args, "bias": None})["c"].astype(np.float32),
+                               run(func, {**args, "bias": None})["c"].astype(np.float32), rtol=2 ** -7, atol=1e-2)
+    r = compile_op(spec, parse_target(target), shape={"M": 256, "N": 512, "K": 128})
+    assert "__ldg(&p_bias[" in r.kernel.cu and r.kernel.cu.count("p_bias != nullptr && ") >= 1
+
+
 def test_a_tensor_the_epilogue_cannot_read_is_refused_by_name(tmp_path):
     """A residual (a whole [M, N] tensor beside the product) is not one the epilogue reads yet."""
     spec = parse_kfc("""

@@ -307,10 +307,11 @@ def emit_load_columns(em, op: LoadColumnsOp) -> None:
     extent = str(n) if isinstance(n, int) else c_dim(n.name)
     zero = em.from_float("0.0f", vec.ttype.dtype)
     p, c0 = em.name(vec), em.name(col0)
+    given = f"{p} != nullptr && " if vec.ttype.optional else ""  # an optional vector left out reads as zeros
 
     def element(i: str) -> str:
         c = f"({c0} + {frag.col_c(i, 'kfc_tid')})"
-        return f"({c} < {extent} ? __ldg(&{p}[{c}]) : {zero})"
+        return f"({given}{c} < {extent} ? __ldg(&{p}[{c}]) : {zero})"
 
     em.inline[op.result] = element
 

@@ -169,7 +169,9 @@ def _same_inputs(a: dict, b: dict) -> bool:
 
 def _gating_hint(feature: str, t: Target) -> str:
     if feature == "wgmma":
-        return "wgmma is Hopper-only (sm_90a); on Blackwell (sm_100a) use the tcgen05 passes"
+        return ("wgmma is Hopper-only (sm_90a); on Blackwell (sm_100a) leave accelerate-matmul's mma at auto, "
+                "or give mma=tcgen05")
     if feature == "tcgen05":
-        return "tcgen05 is Blackwell-only (sm_100a); on Hopper (sm_90a) use the wgmma passes"
+        return ("tcgen05 is Blackwell-only (sm_100a); on Hopper (sm_90a) leave accelerate-matmul's mma at auto, "
+                "or give mma=wgmma")
     return f"choose a newer target (--target sm_90a or sm_100a), or drop the pass that needs {feature}"

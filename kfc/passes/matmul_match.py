@@ -46,7 +46,8 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
     for ld, what in ((load_a, "A"), (load_b, "B")):
         if not (isinstance(ld, LoadOp) and _whole(ld) and ld.operands[0].ttype.rank == 2):
             raise PassError(f"accelerate-matmul: the dot's {what} must be a whole rank-2 tensor, loaded as x[:, :]",
-                            dot.loc, "write the product on whole tensors: c = dot(a, b)")
+                            dot.loc, "write the product on whole tensors, c = dot(a, b), and a transposed "
+                            "operand with the dot's own flags, dot(a, b, trans_b=true), not a.T or b.T")
     stores = [op for op in ops if isinstance(op, StoreOp)]
     if len(stores) != 1 or not _whole(stores[0]) or stores[0].operands[1].ttype.rank != 2:
         raise PassError("accelerate-matmul: the product must be stored whole into one rank-2 output, c[:, :] = ...",

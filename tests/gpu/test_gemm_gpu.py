@@ -142,6 +142,35 @@ def test_gemm_bias_relu_is_one_kernel_and_matches_torch(m, n, k):
     assert len(report["kernels"]) == 1
 
 
+OPTIONAL_BIAS = """
+op opt_bias(a: bf16[M, K], b: bf16[K, N], bias: f32[N]?) -> (c: bf16[M, N]) {
+  c = bf16(dot(a, b) + bias)
+}
+"""
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_an_optional_bias_is_added_where_given_and_left_out_where_not(given, tmp_path):
+    """An epilogue's optional vector: added where given, read as zeros where left out (the
+    kernel tests its null pointer)."""
+    requires_gpu()
+    import kfc
+
+    path = tmp_path / "opt_bias.kfc"
+    path.write_text(OPTIONAL_BIAS)
+    g = kfc.load(str(path))
+    m, n, k = 130, 264, 200
+    a, b = inputs(m, n, k)
+    bias = torch.randn(n, device="cuda", dtype=torch.float32) if given else None
+    got = g(a, b, bias, out=poisoned(m, n)) if given else g(a, b, out=poisoned(m, n))
+    torch.cuda.synchronize()
+    ref = a.float() @ b.float() + (bias if given else 0.0)
+    o = got.float()
+    assert torch.isfinite(o).all()
+    err = float((o - ref).abs().max() / ref.abs().max())
+    assert err < TOL, f"opt_bias given={given}: max |err| / max |ref| = {err:.3g}"
+
+
 @pytest.mark.parametrize("pipeline", [
     None, "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,registers=232,store=tma}",
     "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,tiles=persistent,consumers=pingpong,"

@@ -95,7 +95,8 @@ class WgmmaWaitOp(GroupWait, Op):
 @define_op("gpu.load_columns", traits={"reads_memory"}, operands=2, results=1)
 class LoadColumnsOp(Op):
     """A vector spread down the rows of a fragment tile: element (r, c) of the [R, C] result is
-    v[col + c], zero past v's end (a bias added to every row of a GEMM's output tile)."""
+    v[col + c], zero past v's end and where v is an optional input left out (a bias added to
+    every row of a GEMM's output tile)."""
 
     def verify_(self) -> None:
         v = tensor_of(self, self.operands[0], "vector")
@@ -110,7 +111,9 @@ class LoadColumnsOp(Op):
     def interpret(self, interp, ins, env):
         rows, cols = self.result.ttype.shape
         v, col = ins[0], int(np.asarray(ins[1]))
-        out = np.zeros(cols, dtype=v.dtype)
+        out = np.zeros(cols, dtype=self.result.ttype.dtype.np)
+        if v is None:  # an optional vector left out reads as zeros
+            return [np.broadcast_to(out, (rows, cols)).copy()]
         end = min(len(v), col + cols)
         if end > col:
             out[:end - col] = v[col:end]
