@@ -149,8 +149,18 @@ def test_copying_over_a_stage_an_mma_still_reads_is_a_hazard():
 
 
 def test_wgmma_named_on_blackwell_is_refused_with_what_to_use():
-    with pytest.raises(KfcError, match="wgmma"):
+    with pytest.raises(KfcError, match="wgmma") as info:
         lowered(load_kfc("kernels/gemm.kfc"), {"M": 128, "N": 256, "K": 64}, "accelerate-matmul{mma=wgmma}")
+    assert "mma at auto, or give mma=tcgen05" in info.value.hint
+
+
+@pytest.mark.parametrize("options, names", [("bm=64", "not bm=64"), ("tiles=persistent", "not tiles=persistent"),
+                                            ("producer=warpgroup,tiles=persistent", "not tiles=persistent")])
+def test_what_the_tcgen05_kernel_does_not_take_is_named(options, names):
+    """The refusal names the option the kernel cannot take (a persistent schedule was blamed on
+    bm, which the caller had not given)."""
+    with pytest.raises(KfcError, match=names):
+        lowered(load_kfc("kernels/gemm.kfc"), {"M": 128, "N": 256, "K": 64}, f"accelerate-matmul{{mma=tcgen05,{options}}}")
 
 
 def test_gemm_compiles_for_sm100a_to_utchmma(tmp_path):

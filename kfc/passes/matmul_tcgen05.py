@@ -28,9 +28,13 @@ def run_tcgen05(p, func: FuncOp, ctx, m, ops) -> FuncOp:
     accumulator 32 columns at a time for the epilogue and the store. TMA-fed operands take
     a producer warpgroup (_tcgen05_tma); others are copied by the threads (_tcgen05_threads).
     `ops` is what the pass resolved of the product (AccelerateMatmul.operands)."""
-    if p.bm != layouts.TMEM_LANES or p.tiles != "grid":
-        raise PassError(f"accelerate-matmul: the tcgen05 kernel computes tiles of {layouts.TMEM_LANES} rows (bm=128), "
-                        "one CTA a tile", m.dot.loc, "on sm_90a the wgmma kernel takes these")
+    if p.bm != layouts.TMEM_LANES:
+        raise PassError(f"accelerate-matmul: the tcgen05 kernel computes tiles of {layouts.TMEM_LANES} rows, not "
+                        f"bm={p.bm}", m.dot.loc, f"leave bm at {layouts.TMEM_LANES}; on sm_90a the wgmma kernel takes "
+                        "other heights")
+    if p.tiles != "grid":
+        raise PassError(f"accelerate-matmul: the tcgen05 kernel computes one tile a CTA, not tiles={p.tiles}",
+                        m.dot.loc, "leave tiles at grid; on sm_90a the wgmma kernel takes persistent tiles")
     A, B, C, M, N, K = ops.A, ops.B, ops.C, ops.M, ops.N, ops.K
     by_tma = ops.copy == "tma"
     p.check_smem(ops, ctx, func)
