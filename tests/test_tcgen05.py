@@ -160,7 +160,8 @@ def test_what_the_tcgen05_kernel_does_not_take_is_named(options, names):
     """The refusal names the option the kernel cannot take (a persistent schedule was blamed on
     bm, which the caller had not given)."""
     with pytest.raises(KfcError, match=names):
-        lowered(load_kfc("kernels/gemm.kfc"), {"M": 128, "N": 256, "K": 64}, f"accelerate-matmul{{mma=tcgen05,{options}}}")
+        lowered(load_kfc("kernels/gemm.kfc"), {"M": 128, "N": 256, "K": 64},
+                f"accelerate-matmul{{mma=tcgen05,{options}}}")
 
 
 def test_gemm_compiles_for_sm100a_to_utchmma(tmp_path):
