@@ -264,7 +264,8 @@ def test_fla_split_pair_with_resets_matches_the_recurrence_and_the_one_kernel(mo
 @pytest.mark.parametrize("v_first", [False, True])
 def test_fla_split_pair_takes_every_gate_form_grouped_heads_and_either_state_layout(monkeypatch, v_first):
     """The pair with the gate in the kernel (softplus, and safe_gate's lower-bound form, whose
-    decays the prepare kernel takes as products of factors), the L2 norm in the kernel, beta as logits doubled (allow_neg_eigval), two value heads a q/k head,
+    decays the prepare kernel takes as products of factors), the L2 norm in the kernel, beta as
+    logits doubled (allow_neg_eigval), two value heads a q/k head,
     a batch of two, and a bf16 state given and returned [K, V] or V-first."""
     launched = launches_recorded(monkeypatch)
     q, k, v, raw, beta, h0 = draw(2, 23, 1, 2, 8, 16, seed=11)

@@ -282,7 +282,8 @@ def test_kda_prepare_kernel_in_flas_interface_compiles_a_cta_per_chunk_and_value
     No spills."""
     shape = {"T": 4096, "K": 128, "V": 128}
     for d, phases in (("1", 2), ("2", 3)):
-        r = compile_op(load_kfc("kernels/kda_prepare_fla.kfc", {"C": "16", "DECAY": d}), parse_target(target), shape=shape)
+        spec = load_kfc("kernels/kda_prepare_fla.kfc", {"C": "16", "DECAY": d})
+        r = compile_op(spec, parse_target(target), shape=shape)
         assert r.report["kernels"][0]["grid"] == ["(((((T + 16) - 1) // 16) + N) * HV)", "1", "1"]
         assert r.kernel.cu.count("][4] = {};") == phases and not r.kernel.report.spills
         # the pairwise decays: a sum over K with an exponential a term, for Akk and for Aqk

@@ -21,8 +21,13 @@ from ..ir.tile_ops import DotOp, ParallelOp
 from ..passes.matmul_match import match_matmul
 from ..passes.base import PassError
 from ..passes.rows import find_row_loop, row_length
-from .tile_emitter import SEVERAL_LOOPS, SEVERAL_LOOPS_HINT, tile_program_problem
+from .tile_emitter import tile_program_problem
 from ..model.target import Target, needs_arch_specific
+
+
+# a kernel is one parallel loop: what to do with an op of several
+SEVERAL_LOOPS_HINT = ("write each parallel loop as an op of its own (a kernel each) and call them in turn, "
+                      "or join the loops into one")
 
 
 def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
@@ -46,9 +51,10 @@ def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
     problem = tile_program_problem(func)
     if problem is None:
         return "tile", None
-    if any(isinstance(op, ParallelOp) for op in func.body.ops):
+    loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
+    if loops:
         why = PassError(f"{why.message}; nor does the tile emitter take it: {problem}", why.span,
-                        SEVERAL_LOOPS_HINT if problem == SEVERAL_LOOPS else why.hint)
+                        SEVERAL_LOOPS_HINT if len(loops) > 1 else why.hint)
     return "other", why
 
 

@@ -39,19 +39,13 @@ BODY_OPS = RULE_OPS + VIEW_OPS + (IotaOp, TriOp, LoadOp, StoreOp, ReduceOp, Scan
 GRID_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "//", "rem": "%"}
 
 
-SEVERAL_LOOPS = "it has several top-level parallel loops"
-# what to do about it: a kernel is one parallel loop
-SEVERAL_LOOPS_HINT = ("write each parallel loop as an op of its own (a kernel each) and call them in turn, "
-                      "or join the loops into one")
-
-
 def tile_program_problem(func: FuncOp) -> str | None:
     """Why the tile emitter cannot take this program, or None: it takes one top-level
     tile.parallel (scalars around it) whose body holds only ops it writes, on tiles of fixed
     shape."""
     parallels = [op for op in func.body.ops if isinstance(op, ParallelOp)]
     if len(parallels) != 1:
-        return "it has no top-level parallel loop" if not parallels else SEVERAL_LOOPS
+        return "it has no top-level parallel loop" if not parallels else "it has several top-level parallel loops"
     loop = parallels[0]
     if loop.results:
         return "its parallel loop sums across iterations (`+=` into a tensor)"
