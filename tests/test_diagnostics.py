@@ -192,3 +192,16 @@ def test_a_text_parsed_again_reuses_its_tree_and_an_error_stays_an_error():
     for _ in range(2):  # refused each time, never served from the cache
         with pytest.raises(KfcError, match="nests more than"):
             parse_kfc(deep, "deep.kfc")
+
+
+def test_an_unsigned_constant_takes_the_unsigned_range(tmp_path):
+    """u8 constants are 0 to 255 (the signed range was applied to every integer dtype: x + 200
+    on u8 was refused and x + -1 accepted)."""
+    for value, fits in ((200, True), (255, True), (256, False), (-1, False)):
+        path = tmp_path / f"u8_{value}.kfc".replace("-", "m")
+        path.write_text(f"op f(x: u8[N]) -> (y: u8[N]) {{\n  y = x + {value}\n}}\n")
+        if fits:
+            load_kfc(str(path))
+        else:
+            with pytest.raises(KfcError, match=f"{value} does not fit in u8 \\(range 0 to 255\\)"):
+                load_kfc(str(path))

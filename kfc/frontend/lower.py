@@ -94,10 +94,12 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
             if any(o.type == "INT" for o in options):
                 self.size_vars[n] = int(self.bound_option(tp, n, self.size_options(n, options)))
                 continue
-            for o in options:
+            for k, o in enumerate(options):
                 if parse_dtype(str(o)) is None:
                     raise self.err(o, f"unknown dtype '{o}' for type parameter {n}",
                                    f"dtypes are {', '.join(DTYPE_NAMES)}")
+                if str(o) in map(str, options[:k]):
+                    raise self.err(o, f"type parameter {n} lists {o} twice", "list each dtype once")
             self.type_vars[n] = parse_dtype(self.bound_option(tp, n, [str(o) for o in options]))
         unknown = sorted(set(self.requested_dtypes) - set(self.type_vars) - set(self.size_vars))
         if unknown:
@@ -160,6 +162,11 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
                     if t.dtype.is_int and isinstance(dv, float) and not dv.is_integer():
                         raise self.err(default, f"the default of {pname} is {dv}, but {pname} is {t.dtype}",
                                        f"give an integer default, or declare {pname}: f32")
+                    if t.dtype.is_int and isinstance(dv, str) and isinstance(self.probe_default(dv), float):
+                        # an expression of dims that makes a float (N ** -1, N / 2) would be cut to an integer
+                        raise self.err(default, f"the default of {pname}, {dv}, is a float expression, but {pname} "
+                                       f"is {t.dtype}", "divide with // for an integer default, or declare "
+                                       f"{pname}: f32")
             self.param_spans[str(pname)] = self.span(p)
             self.type_spans[str(pname)] = self.span(tspec)
         for n in seen:
@@ -244,6 +251,12 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
             shape.append(SymDim(sym, off))
         return TensorType(dtype, tuple(shape), MemSpace.GLOBAL, optional=opt is not None)
 
+    @staticmethod
+    def probe_default(text: str):
+        """A default expression's value at typical sizes (64 for every dim): its type tells an
+        integer expression from a float one."""
+        return constexpr.evaluate(text, {sym: 64 for sym in constexpr.symbols_of(text)})
+
     def default_value(self, node):
         """A number, or the source text of a constant expression over dims."""
         if node.data in ("int_lit", "float_lit"):
@@ -253,7 +266,7 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
         text = self.text[node.meta.start_pos:node.meta.end_pos]
         try:
             # evaluated at specialisation; try it now at typical sizes to catch 1 / 0 early
-            constexpr.evaluate(text, {sym: 64 for sym in constexpr.symbols_of(text)})
+            self.probe_default(text)
         except constexpr.ConstExprError as e:
             raise self.err(node, str(e), "a default is a number or an expression of dims, e.g. K ** -0.5") from None
         return text

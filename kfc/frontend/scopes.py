@@ -59,6 +59,16 @@ class ScopeLowering:
                 + (", ..." if len(shown) > 12 else "")
         raise self.err(node, f"unknown name '{name}'", hint)
 
+    def new_index(self, tok) -> str:
+        """A loop index's name, refused where it would hide a name already in scope."""
+        name = str(tok)
+        what = ("a parameter" if name in self.params else "a dimension" if name in self.symbols
+                else "an enclosing loop's index" if any(name in f.indices for f in self.frames)
+                else "a value" if any(name in f.names for f in self.frames) else None)
+        if what:
+            raise self.err(tok, f"the loop index '{name}' already names {what}", "choose a new name for the index")
+        return name
+
     def assign(self, name: str, value: Value, node) -> None:
         if name in self.params:
             if name in self.outputs:

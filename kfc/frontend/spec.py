@@ -274,6 +274,9 @@ class _Sections:
             if name not in inputs:
                 raise self.err(k, f"'{name}' is not a tensor input of {self.func.sym_name}",
                                f"its tensor inputs are {', '.join(inputs)}")
+            if name in out:
+                raise self.err(k, f"input '{name}' is given two generators",
+                               "keep one: each input is drawn by one generator")
             if v.data == "c_name":
                 gname, args = str(v.children[0]), []
             elif v.data == "c_call":

@@ -71,7 +71,7 @@ class StatementLowering:
             name, lo, hi = r.children
             if str(name) in names:
                 raise self.err(name, f"index '{name}' appears twice")
-            names.append(str(name))
+            names.append(self.new_index(name))
             with self.b.at(self.span(r)):
                 bounds.append((self.index_value(lo, "lower bound"), self.index_value(hi, "upper bound")))
         with self.b.at(self.span(node)):
@@ -183,6 +183,7 @@ class StatementLowering:
 
     def stmt_for_loop(self, node) -> None:
         name, lo, hi, step, carry, body = node.children
+        self.new_index(name)
         lo_v = self.index_value(lo, "lower bound")
         hi_v = self.index_value(hi, "upper bound")
         step_v = self.index_value(step, "step") if step is not None else 1

@@ -40,7 +40,9 @@ def evaluate(text: str, env: dict[str, int | float]) -> int | float:
     except (ZeroDivisionError, OverflowError, ValueError, TypeError) as e:
         if isinstance(e, ConstExprError):
             raise
-        raise ConstExprError(f"{_short(text)!r} cannot be evaluated: {e}") from None
+        # float overflow's text is an errno tuple, (34, 'Numerical result out of range')
+        why = "its value is too large for any float type" if isinstance(e, OverflowError) else str(e)
+        raise ConstExprError(f"{_short(text)!r} cannot be evaluated: {why}") from None
     except RecursionError:
         raise ConstExprError(f"{_short(text)!r} is nested too deeply to evaluate") from None
 

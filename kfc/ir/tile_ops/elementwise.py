@@ -39,7 +39,8 @@ class ConstOp(Op):
         if t.dtype.is_int and (isinstance(v, bool) or not isinstance(v, int)):
             raise self.error(f"an {t.dtype} constant needs an integer value, not {v!r}")
         if t.dtype.is_int:
-            lo, hi = -(1 << (t.dtype.bits - 1)), (1 << (t.dtype.bits - 1)) - 1
+            info = np.iinfo(t.dtype.np)  # u8 is 0 to 255, the signed types two's complement
+            lo, hi = int(info.min), int(info.max)
             if not lo <= v <= hi:
                 raise self.error(f"{v} does not fit in {t.dtype} (range {lo} to {hi})")
         if t.dtype.is_float and (isinstance(v, bool) or not isinstance(v, (int, float))):
