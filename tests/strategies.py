@@ -299,7 +299,8 @@ class _Gen:
                     return
                 mats = [b.expand_dims(v, [self.pick([0, 1])])]
             a = self.pick(mats)
-            if not (a.ttype.dtype.is_float or a.ttype.dtype is DType.I8):
+            # a dot takes bf16, f16, f32 and i8 operands (f64 is refused: it sums in f32)
+            if not (a.ttype.dtype.is_float or a.ttype.dtype is DType.I8) or a.ttype.dtype is DType.F64:
                 a = self.cast_to(a, self.pick([DType.BF16, DType.F32, DType.F16, DType.I8]))
             form = self.draw(st.integers(0, 4))
             if form == 0:
