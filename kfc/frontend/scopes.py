@@ -15,6 +15,10 @@ from .calls import BUILTIN_NAMES
 from .values import Tensor
 
 
+# names people reach for to write a non-finite value, which the language does not spell
+NON_FINITE = frozenset({"nan", "inf", "infinity"})
+
+
 @attrs.define
 class Frame:
     """One scope. Loop bodies are frames whose assignments may not reach outer names."""
@@ -49,7 +53,10 @@ class ScopeLowering:
         known = [n for f in self.frames for n in f.names] + list(self.params) + list(self.symbols) + list(self.size_vars)
         close = [k for k in known if k.lower() == name.lower() or (len(name) > 2 and k.startswith(name[:3]))] \
             or difflib.get_close_matches(name, known, 1, 0.6)
-        if close:
+        if name.lower() in NON_FINITE and name not in known:
+            hint = ("the language has no NaN or infinity literal: mask with where(...), or start a max with the "
+                    "dtype's lowest finite value, e.g. -3.0e38 for f32")
+        elif close:
             hint = f"did you mean {close[0]}?"
         elif name in BUILTIN_NAMES:
             hint = f"{name} is a function; call it, e.g. {name}(...)"
