@@ -117,7 +117,8 @@ MAX_SOURCE_BYTES = 1 << 20  # a .kfc file or IR text kfc reads (larger inputs ar
 def read_source(path, what: str = "a .kfc file", limit: int = MAX_SOURCE_BYTES) -> str:
     """Read a user's file, turning every failure into one clear message: a missing file, a
     folder, a device or pipe that never ends, a symlink loop, a file over `limit` bytes, text
-    that is not UTF-8 (reported at its line and column)."""
+    that is not UTF-8 (reported at its line and column). A leading byte order mark is dropped, so
+    columns on the first line count from the first character after it."""
     p = Path(path)
     try:
         info = p.stat()
@@ -137,6 +138,8 @@ def read_source(path, what: str = "a .kfc file", limit: int = MAX_SOURCE_BYTES) 
     if len(data) > limit:
         raise KfcError(f"{p} is larger than {limit >> 20} MiB, the most kfc reads as {what}",
                        hint="an op description is a few kilobytes; is this the right file?")
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (some Windows editors write one): not text
+        data = data[3:]
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

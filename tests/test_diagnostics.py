@@ -133,6 +133,23 @@ def test_cli_directory() -> None:
     assert "hint: " in r.stderr
 
 
+def test_a_byte_order_mark_is_dropped_and_columns_count_from_after_it(tmp_path: Path) -> None:
+    """A .kfc file saved with a UTF-8 BOM (some Windows editors write one) reads as the same text."""
+    src = (GOLDEN / "negative_index.kfc").read_bytes()
+    ok = tmp_path / "ok.kfc"
+    ok.write_bytes(b"\xef\xbb\xbf" + (REPO / "kernels" / "softmax.kfc").read_bytes())
+    assert run_opt(str(ok)).returncode == 0
+    bad = tmp_path / "bad.kfc"
+    bad.write_bytes(b"\xef\xbb\xbf" + src)
+    r = run_opt(str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr == (GOLDEN / "negative_index.expected").read_text().replace(rel(GOLDEN / "negative_index.kfc"),
+                                                                             str(bad))
+    torn = tmp_path / "torn.kfc"
+    torn.write_bytes(b"\xef\xbb\xbfop f(\xff")
+    assert run_opt(str(torn)).stderr.startswith(f"{torn}:1:6: error: the file is not UTF-8 text")
+
+
 def test_cli_ir_text_with_undefined_value(tmp_path: Path) -> None:
     ok = run_opt("kernels/softmax.kfc")
     assert ok.returncode == 0, ok.stderr

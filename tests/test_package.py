@@ -43,6 +43,16 @@ def test_package_refuses_a_folder_with_files(tmp_path, capsys):
     assert (tmp_path / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("shape,message", [("Q=4", "--shape names Q, which is not a dimension of softmax"),
+                                           ("N=4611686018427387904", "more than the 64-bit offsets")])
+def test_package_refuses_a_bad_shape_before_it_says_it_is_building(tmp_path, capsys, shape, message):
+    out = tmp_path / "pkg"
+    assert main(["package", "kernels/softmax.kfc", "--shape", shape, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "building" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("argv,message", [
     (["package", "kernels/softmax.kfc", "--shape", "N=64"], "required: -o"),
     (["package", "kernels/softmax.kfc", "--target", "sm_80", "-o", "x"], "unknown target"),

@@ -23,8 +23,11 @@ class Generator:
     fn: Callable[..., np.ndarray]
     max_args: int
     wants: str = "float"  # float | int | any
+    min_args: int = 0  # the arguments without a default (offsets' TOTAL)
 
     def check_args(self, args: tuple[Any, ...], t: TensorType, symbols: set[str]) -> str | None:
+        if len(args) < self.min_args:
+            return f"needs at least {self.min_args} argument(s), got {len(args)}"
         if len(args) > self.max_args:
             return f"takes at most {self.max_args} argument(s), got {len(args)}"
         for a in args:
@@ -132,7 +135,8 @@ GENERATORS: dict[str, Generator] = {g.name: g for g in [
               _softmax, 1),
     Generator("unit", "unit(): normal rows scaled to unit L2 norm along the last dim", _unit, 0),
     Generator("randint", "randint(lo=0, hi=100): integers in [lo, hi)", _randint, 2, wants="int"),
-    Generator("offsets", "offsets(TOTAL): cu_seqlens-style boundaries from 0 to TOTAL", _offsets, 1, wants="int"),
+    Generator("offsets", "offsets(TOTAL): cu_seqlens-style boundaries from 0 to TOTAL", _offsets, 1, wants="int",
+              min_args=1),
 ]}
 
 

@@ -63,6 +63,10 @@ class IndexLowering:
                 if isinstance(v, int) and v < 0:
                     raise self.err(item, f"negative index {v}: kfc indexes from 0 and does not count from the end",
                                    f"write the position from the start, e.g. {tensor.name}[..., N - 1] for the last")
+                n = tensor.ttype.shape[dim]
+                if isinstance(v, int) and isinstance(n, int) and v >= n:  # a symbolic dim's size is not known here
+                    raise self.err(item, f"index {v} is past the end of dim {dim} of '{tensor.name}', which has "
+                                         f"{n} elements ({tensor.type})", f"an index of that dim is 0 to {n - 1}")
                 items.append(v)
                 continue
             lo, hi, limit = item.children

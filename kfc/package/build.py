@@ -30,6 +30,7 @@ from ..compile import build_advised, choose_dims, compile_op, fixed_dims, prepar
 from ..diagnostics import KfcError
 from ..files import write_atomically
 from ..frontend.spec import instances as spec_instances, load_kfc
+from ..ir.specialize import check_dims
 from ..ir.types import MemSpace
 from ..kb.fingerprint import op_fingerprint
 from ..kb.postgres import is_url
@@ -58,6 +59,10 @@ def fixed_shapes(spec: OpSpec, shapes: list[dict[str, int]]) -> list[dict[str, i
             raise KfcError(f"{spec.path}: no --shape given and the op has no check block to take shapes from",
                            spec.func.loc, hint="pass --shape N=4096 (the fixed dims; repeat for more)")
         shapes = [dict(s) for s in spec.check.shapes]
+    else:  # a bad --shape is refused before anything is built or said to be building
+        for s in shapes:
+            choose_dims(spec, s)
+            check_dims(spec.func, s, "--shape")
     out = []
     for s in shapes:
         fixed = fixed_dims(spec.func, s)
