@@ -399,7 +399,9 @@ def cmd_compile(args) -> int:
           f"dims {dims}; run-time dims {dyn}")
     print(f"  pipeline  {result.pipeline}")
     print(f"  launch    {result.plan.describe()}")
-    for follower in result.plan.contracts()[1:]:  # sums across rows: the kernel that adds the partials
+    for later in getattr(result.plan, "later", ()):  # a tile program's later loops, a kernel each
+        print(f"  then      {later.kernel}: {later.describe()}")
+    for follower in result.plan.contracts()[1:] if not hasattr(result.plan, "later") else ():  # sums across rows
         print(f"  then      {follower['name']}: the row kernel's partial sums added in a fixed order")
     print(f"  ptxas     {rep.registers} registers, {rep.spills} spill bytes, {rep.smem_bytes} B shared, "
           f"{rep.stack_bytes} B stack")

@@ -70,7 +70,7 @@ def row_dims(func: FuncOp) -> list[str]:
     loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
     if not loops and (rows := tensor_rows_dim(func)) is not None:
         return [rows]
-    if len(loops) != 1:
+    if not loops:
         return []
     defs = {r: op for op in func.body.ops for r in op.results}
     out = []
@@ -84,8 +84,9 @@ def row_dims(func: FuncOp) -> list[str]:
             for x in d.operands:
                 dims_of(x)
 
-    for v in loops[0].operands:
-        dims_of(v)
+    for loop in loops:  # a tile program's loops, each its kernel's grid
+        for v in loop.operands:
+            dims_of(v)
     return out
 
 

@@ -58,8 +58,9 @@ def test_tiles_too_large_for_shared_memory_are_refused_with_the_fix(capsys):
     assert "its tiles need" in err and "--dtype" not in err and "smaller dims (--shape)" in err
 
 
-def test_a_program_of_two_parallel_loops_is_refused_with_what_to_do(tmp_path):
-    """A kernel is one parallel loop: two in one op are refused by name, with the way out."""
+def test_a_program_of_two_parallel_loops_is_two_kernels_launched_in_order(tmp_path):
+    """A kernel is one parallel loop: an op of two is two kernels, the second reading what the
+    first stored, each taking every argument (kfc.codegen.tile_kernels)."""
     text = """
 op two(x: f32[B, N]) -> (m: f32[B, 1], y: f32[B, N]) {
   parallel b in 0..B {
@@ -70,10 +71,28 @@ op two(x: f32[B, N]) -> (m: f32[B, 1], y: f32[B, N]) {
   }
 }
 """
-    with pytest.raises(KfcError) as info:
-        compile_op(parse_kfc(text, str(tmp_path / "two.kfc")), parse_target("sm_90a"), shape={"B": 4, "N": 8})
-    assert "several top-level parallel loops" in info.value.message
-    assert info.value.hint.startswith("write each parallel loop as an op of its own")
+    r = compile_op(parse_kfc(text, str(tmp_path / "two.kfc")), parse_target("sm_90a"), shape={"B": 4, "N": 8})
+    first, second = r.report["kernels"]
+    assert (first["name"], second["name"]) == ("kfc_kernel_two", "kfc_kernel_two_k1")
+    assert first["grid"] == second["grid"] == ["B", "1", "1"] and r.dynamic_dims == ("B",)
+    assert [p["name"] for p in first["params"]] == [p["name"] for p in second["params"]] == ["x", "m", "y", "B"]
+    assert r.kernel.cu.count("__global__") == 2 and "then      kfc_kernel_two_k1" not in r.plan.describe()
+
+
+def test_a_loop_reading_what_it_stores_is_refused_though_a_later_loop_may():
+    """The order between kernels is the launch's; within one, a load after a store of the same
+    tensor is refused as before."""
+    text = """
+op same(x: f32[B, N]) -> (y: f32[B, N]) {
+  parallel b in 0..B {
+    y[b:b+1, :] = x[b:b+1, :] * 2.0
+    y[b:b+1, :] = y[b:b+1, :] + 1.0
+  }
+}
+"""
+    func = specialize(parse_kfc(text, "same.kfc").func, {"B": 4, "N": 8})
+    kind, why = program_kind(func)
+    assert kind == "other" and "loads y after storing into it" in why.message
 
 
 def _kda_body():

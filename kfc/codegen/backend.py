@@ -25,11 +25,6 @@ from .tile_emitter import tile_program_problem
 from ..model.target import Target, needs_arch_specific
 
 
-# a kernel is one parallel loop: what to do with an op of several
-SEVERAL_LOOPS_HINT = ("write each parallel loop as an op of its own (a kernel each) and call them in turn, "
-                      "or join the loops into one")
-
-
 def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
     """("row", None) for a row program, ("matmul", None) for a whole-tensor matrix product with
     an elementwise epilogue, ("tile", None) for another parallel loop whose tiles the shared-memory
@@ -53,8 +48,7 @@ def program_kind(func: FuncOp) -> tuple[str, PassError | None]:
         return "tile", None
     loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
     if loops:
-        why = PassError(f"{why.message}; nor does the tile emitter take it: {problem}", why.span,
-                        SEVERAL_LOOPS_HINT if len(loops) > 1 else why.hint)
+        why = PassError(f"{why.message}; nor does the tile emitter take it: {problem}", why.span, why.hint)
     return "other", why
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import sys
 
+import attrs
+
 from ..ir.core import Op
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir.mma_ops import GridOp
 from ..model.target import SMEM_PER_BLOCK
-from . import float16, ptx
+from . import float16, ptx, tile_kernels
 # the rule modules register their rules on import
 from . import control_rules, elementwise_rules, memory_rules, pair_rules, reduction_rules  # noqa: F401
 from . import mma_rules, row_launch, scan_rules, smem_rules, tcgen05_rules, tma_store_rules  # noqa: F401
@@ -118,31 +120,38 @@ def generate_cuda(func: FuncOp, kernel_name: str | None = None, tile_ctas: int |
         types = ptx.TENSOR_MAP_TYPE
     elif any(isinstance(op, LaunchOp) for op in func.body.ops):
         code, plan = KernelEmitter(func, name).generate()
-    else:
-        # loads stored together, and products written beside one sharing their B, live longer:
-        # the first of these that fits in shared memory, else the smallest
-        tries = []
-        # (a phase continued by a later write keeps its buffers beside the new ones: the last try
-        # continues none)
-        options = [(True, True, TILE_REOPEN_PHASES), (True, False, TILE_REOPEN_PHASES),
-                   (False, False, TILE_REOPEN_PHASES), (False, False, False)]
-        for group_loads, share_b, reopen in dict.fromkeys(options):
-            code, plan = TileKernelEmitter(func, name, group_loads, share_b, prefetch=TILE_PREFETCH,
-                                           ctas=tile_ctas or TILE_CTAS_PER_SM, join_phases=TILE_JOIN_PHASES,
-                                           reopen_phases=reopen,
-                                           whole_groups=TILE_WHOLE_GROUPS,
-                                           tri_inv_lanes=TILE_TRI_INV_LANES,
-                                           product_epilogues=TILE_PRODUCT_EPILOGUES,
-                                           early_loads=TILE_EARLY_LOADS,
-                                           widen_prefetched=TILE_WIDEN_PREFETCHED,
-                                           column_registers=TILE_COLUMN_REGISTERS if column_registers is None
-                                           else column_registers,
-                                           double_buffer=TILE_DOUBLE_BUFFER, share_a=TILE_SHARE_A,
-                                           fuse_loops=TILE_FUSE_LOOPS, staged_stores=TILE_STAGED_STORES).generate()
-            tries.append((code, plan))
-            if plan.smem_dynamic <= SMEM_PER_BLOCK:
-                break
-        else:
-            code, plan = min(tries, key=lambda cp: cp[1].smem_dynamic)
+    else:  # a tile program: a kernel a top-level loop, launched in order
+        kernels = [tile_kernel(program, tile_kernels.kernel_name(name, k), tile_ctas, column_registers)
+                   for k, program in enumerate(tile_kernels.kernel_programs(func))]
+        code = "\n".join(c for c, _ in kernels)
+        plan = attrs.evolve(kernels[0][1], later=tuple(p for _, p in kernels[1:]))
     body = types + ptx.device_functions_used(code, functions) + "\n" + code
     return HEADER + float16.types_used(body) + "\n" + body, plan
+
+
+def tile_kernel(func: FuncOp, name: str, tile_ctas: int | None, column_registers: bool | None) -> tuple[str, GridPlan]:
+    """One loop's kernel of a tile program (kfc.codegen.tile_emitter)."""
+    # loads stored together, and products written beside one sharing their B, live longer:
+    # the first of these that fits in shared memory, else the smallest
+    tries = []
+    # (a phase continued by a later write keeps its buffers beside the new ones: the last try
+    # continues none)
+    options = [(True, True, TILE_REOPEN_PHASES), (True, False, TILE_REOPEN_PHASES),
+               (False, False, TILE_REOPEN_PHASES), (False, False, False)]
+    for group_loads, share_b, reopen in dict.fromkeys(options):
+        code, plan = TileKernelEmitter(func, name, group_loads, share_b, prefetch=TILE_PREFETCH,
+                                       ctas=tile_ctas or TILE_CTAS_PER_SM, join_phases=TILE_JOIN_PHASES,
+                                       reopen_phases=reopen,
+                                       whole_groups=TILE_WHOLE_GROUPS,
+                                       tri_inv_lanes=TILE_TRI_INV_LANES,
+                                       product_epilogues=TILE_PRODUCT_EPILOGUES,
+                                       early_loads=TILE_EARLY_LOADS,
+                                       widen_prefetched=TILE_WIDEN_PREFETCHED,
+                                       column_registers=TILE_COLUMN_REGISTERS if column_registers is None
+                                       else column_registers,
+                                       double_buffer=TILE_DOUBLE_BUFFER, share_a=TILE_SHARE_A,
+                                       fuse_loops=TILE_FUSE_LOOPS, staged_stores=TILE_STAGED_STORES).generate()
+        tries.append((code, plan))
+        if plan.smem_dynamic <= SMEM_PER_BLOCK:
+            return code, plan
+    return min(tries, key=lambda cp: cp[1].smem_dynamic)

@@ -51,6 +51,8 @@ class GridPlan:
     shared_tiles: str = ""
     # the columns of a loop's carried tile a tile kernel holds in registers (kfc.codegen.tile_columns)
     register_columns: int = 0
+    # the kernels launched after this one, in order (a tile program's later loops: kfc.codegen.tile_kernels)
+    later: tuple["GridPlan", ...] = ()
 
     @property
     def grid(self) -> tuple[str, str, str]:
@@ -63,7 +65,7 @@ class GridPlan:
                 "params": [p.contract() for p in self.params], "min_ctas_per_sm": self.min_ctas_per_sm}
 
     def contracts(self) -> list[dict]:
-        return [self.contract()]
+        return [self.contract(), *(p.contract() for p in self.later)]
 
     def describe(self) -> str:
         ctas = f"one wave of CTAs for {self.programs} tiles" if self.persistent else f"{self.programs} CTAs"

@@ -25,11 +25,12 @@ def check_resources(plan: LaunchPlan, report: PtxasReport, target: Target, what:
         raise ResourceError(f"{what}: {report.registers} registers x {plan.block} threads = {regs} registers per CTA; "
                             f"an SM of {target} has {target.regs_per_sm}",
                             hint="use fewer threads per CTA, or fewer elements per thread")
+    for kernel in (plan, *getattr(plan, "later", ())):  # a tile program's kernels, a loop each
+        if report.smem_bytes + kernel.smem_dynamic > target.smem_per_block and getattr(kernel, "shared_tiles", ""):
+            raise ResourceError(f"{what}: its tiles need {kernel.smem_dynamic} bytes of shared memory at once; "
+                                f"{target} allows {target.smem_per_block} per CTA ({kernel.shared_tiles})",
+                                hint=smaller_tiles(smaller or {}))
     smem = report.smem_bytes + plan.smem_dynamic
-    if smem > target.smem_per_block and getattr(plan, "shared_tiles", False):
-        raise ResourceError(f"{what}: its tiles need {plan.smem_dynamic} bytes of shared memory at once; "
-                            f"{target} allows {target.smem_per_block} per CTA ({plan.shared_tiles})",
-                            hint=smaller_tiles(smaller or {}))
     if smem > target.smem_per_block:
         raise ResourceError(f"{what}: {smem} bytes of shared memory per CTA ({report.smem_bytes} static, "
                             f"{plan.smem_dynamic} for staged rows); {target} allows {target.smem_per_block}",

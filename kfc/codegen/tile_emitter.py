@@ -9,8 +9,7 @@ shared buffer, and a barrier ends that phase. Reductions and products are loops 
 (fp32 accumulation), scans and triangular inverses a loop per line or column. Scalars are
 variables every thread computes alike, and every loop bound is such a scalar, so every thread
 reaches every barrier. Products the tf32-dots pass marks run on tensor cores
-(kfc.codegen.tile_mma); the kernel is otherwise general, not tuned.
-"""
+(kfc.codegen.tile_mma). A program of several such loops is a kernel each (tile_kernels)."""
 
 from __future__ import annotations
 
@@ -40,28 +39,28 @@ GRID_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "//", "rem": "%"}
 
 
 def tile_program_problem(func: FuncOp) -> str | None:
-    """Why the tile emitter cannot take this program, or None: it takes one top-level
-    tile.parallel (scalars around it) whose body holds only ops it writes, on tiles of fixed
-    shape."""
+    """Why the tile emitter cannot take this program, or None: it takes top-level tile.parallel
+    loops (scalars around them; a kernel each, launched in order: kfc.codegen.tile_kernels) whose
+    bodies hold only ops it writes, on tiles of fixed shape."""
     parallels = [op for op in func.body.ops if isinstance(op, ParallelOp)]
-    if len(parallels) != 1:
-        return "it has no top-level parallel loop" if not parallels else "it has several top-level parallel loops"
-    loop = parallels[0]
-    if loop.results:
+    if not parallels:
+        return "it has no top-level parallel loop"
+    if any(loop.results for loop in parallels):
         return "its parallel loop sums across iterations (`+=` into a tensor)"
-    for op in func.body.ops:
-        if op is not loop and (not isinstance(op, RULE_OPS) or any(r.ttype.rank for r in op.results)):
+    for op in (op for op in func.body.ops if op not in parallels):
+        if not isinstance(op, RULE_OPS) or any(r.ttype.rank for r in op.results):
             return f"{op.NAME} outside its parallel loop"
-    stored = {op.operands[1] for op in loop.walk() if isinstance(op, StoreOp)}
-    for op in list(loop.walk())[1:]:
-        if isinstance(op, LoadOp) and op.operands[0] in stored:
-            # a load is written where it is read, perhaps after the store
-            return f"it loads {op.operands[0].name} after storing into it"
-        if not isinstance(op, BODY_OPS):
-            return f"{op.NAME} has no rule in the tile emitter"
-        for r in op.results:
-            if r.ttype.space is MemSpace.REG and not all(isinstance(d, int) for d in r.ttype.shape):
-                return f"{op.NAME} makes a tile of symbolic shape {r.type}"
+    for loop in parallels:
+        stored = {op.operands[1] for op in loop.walk() if isinstance(op, StoreOp)}
+        for op in list(loop.walk())[1:]:
+            if isinstance(op, LoadOp) and op.operands[0] in stored:
+                # written where it is read, perhaps after (a later loop, a later kernel, may read it)
+                return f"it loads {op.operands[0].name} after storing into it"
+            if not isinstance(op, BODY_OPS):
+                return f"{op.NAME} has no rule in the tile emitter"
+            for r in op.results:
+                if r.ttype.space is MemSpace.REG and not all(isinstance(d, int) for d in r.ttype.shape):
+                    return f"{op.NAME} makes a tile of symbolic shape {r.type}"
     return None
 
 
@@ -78,7 +77,8 @@ class TileKernelEmitter(TileColumns, TileLoops, TileMma, TileWrites, TilePrefetc
                  product_epilogues: bool = True, early_loads: bool = False, widen_prefetched: bool = False,
                  column_registers: bool = False, double_buffer: bool = False, share_a: bool = False,
                  fuse_loops: bool = True, staged_stores: bool = True) -> None:
-        problem = tile_program_problem(func)
+        problem = tile_program_problem(func) or (sum(isinstance(op, ParallelOp) for op in func.body.ops) > 1
+                                                 and "a kernel is one parallel loop (kfc.codegen.tile_kernels)")
         if problem:
             raise CodegenError(f"the tile emitter cannot take {func.sym_name}: {problem}", func.loc)
         self.func, self.kernel_name = func, kernel_name

@@ -133,6 +133,12 @@ def prepare(what: str, module, kernels: list, names: list[str], bound: dict, dim
             call = PreparedCall(stage, allocations, outputs_given)
             call.scalar_args = {names.index(p["name"]) for p in launch["params"] if p["kind"] == "scalar"}
         else:
+            # a later kernel reads the inputs and scalars the first one's slots were given
+            missing = {name for _, name, _ in stage.tensors} - {name for _, name, _ in call.tensors}
+            missing |= {name for _, name, _, _ in stage.scalars} - {name for _, name, _, _ in call.scalars}
+            if missing:
+                raise CallError(f"{what}: its kernel {launch['name']} takes {', '.join(sorted(missing))}, which the "
+                                "first kernel does not; this runtime passes a later kernel the first one's arguments")
             call.followers.append(stage)
         dims = contract.defined_dims(launch, dims, grid[0])
         for p in launch["params"]:
@@ -152,9 +158,9 @@ def prepare_stage(what: str, function, launch: dict, names: list[str], bound: di
         # a tensor map has no fastcall kind: a call that takes one goes the Python way (can_be_native)
         kinds.append(None if p["kind"] == "tensor_map" else fastcall.KINDS[
             p["ctype"] if p["kind"] == "scalar" else "long long" if p["kind"] == "dim" else "ptr"])
-        if not first and (p["kind"] == "scalar" or p["kind"] in ("tensor", "tensor_map") and not p["is_output"]):
-            raise CallError(f"{what}: its kernel {launch['name']} takes the input {p['name']!r}; this "
-                            "runtime passes only outputs, workspaces and dims to the kernels after the first")
+        if not first and p["kind"] == "tensor_map" and not p["is_output"]:
+            raise CallError(f"{what}: its kernel {launch['name']} takes a tensor map of {p['name']!r}; this "
+                            "runtime encodes an input's tensor map for an op's first kernel only")
         if p["kind"] == "tensor_map":
             slot_types.append(launcher.TensorMapSlot)
             if not p["is_output"]:
@@ -335,6 +341,8 @@ class PreparedCall:
             spaces = {name: torch.empty(shape, dtype=torch.float32, device=self.device)
                       for name, shape in self.workspaces.items()}
             by_name = {name: o for (name, _), o in zip(self.outputs, outs)}
+            given = {name: values[k].value for _, name, k in self.tensors}
+            given.update((name, values[k].value) for _, name, k, _ in self.scalars)
             for stage in (self.first, *self.followers):
                 slots = stage.launch.slots.values
                 for name, k in stage.workspaces:
@@ -343,6 +351,10 @@ class PreparedCall:
                     for name, k in stage.outputs:
                         o = by_name.get(name)
                         slots[k].value = 0 if o is None else o.data_ptr()
+                    for _, name, k in stage.tensors:
+                        slots[k].value = given[name]
+                    for _, name, k, _ in stage.scalars:
+                        slots[k].value = given[name]
                 if stage.runs:
                     stage.launch.launch()
 
