@@ -271,7 +271,10 @@ def compile_op(spec: OpSpec, target: Target, pipeline: str | None = None, shape:
     lowered, pipe, fixed, dynamic = lowering.func, lowering.pipeline, lowering.fixed, lowering.dynamic
     features = kernel_features(lowered)
     rep = kernel.report
-    check_resources(plan, rep, target, spec.instance_name, spec.smaller_sizes)
+    try:
+        check_resources(plan, rep, target, spec.instance_name, spec.smaller_sizes)
+    except KfcError as e:  # said of the op, at its signature
+        raise type(e)(e.message, e.span or func.loc, e.hint) from None
     if rep.spills and not allow_spills:
         raise KfcError(f"{spec.instance_name} spills registers to local memory with {pipe} at "
                        f"{', '.join(f'{k}={v}' for k, v in fixed.items())}: {rep.spill_stores} bytes stored, "

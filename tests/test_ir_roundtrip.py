@@ -439,3 +439,37 @@ def test_a_layout_that_contradicts_its_launch_is_rejected(tmp_path, capsys):
         assert main(["opt", str(bad)]) == 2
         err = capsys.readouterr().err
         assert f"says {what}, but the gpu.launch it is in has" in err and f"{bad}:" in err, err
+
+
+def test_a_for_loop_whose_step_is_a_constant_zero_is_refused_by_the_verifier():
+    """The .kfc front end refuses step 0; IR text reaches the passes without it, and a loop of
+    step 0 would never end on the GPU."""
+    text = """kfc.func @f(%x: f32[N] @global) -> (%y: f32[N] @global) {
+  %0 = tile.const {value = 0} : () -> index
+  %1 = tile.dim {sym = "N"} : () -> index
+  %2 = tile.const {value = 0.0} : () -> f32
+  %3 = tile.for %0, %1, %0, %2 {
+  ^(%k: index, %a: f32):
+    tile.yield %a : (f32) -> ()
+  } : (index, index, index, f32) -> f32
+}
+"""
+    with pytest.raises(VerifyError, match="step must be positive, not 0"):
+        verify(parse_ir(text))
+
+
+def test_a_scratch_tensor_roundtrips_and_is_refused_inside_a_loop():
+    spec = load_kfc("examples/chunked_cumsum.kfc")
+    text = print_ir(spec.func)
+    assert "tile.scratch : () -> f32[B, NC, D] @global" in text and print_ir(verify(parse_ir(text))) == text
+    inside = """kfc.func @f(%x: f32[N] @global) -> (%y: f32[N] @global) {
+  %0 = tile.const {value = 0} : () -> index
+  %1 = tile.dim {sym = "N"} : () -> index
+  tile.parallel %0, %1 {
+  ^(%i: index):
+    %t = tile.scratch : () -> f32[N] @global
+  } : (index, index) -> ()
+}
+"""
+    with pytest.raises(VerifyError, match="top level"):
+        verify(parse_ir(inside))

@@ -344,3 +344,24 @@ def test_a_flat_elements_indices_in_powers_of_two_are_shifts_and_masks():
     em.lines = []
     em.unflatten("e", (3, 24))
     assert em.lines == ["  const int kfc_i3 = e % 24;", "  const int kfc_i4 = (e / 24) % 3;"]
+
+
+def test_a_scratch_tensor_is_a_workspace_of_every_kernel_the_runtime_allocates(tmp_path):
+    """examples/chunked_cumsum.kfc: the totals the first kernel stores and the second reads are
+    a scratch tensor, a workspace parameter of both kernels, its dtype and shape (the run-time dims by name) given."""
+    r = compile_op(load_kfc("examples/chunked_cumsum.kfc"), parse_target("sm_90a"))
+    first, second = r.report["kernels"]
+    for kernel in (first, second):
+        (ws,) = [p for p in kernel["params"] if p["kind"] == "workspace"]
+        assert (ws["name"], ws["dtype"], ws["shape"]) == ("kfc_ws_totals", "f32", ["B", "NC", "8"])
+    assert [p["name"] for p in first["params"] if p["kind"] == "tensor"] == ["x", "y"]
+    assert "float* __restrict__ kfc_ws_totals" in r.kernel.cu
+
+
+@pytest.mark.parametrize("where", ["parallel b in 0..B {\n    t = scratch([B, N])\n    y[b, :] = x[b, :]\n  }",
+                                   "for j in 0..B {\n    t = scratch([B, N])\n  }"])
+def test_a_scratch_tensor_is_made_at_the_top_level_only(tmp_path, where):
+    text = f"op s(x: f32[B, N]) -> (y: f32[B, N]) {{\n  {where}\n}}\n"
+    with pytest.raises(KfcError) as info:
+        parse_kfc(text, str(tmp_path / "s.kfc"))
+    assert "outside the parallel loops" in info.value.message and info.value.span.line == 3

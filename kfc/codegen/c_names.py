@@ -11,6 +11,7 @@ import attrs
 import numpy as np
 
 from ..ir.dtypes import DType, convert
+from ..ir.tile_ops import ScratchOp
 from ..ir.types import MemSpace
 from . import float16
 
@@ -168,7 +169,17 @@ def argument_params(func) -> list[KernelParam]:
             out.append(KernelParam(v.name, "scalar", C_TYPES[t.dtype], str(t.dtype)))
         else:
             out.append(KernelParam(v.name, "tensor", C_TYPES[t.dtype], str(t.dtype), t.optional, v in outputs))
+    for op in func.body.ops:  # scratch tensors: the runtime allocates each per call
+        if isinstance(op, ScratchOp):
+            t = op.result.ttype
+            out.append(KernelParam(scratch_name(op.result), "workspace", C_TYPES[t.dtype], str(t.dtype), is_output=True,
+                                   shape=tuple(str(d) for d in t.shape)))
     return out
+
+
+def scratch_name(v) -> str:
+    """A scratch tensor's C name and workspace name: kfc's own, so no parameter can take it."""
+    return f"kfc_ws_{v.name}"
 
 
 def dim_params(func) -> list[KernelParam]:

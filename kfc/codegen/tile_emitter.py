@@ -17,7 +17,7 @@ from ..ir.core import Op, Value
 from ..ir.func import FuncOp
 from ..ir.tile_ops import (BinaryOp, BroadcastOp, CastOp, ConstOp, DimOp, DotOp, ExpandDimsOp, ForOp, IfOp,
                            IotaOp, LoadOp, ParallelOp, ReduceOp, ScanOp, StoreOp, TransposeOp, TriInvOp,
-                           TriOp, YieldOp)
+                           ScratchOp, TriOp, YieldOp)
 from ..ir.types import MemSpace
 from ..passes.hoist_loads import written_tensors
 from . import elementwise_rules  # noqa: F401  (registers the rules RULE_OPS are written by)
@@ -47,7 +47,7 @@ def tile_program_problem(func: FuncOp) -> str | None:
         return "it has no top-level parallel loop"
     if any(loop.results for loop in parallels):
         return "its parallel loop sums across iterations (`+=` into a tensor)"
-    for op in (op for op in func.body.ops if op not in parallels):
+    for op in (op for op in func.body.ops if op not in parallels and not isinstance(op, ScratchOp)):
         if not isinstance(op, RULE_OPS) or any(r.ttype.rank for r in op.results):
             return f"{op.NAME} outside its parallel loop"
     for loop in parallels:

@@ -2,14 +2,17 @@
 loops' order on one stream: a later loop reads what an earlier one stored (the launch between
 them orders the stores before the loads), as the interpreter, which runs the loops in turn, does.
 
-    op pair(x: ...) -> (y: ..., z: ...) {
+    op pair(x: ...) -> (z: ...) {
+      y = scratch([B, ...])                         # a workspace of the call
       parallel b in 0..B { y[b, ...] = ... }        # kernel 1
       parallel b in 0..B { z[b, ...] = ...y... }    # kernel 2, after kernel 1
     }
 
 Each kernel is the program with one of the loops and every top-level scalar (the emitter's
 rules write the scalars each kernel reads): it takes every argument, so the runtime passes a
-later kernel the op's inputs and scalars as it does the first one's."""
+later kernel the op's inputs and scalars as it does the first one's. A scratch tensor is a
+workspace parameter of every kernel (kfc.codegen.c_names.argument_params), which the runtime
+allocates per call."""
 
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ import attrs
 
 from ..ir.core import Block
 from ..ir.func import FuncOp
-from ..ir.tile_ops import ParallelOp
+from ..ir.tile_ops import ParallelOp, ScratchOp
+from .c_names import scratch_name
+from .rules import rule
 
 
 def kernel_programs(func: FuncOp) -> list[FuncOp]:
@@ -33,3 +38,9 @@ def kernel_programs(func: FuncOp) -> list[FuncOp]:
 def kernel_name(first: str, k: int) -> str:
     """The C name of a program's k-th kernel (0: the op's own)."""
     return first if k == 0 else f"{first}_k{k}"
+
+
+@rule(ScratchOp)
+def _scratch(em, op) -> None:
+    """Nothing to write: the tensor is the kernel's workspace parameter of that name."""
+    em.names[op.result] = scratch_name(op.result)

@@ -223,6 +223,14 @@ def _fill(value):
     return h
 
 
+def _scratch(lw: CallLowering, node, pos, kw):
+    if len(lw.frames) > 1:
+        raise lw.err(node, "a scratch tensor is made outside the parallel loops, for the whole call",
+                     "write `w = scratch([...], dtype=f32)` before the loop that stores into it")
+    dtype = lw.dtype_arg(kw["dtype"]) if "dtype" in kw else DType.F32
+    return lw.b.scratch(dtype, lw.shape_arg(pos[0]))
+
+
 def _transpose(lw: CallLowering, node, pos, kw):
     x = lw.tile_value(pos[0], "transpose's operand")
     perm = None
@@ -257,6 +265,7 @@ _BUILTINS: dict[str, tuple[Callable, tuple[str, ...], int, int]] = {
     "zeros": (_fill(0), ("dtype",), 1, 1),
     "ones": (_fill(1), ("dtype",), 1, 1),
     "full": (_fill(None), ("dtype",), 2, 2),
+    "scratch": (_scratch, ("dtype",), 1, 1),
     "transpose": (_transpose, (), 1, 2),
     "reshape": (_reshape, (), 2, 2),
 }
@@ -276,6 +285,7 @@ _SIGNATURES = {
     "tril": "tril(rows, cols=rows, k=0)", "triu": "triu(rows, cols=rows, k=0)",
     "zeros": "zeros([dims], dtype=f32)", "ones": "ones([dims], dtype=f32)",
     "full": "full([dims], value, dtype=f32)", "transpose": "transpose(x, [perm])",
+    "scratch": "scratch([dims], dtype=f32): a tensor for this call, stored by one parallel loop, read by a later one",
     "reshape": "reshape(x, [dims])",
 }
 

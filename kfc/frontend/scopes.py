@@ -38,7 +38,8 @@ class ScopeLowering:
     def lookup(self, name: str, node):
         for frame in reversed(self.frames):
             if name in frame.names:
-                return frame.names[name]
+                v = frame.names[name]  # a scratch tensor is indexed as an argument is
+                return Tensor(v) if isinstance(v, Value) and v.ttype.space is MemSpace.GLOBAL else v
         if name in self.params:
             v = self.params[name]
             if name in self.outputs:

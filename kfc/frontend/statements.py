@@ -50,7 +50,7 @@ class StatementLowering:
         if not isinstance(target, Tensor):
             raise self.err(name, f"'{name}' is not a tensor; only outputs can be stored into",
                            f"to name a value write {name} = ...")
-        if target.value.name not in self.outputs:
+        if target.value.name not in self.outputs and target.value.name in self.params:
             raise self.err(name, f"cannot store into the input '{name}'; inputs are read-only",
                            "declare the tensor among the outputs after '->'")
         items = self.index_items(index, target.value)

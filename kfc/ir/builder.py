@@ -30,7 +30,7 @@ from .dtypes import DType, promote_ints
 from .func import FuncOp
 from .tile_ops import (
     BINARY_CLASSES, KIND_WORDS, UNARY_CLASSES, BitcastOp, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
-    ExpandDimsOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ParallelOp, ReduceKind, ReduceOp, ReshapeOp,
+    ExpandDimsOp, ForOp, IfOp, IndexDim, IotaOp, LoadOp, ParallelOp, ScratchOp, ReduceKind, ReduceOp, ReshapeOp,
     ScanOp, StoreOp, TransposeOp, TriInvOp, TriOp, WhereOp, YieldOp, broadcast_compatible, indexed_shape, kind_accepts,
 )
 from .types import Dim, MemSpace, SymDim, TensorType, Type, bare_type
@@ -223,6 +223,10 @@ class Builder:
 
     def iota(self, n: int | SymDim, dtype: DType = DType.I32) -> Value:
         return self.create(IotaOp, [], [TensorType(dtype, (n,))]).result
+
+    def scratch(self, dtype: DType, shape: tuple) -> Value:
+        """A tensor in global memory for this call of the op (kfc.ir.tile_ops.ScratchOp)."""
+        return self.create(ScratchOp, [], [TensorType(dtype, tuple(shape), MemSpace.GLOBAL)]).result
 
     def tri(self, rows: int, cols: int, lower: bool = True, k: int = 0) -> Value:
         return self.create(TriOp, [], [TensorType(DType.BOOL, (rows, cols))], lower=lower, k=k).result

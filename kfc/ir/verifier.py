@@ -5,13 +5,15 @@ Every message carries the op's source span. Runs after the front end and after e
 
 from __future__ import annotations
 
+from ..diagnostics import VerifyError
 from . import layouts
 from .barriers import check_barriers
 from .core import Block, Op
 from .func import FuncOp
 from .grid_protocol import check_grid_protocol
 from .mma_ops import GridOp
-from .tile_ops import DimOp, LoadOp, StoreOp, YieldOp
+from .tile_ops import BinaryOp, ConstOp, DimOp, ForOp, LoadOp, ParallelOp, ScratchOp, StoreOp, YieldOp
+from .tile_ops.memory import index_operands
 from .tile_ops.checks import check_operands, check_results
 from .types import MemSpace, SymDim, TensorType, bare_type
 
@@ -50,6 +52,22 @@ def verify(func: FuncOp) -> FuncOp:
     return func
 
 
+def _past(upper, dim, defs: dict) -> bool:
+    """Whether a loop bound `upper` is provably past the extent `dim`: a constant beyond a fixed
+    extent, or the dim plus a positive constant (`0..M + 1` over a dim of M)."""
+    op = defs.get(id(upper))
+    if isinstance(op, ConstOp):
+        return isinstance(dim, int) and isinstance(op.value, int) and op.value > dim
+    if isinstance(op, BinaryOp) and op.NAME == "tile.add":
+        for a, b in (op.operands, op.operands[::-1]):
+            da, db = defs.get(id(a)), defs.get(id(b))
+            same = (isinstance(da, DimOp) and isinstance(dim, SymDim) and da.sym == dim.name) or (
+                isinstance(da, ConstOp) and da.value == dim)
+            if same and isinstance(db, ConstOp) and isinstance(db.value, int) and db.value > 0:
+                return True
+    return False
+
+
 class _Verifier:
     def __init__(self, func: FuncOp) -> None:
         self.func = func
@@ -57,6 +75,7 @@ class _Verifier:
         self.inputs = {id(v) for v in func.inputs}
         self.outputs = {id(v) for v in func.outputs}
         self.tensors = {id(v) for v in func.args if v.ttype.space is not MemSpace.REG}
+        self.constants: dict[int, object] = {}  # scalar constants' values, by result
 
     def run(self) -> None:
         for a in self.func.args:
@@ -78,6 +97,11 @@ class _Verifier:
                     raise op.error(f"tile.yield ends a loop's body or a branch, not a {owner.NAME} region")
             if isinstance(op, FuncOp):
                 raise op.error("functions do not nest")
+            if isinstance(op, ScratchOp):  # a tensor for the call: loads and stores may take it
+                if owner is not self.func:
+                    raise op.error("a scratch tensor is made at the function's top level, not inside a loop or branch")
+                self.tensors.add(id(op.result))
+                self.outputs.add(id(op.result))
             verify_op(op)
             inferred = op.infer_result_types([v.type for v in op.operands], op.attributes())
             if inferred is not None and [bare_type(r.type) for r in op.results] != [bare_type(t) for t in inferred]:
@@ -101,6 +125,11 @@ class _Verifier:
         check_barriers(block)
 
     def op_rules(self, op: Op) -> None:
+        if isinstance(op, ConstOp) and op.result.ttype.rank == 0:
+            self.constants[id(op.result)] = op.value
+        if isinstance(op, ForOp) and not self.constants.get(id(op.operands[2]), 1) > 0:
+            raise op.error(f"step must be positive, not {self.constants[id(op.operands[2])]}: the loop would not end",
+                           "count down by indexing from the end, e.g. hi - 1 - i")
         if isinstance(op, DimOp) and op.sym not in self.symbols:
             raise op.error(f"unknown shape symbol {op.sym!r}", f"the signature declares {sorted(self.symbols)}")
         if isinstance(op, LoadOp) and id(op.operands[0]) not in self.tensors and \
@@ -115,3 +144,25 @@ class _Verifier:
                 raise op.error("stores into a tensor that is not an output of the function")
 
 
+
+
+def check_loop_extents(func: FuncOp) -> FuncOp:
+    """A parallel loop's index, a point index of a tensor, must not run provably past its dim
+    (`parallel m in 0..M + 1` over x[M, N]): the row kernels do not test it, and the interpreter
+    refuses it only when it runs. Checked of what users write (.kfc and IR files), not of every
+    IR a pass or a test builds. Returns func."""
+    defs = {id(r): op for op in func.walk() for r in op.results}
+    for loop in func.walk():
+        if not isinstance(loop, ParallelOp):
+            continue
+        bounds = dict(zip(loop.body.args, loop.uppers))
+        for op in loop.walk():
+            if not isinstance(op, (LoadOp, StoreOp)):
+                continue
+            tensor = op.operands[0 if isinstance(op, LoadOp) else 1]
+            for k, (d, (ix, operands)) in enumerate(zip(tensor.ttype.shape, index_operands(op))):
+                if ix.kind == "point" and operands[0] in bounds and _past(bounds[operands[0]], d, defs):
+                    raise VerifyError(f"the parallel loop's index '{operands[0].name}' runs past dim {k} of "
+                                      f"'{tensor.name}', which has {d} elements", op.loc,
+                                      f"bound the loop by {d}: 0..{d}")
+    return func

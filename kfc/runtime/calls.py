@@ -143,7 +143,8 @@ def prepare(what: str, module, kernels: list, names: list[str], bound: dict, dim
         dims = contract.defined_dims(launch, dims, grid[0])
         for p in launch["params"]:
             if p["kind"] == "workspace" and p["name"] not in call.workspaces:
-                call.workspaces[p["name"]] = contract.workspace_shape(p, dims)
+                call.workspaces[p["name"]] = (contract.workspace_shape(p, dims),
+                                              getattr(torch, TORCH_NAMES[p.get("dtype", "f32")]))
     call.device = torch.device("cuda", device_index)
     return call
 
@@ -203,6 +204,12 @@ def prepare_stage(what: str, function, launch: dict, names: list[str], bound: di
         prepared.slots.values[k].value = value
     out_maps = [([name for name, _ in outputs].index(name), k, p, w) for name, k, p, w in out_maps]
     return Stage(prepared, kinds, fixed, tensors, scalars, outputs, workspaces, maps, out_maps, all(grid)), grid
+
+
+# a workspace's dtype (the contract's name) as torch names it: row sums' partials, scratch tensors
+TORCH_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "e4m3": "float8_e4m3fn",
+               "e5m2": "float8_e5m2", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
+               "bool": "bool"}
 
 
 # --- the signature's call -----------------------------------------------------------------------
@@ -298,7 +305,7 @@ class PreparedCall:
         self.out_maps = first.out_maps
         self.first = first
         self.followers: list[Stage] = []
-        self.workspaces: dict[str, tuple[int, ...]] = {}  # name -> shape (f32), allocated per call
+        self.workspaces: dict[str, tuple] = {}  # name -> (shape, torch dtype), allocated per call
         self.device = None
         self.allocators = allocators  # per output: an Allocation (its dtype, shape; how ctypes makes it)
         self.outputs_given = outputs_given
@@ -338,8 +345,8 @@ class PreparedCall:
             torch = _torch()
             # allocated on the current stream per call, like the outputs: calls on other
             # streams never share one
-            spaces = {name: torch.empty(shape, dtype=torch.float32, device=self.device)
-                      for name, shape in self.workspaces.items()}
+            spaces = {name: torch.empty(shape, dtype=dtype, device=self.device)
+                      for name, (shape, dtype) in self.workspaces.items()}
             by_name = {name: o for (name, _), o in zip(self.outputs, outs)}
             given = {name: values[k].value for _, name, k in self.tensors}
             given.update((name, values[k].value) for _, name, k, _ in self.scalars)

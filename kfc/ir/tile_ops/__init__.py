@@ -19,7 +19,7 @@ from .elementwise import (
 from .shape import BroadcastOp, ExpandDimsOp, ReshapeOp, TransposeOp, broadcast_compatible
 from .reductions import MaxSumExpOp, ReduceKind, ReduceOp, ScanOp, reduced_shape
 from .matmul import DotOp, TriInvOp
-from .memory import IndexDim, LoadOp, StoreOp, index_operands, indexed_shape
+from .memory import IndexDim, LoadOp, ScratchOp, StoreOp, index_operands, indexed_shape
 from .control import LOOP_REDUCE_KINDS, ForOp, IfOp, ParallelOp, YieldOp, verify_loop_reductions
 
 __all__ = [
@@ -28,6 +28,6 @@ __all__ = [
     "BroadcastOp", "ExpandDimsOp", "ReshapeOp", "TransposeOp", "broadcast_compatible",
     "MaxSumExpOp", "ReduceKind", "ReduceOp", "ScanOp", "reduced_shape",
     "DotOp", "TriInvOp",
-    "IndexDim", "LoadOp", "StoreOp", "index_operands", "indexed_shape",
+    "IndexDim", "LoadOp", "ScratchOp", "StoreOp", "index_operands", "indexed_shape",
     "LOOP_REDUCE_KINDS", "ForOp", "IfOp", "ParallelOp", "YieldOp", "verify_loop_reductions",
 ]

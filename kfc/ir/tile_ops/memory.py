@@ -151,3 +151,23 @@ class StoreOp(Op):
         arr[np.ix_(*dst)] = np.reshape(block, target_shape)
         interp.record_write(self, dst)
         return None
+
+
+@define_op("tile.scratch", operands=0, results=1)
+class ScratchOp(Op):
+    """A tensor in global memory that lives for one call of the op: written by one parallel loop
+    and read by a later one (the runtime allocates it per call, the kernels take it as a
+    workspace). Not pure: two scratch tensors of one type are two tensors. Its elements read as
+    NaN (floats) or the dtype's largest value (integers) until stored, as a poisoned output does."""
+
+    def verify_(self) -> None:
+        t = tensor_of(self, self.result, "result")
+        if t.space is not MemSpace.GLOBAL or t.rank == 0:
+            raise self.error(f"a scratch tensor is a tensor in global memory, not {t}")
+
+    def interpret(self, interp, ins, env):
+        t = self.result.ttype
+        np_type = t.dtype.np
+        poison = np.nan if np.issubdtype(np_type, np.floating) else (
+            True if np_type == np.bool_ else np.iinfo(np_type).max)
+        return [np.full(interp.shape_of(t), poison, dtype=np_type)]
