@@ -129,3 +129,25 @@ def test_compile_says_when_a_shape_it_was_given_stays_a_run_time_dim(tmp_path, c
     assert "dims N=4096; run-time dims M" in out and "--shape M=1024 not fixed: a run-time dim" in out
     assert main(["compile", "kernels/rmsnorm.kfc", "--shape", "N=4096", "-o", str(tmp_path / "b")]) == 0
     assert "not fixed" not in capsys.readouterr().out
+
+
+def test_rows_of_f64_are_refused_by_compile_at_the_load_and_left_unchecked_by_check(tmp_path, capsys):
+    """A row kernel moves and sums 4-byte elements: f64 rows are refused where they are loaded,
+    and kfc check says the final IR was not checked instead of failing it (its sums were f32)."""
+    path = tmp_path / "f64.kfc"
+    path.write_text("""op f64op(x: f64[M, N]) -> (y: f64[M]) {
+  parallel m in 0..M {
+    xr = x[m, :]
+    y[m] = sqrt(sum(xr * xr))
+  }
+}
+check {
+  reference = "x.norm(dim=-1)"
+  shapes = [{M: 5, N: 300}]
+}
+""")
+    assert main(["compile", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:3:10: error: rows of f64 are not supported yet" in err and "Traceback" not in err
+    assert main(["check", str(path), "--seed", "0"]) == 0
+    assert "final IR of f64op not checked: rows of f64" in capsys.readouterr().out

@@ -317,6 +317,15 @@ class Tile(Pass):
         tensors = [op.operands[0] if isinstance(op, LoadOp) else op.operands[1]
                    for op in ops if isinstance(op, (LoadOp, StoreOp))]
         itemsizes = [t.ttype.dtype.itemsize for t in tensors if t.ttype.rank >= 1] or [4]
+        def row_of(op):  # the tensor a row load or store moves, else None
+            tile = op.result if isinstance(op, LoadOp) else op.operands[0] if isinstance(op, StoreOp) else None
+            return None if tile is None or tile.ttype.rank == 0 else op.operands[0 if isinstance(op, LoadOp) else 1]
+
+        wide = next((op for op in ops if row_of(op) is not None and row_of(op).ttype.dtype.itemsize > 4), None)
+        if wide is not None:  # the row accesses move 4-byte words (kfc.codegen.memory_rules); the passes' sums are f32
+            t = row_of(wide).ttype
+            raise PassError(f"rows of {t.dtype} are not supported yet: a row kernel moves and sums elements of at "
+                            "most 4 bytes", wide.loc, "convert the tensor to f32 (or i32) before calling the op")
         buffers = [op for op in loop.body.ops if isinstance(op, SmemAllocOp)]
         staged = sum(op.result.ttype.numel() * op.result.ttype.dtype.itemsize for op in buffers)
         fors = [op for op in ops if isinstance(op, ForOp)]
