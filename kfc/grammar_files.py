@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from importlib import resources
@@ -52,6 +53,20 @@ def describe_terminal(parser: lark.Lark, name: str) -> str:
     return name.lower().replace("_", " ")
 
 
+def _keyword_typo(parser: lark.Lark, before: str, here: str) -> str | None:
+    """The keyword a statement's first word misspells (`paralel m in ...`): the word alone
+    before the unexpected name, close to one of the grammar's keywords and not one itself."""
+    m = re.fullmatch(r"\s*([A-Za-z_]\w*)\s+", before)
+    if not m or not re.match(r"[A-Za-z_]", here):
+        return None
+    keywords = [t.pattern.value for t in parser.terminals
+                if t.pattern.type == "str" and re.fullmatch(r"[a-z]{2,}", t.pattern.value)]
+    if m.group(1) in keywords:
+        return None
+    close = difflib.get_close_matches(m.group(1), keywords, 1, 0.6)
+    return close[0] if close else None
+
+
 def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: str, text: str):
     """Turn a lark error into a KfcError pointing at the offending token."""
     # lark counts lines by "\n" alone; str.splitlines would also split at "\r" and others
@@ -85,6 +100,9 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, parser: lark.Lark, file: st
         hint = "expected " + (shown[0] if len(shown) == 1 else "one of " + ", ".join(shown))
         if msg == "unexpected end of file" and "'}'" in expected:
             hint = "is a closing '}' missing? " + hint
+    typo = _keyword_typo(parser, lines[line - 1][:col - 1] if line - 1 < len(lines) else "", here)
+    if typo:
+        hint = f"did you mean '{typo}'? " + (hint or "")
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
         foreign = not any(re.match(t.pattern.to_regexp(), here) for t in parser.terminals)
         if foreign and ch in "\"'":

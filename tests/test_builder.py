@@ -108,6 +108,25 @@ def test_two_literals_default_to_index(env):
         b.unary("exp", 4)  # an index is no float
 
 
+def test_where_of_two_numbers_is_i32_or_f32(env):
+    """where(x > 0, 2, 1) is an i32 tile (as iota's default), not an index: an i32 output takes it;
+    a float branch makes both f32. Other bare integers (`n = 0`) stay index."""
+    b, make = env
+    mask = make(BOOL, 4)
+    assert b.where(mask, 2, 1).ttype.dtype is I32
+    assert b.where(mask, 2, 0.5).ttype.dtype is F32
+    assert b.where(mask, 2.0, 1).ttype.dtype is F32
+    assert b.where(mask, True, False).ttype.dtype is BOOL
+    assert b.literal(0, None).ttype.dtype is IDX
+
+
+def test_index_is_named_i64_in_messages(env):
+    b, make = env
+    with pytest.raises(BuildError) as e:
+        b.binary("add", make(F32, 4), b.literal(0, None))
+    assert "index" not in e.value.message and "i64" in e.value.message and "0.0" in e.value.hint
+
+
 def test_const_value_checks(env):
     b, _ = env
     c = b.const(3, F32, [2])

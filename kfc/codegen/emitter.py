@@ -17,7 +17,7 @@ import contextlib
 import attrs
 
 from ..ir.core import Op, Value, walk_block
-from ..ir.dtypes import DType
+from ..ir.dtypes import DType, spoken
 from ..ir.func import FuncOp
 from ..ir.gpu_ops import LaunchOp
 from ..ir import layouts
@@ -357,7 +357,16 @@ class KernelEmitter(CodeWriter):
         """The dtype a row reduction runs in: f32, or i32 (exact, wrapping as the interpreter's)."""
         d = op.operands[0].ttype.dtype
         if d not in (DType.F32, DType.I32):
-            raise CodegenError(f"row reductions run in f32 or i32; this one is {d}", op.loc,
-                               "convert the row first, e.g. sum(f32(x)) or sum(i32(mask))")
+            kind = getattr(getattr(op, "kind", None), "value", "sum")
+            what = "bools" if d.is_bool else f"{spoken(d)} values"
+            if d.is_int:
+                hint = f"reduce i32 values: write {kind}(i32(...)) around the row (exact while it fits in 32 bits)"
+                if d is DType.INDEX:
+                    hint += "; a dim, loop index or bare integer in the row made it i64, e.g. write i32(N) for N"
+            else:
+                hint = f"convert the row first, e.g. {kind}(i32(mask))" if d.is_bool else \
+                    f"convert the row first, e.g. {kind}(f32(x))"
+            raise CodegenError(f"{kind}(...) over a row of {what} cannot run on the GPU yet: "
+                               "kfc reduces rows in f32 or i32", op.loc, hint)
         return d
 

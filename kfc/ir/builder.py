@@ -26,7 +26,7 @@ import attrs
 
 from ..diagnostics import KfcError, Span
 from .core import Block, Op, Value
-from .dtypes import DType, promote_ints
+from .dtypes import DType, promote_ints, spoken
 from .func import FuncOp
 from .tile_ops import (
     BINARY_CLASSES, KIND_WORDS, UNARY_CLASSES, BitcastOp, BroadcastOp, CastOp, CmpOp, CmpPred, ConstOp, DimOp, DotOp,
@@ -65,8 +65,9 @@ def _shape(shape) -> str:
 
 
 def _a(word) -> str:
-    """`word` with its article, as it is read out: an f32, an i32, an index, a bf16, a bool."""
-    return ("an " if str(word)[:1] in "aefhilmnorsx" else "a ") + str(word)
+    """`word` with its article, as it is read out: an f32, an i32, an i64 (an index), a bf16, a bool."""
+    word = spoken(word)
+    return ("an " if word[:1] in "aefhilmnorsx" else "a ") + word
 
 
 class Builder:
@@ -325,8 +326,11 @@ class Builder:
                     target = promote_ints(target, d)
             else:
                 a, b = sorted(dtypes, key=str)[:2]
-                raise self.error(f"dtype mismatch in {what}: {a} and {b}",
-                                 f"convert explicitly, e.g. {'f32' if a.is_float or b.is_float else str(a)}(...) on one side")
+                raise self.error(f"dtype mismatch in {what}: {spoken(a)} and {spoken(b)}",
+                                 f"convert explicitly, e.g. {'f32' if a.is_float or b.is_float else spoken(a)}(...) "
+                                 "on one side" + (" (loop indices, dims and a bare `n = 0` are i64; "
+                                                  "start a float at 0.0)"
+                                                  if DType.INDEX in (a, b) and (a.is_float or b.is_float) else ""))
         else:
             target = dtypes.pop()
         like = TensorType(target)
@@ -341,7 +345,7 @@ class Builder:
         (x,) = self._unify([x], fn)
         cls = UNARY_CLASSES[fn]
         if not kind_accepts(cls.OPERAND_KIND, x.ttype.dtype):
-            raise self.error(f"{fn} needs {KIND_WORDS[cls.OPERAND_KIND]} operand, not {x.ttype.dtype}",
+            raise self.error(f"{fn} needs {KIND_WORDS[cls.OPERAND_KIND]} operand, not {spoken(x.ttype.dtype)}",
                              f"convert first, e.g. {fn}(f32(...))" if cls.OPERAND_KIND.value == "float" else None)
         return self.create(cls, [x], name=name).result
 
@@ -352,7 +356,7 @@ class Builder:
         cls = BINARY_CLASSES[fn]
         if not kind_accepts(cls.OPERAND_KIND, a.ttype.dtype):
             raise self.error(f"{fn} needs {KIND_WORDS[cls.OPERAND_KIND].removeprefix('a ')} operands, "
-                             f"not {a.ttype.dtype}")
+                             f"not {spoken(a.ttype.dtype)}")
         return self.create(cls, [a, b], name=name).result
 
     def cmp(self, pred: str, a: Operand, b: Operand, name: str | None = None) -> Value:
@@ -361,13 +365,16 @@ class Builder:
 
     def where(self, cond: Operand, a: Operand, b: Operand, name: str | None = None) -> Value:
         if isinstance(cond, Value) and cond.ttype.dtype is not DType.BOOL:
-            raise self.error(f"where's condition must be bool, not {cond.ttype.dtype}",
+            raise self.error(f"where's condition must be bool, not {spoken(cond.ttype.dtype)}",
                              "compare to get a mask, e.g. where(x > 0, x, 0.0)")
         if not isinstance(cond, Value):
             if not isinstance(cond, bool):
                 raise self.error(f"where's condition must be bool, not the number {cond!r}",
                                  "write true or false, or a comparison such as x > 0")
             cond = self.literal(cond, TensorType(DType.BOOL))
+        if not isinstance(a, Value) and not isinstance(b, Value) and not isinstance(a, bool):
+            # both numbers (where(x > 0, 2, 1)): integers default to i32 as iota's do, a float makes both f32
+            a = self.const(a, DType.F32 if isinstance(a, float) or isinstance(b, float) else DType.I32)
         a, b = self._unify([a, b], "where")
         shape = self.broadcast_shape([cond.ttype.shape, a.ttype.shape], "where")
         cond, a, b = (self.broadcast_to(v, shape) for v in (cond, a, b))
@@ -424,7 +431,8 @@ class Builder:
         if t.rank == 0:
             raise self.error(f"{kind} of a scalar: there is no axis to reduce")
         if kind == "mean" and not t.dtype.is_float:
-            raise self.error(f"mean needs a floating-point tile, not {t.dtype}", "convert first, e.g. mean(f32(x))")
+            raise self.error(f"mean needs a floating-point tile, not {spoken(t.dtype)}",
+                             "convert first, e.g. mean(f32(x))")
         if kind in ("sum", "prod") and t.dtype.is_bool:
             raise self.error(f"{kind} of a bool tile", "convert first, e.g. sum(i32(mask))")
         return self.create(ReduceOp, [x], kind=ReduceKind(kind), axes=self._axes(t, axes), keepdims=keepdims,
@@ -445,7 +453,7 @@ class Builder:
             raise self.error(f"dot multiplies 2-D tiles; got {_shape(ta.shape)} and {_shape(tb.shape)}",
                              "use x[None, :] to make a row, x[:, None] a column")
         if ta.dtype != tb.dtype:
-            raise self.error(f"dtype mismatch in dot: {ta.dtype} and {tb.dtype}",
+            raise self.error(f"dtype mismatch in dot: {spoken(ta.dtype)} and {spoken(tb.dtype)}",
                              "both operands need the same dtype; convert one, e.g. bf16(...)")
         m, n, ka, kb = DotOp.mnk(ta, tb, trans_a, trans_b)
         if ka != kb:
@@ -461,7 +469,7 @@ class Builder:
             raise self.error(f"tri_inv inverts a square tile of a fixed size, not {_shape(t.shape)}",
                              "pass the chunk's [C, C] matrix, C a number")
         if t.dtype is not DType.F32:
-            raise self.error(f"tri_inv inverts an f32 tile, not {t.dtype}", "cast it: tri_inv(f32(x))")
+            raise self.error(f"tri_inv inverts an f32 tile, not {spoken(t.dtype)}", "cast it: tri_inv(f32(x))")
         return self.create(TriInvOp, [x], name=name).result
 
     # --- memory -----------------------------------------------------------------------------
@@ -509,7 +517,7 @@ class Builder:
         vt = self.tile_of(value, "stored value")
         if vt.dtype != t.dtype:
             # an integer literal is an index (loop bounds and offsets take it): say where one came from
-            index = " (an integer literal, such as a carry's start `n = 0`, is an index)" \
+            index = " (an integer literal, such as a carry's start `n = 0`, is an i64 index)" \
                 if vt.dtype is DType.INDEX else ""
             raise self.error(f"dtype mismatch in store: {_a(vt.dtype)} tile into the {t.dtype} tensor "
                              f"{tensor.name or ''}".rstrip() + index,

@@ -155,6 +155,12 @@ def dtype_of_torch(torch_dtype) -> DType | None:
     return None
 
 
+def spoken(dtype) -> str:
+    """A dtype as a message names it: `index` (the IR's dtype of loop indices, dims and integer
+    literals) is written i64 in a program, so users read i64; the IR text keeps `index`."""
+    return "i64" if dtype is DType.INDEX else str(dtype)
+
+
 def promote_ints(a: DType, b: DType) -> DType:
     """Integers mix freely, as in C: the wider wins and `index` counts as the widest."""
     if a is DType.INDEX or b is DType.INDEX:

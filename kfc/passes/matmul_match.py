@@ -32,6 +32,41 @@ def _whole(op: LoadOp | StoreOp) -> bool:
     return all(ix.kind == "all" for ix in op.index)
 
 
+_NOT_ELEMENTWISE = {"reduce": "a reduction", "scan": "a scan", "transpose": "a transpose", "reshape": "a reshape",
+                    "expand_dims": "a new axis", "dot": "another product", "store": "a partial store",
+                    "load": "a partial read", "max_sumexp": "a softmax reduction"}
+
+
+def _shape(t) -> str:
+    return "[" + ", ".join(str(d) for d in t.shape) + "]"
+
+
+def _described(op: Op, dot: DotOp, columns: dict) -> str:
+    """What the program wrote for `op`, in its words (no IR names)."""
+    rows, cols = dot.result.ttype.shape
+    if isinstance(op, LoadOp):
+        t = op.operands[0].ttype
+        what = f"'{op.operands[0].name}' {_shape(t)}"
+        if tuple(t.shape) == (rows, cols):
+            return f"the residual {what} (a tensor the size of the product)"
+        if t.rank == 1 and t.shape[0] == rows:
+            return f"the row vector {what} (one value per row of the product, as in {op.operands[0].name}[:, None])"
+        return f"the tensor {what} read as {_shape(op.result.ttype)}"
+    if isinstance(op, CastOp) and op.operands[0] in columns:
+        vec = columns[op.operands[0]].operands[0]
+        return f"{op.result.ttype.dtype}({vec.name}), a cast of the vector '{vec.name}' {_shape(vec.ttype)}"
+    return f"a {_shape(op.result.ttype)} value computed apart from the product"
+
+
+def _advice(op: Op, columns: dict) -> str:
+    if isinstance(op, CastOp) and op.operands[0] in columns:
+        vec = columns[op.operands[0]].operands[0]
+        return (f"declare '{vec.name}' as {op.result.ttype.dtype}[{vec.ttype.shape[0]}] and add it uncast, "
+                f"e.g. dot(a, b) + {vec.name}")
+    return ("add a residual or a per-row vector in a second op over the product's output; "
+            "here only scalars and bias[N] vectors along the columns join the product")
+
+
 def match_matmul(func: FuncOp) -> MatmulMatch:
     """The one whole-tensor dot of `func`, its operand loads, the elementwise ops after it and
     the store of their result; a PassError that says what does not fit."""
@@ -69,22 +104,27 @@ def match_matmul(func: FuncOp) -> MatmulMatch:
             and tuple(op.result.ttype.shape) == tuple(dot.result.ttype.shape)
         if reads_product or spreads_scalar:
             if not isinstance(op, EPILOGUE_OPS):
-                raise PassError(f"accelerate-matmul: {op.NAME} on the product is not elementwise; the epilogue "
-                                "takes elementwise ops on it and on scalars", op.loc)
+                raise PassError(f"the matrix-product kernel takes elementwise math after dot(...), not "
+                                f"{_NOT_ELEMENTWISE.get(op.NAME.rpartition('.')[2], 'this operation')} of the product",
+                                op.loc, "store the product, c = dot(a, b) (with elementwise math), and "
+                                "reduce or reshape it in a second op")
             for v in op.operands:
                 t = v.ttype
                 if v not in on_product and not t.is_scalar and v not in columns:
-                    raise PassError(f"accelerate-matmul: the epilogue's {op.NAME} reads a {t} beside the product; "
-                                    "it takes scalars and vectors along the product's columns", op.loc)
+                    raise PassError(f"the matrix-product kernel cannot combine the product with a {_shape(t)} "
+                                    f"{t.dtype} value: beside it, its epilogue takes scalars and whole vectors of "
+                                    "length N (the product's columns) added as they are declared", op.loc,
+                                    "combine the two in a second op over the product's output")
             on_product.update(op.results)
             epilogue.append(op)
         elif isinstance(op, (ConstOp, DimOp)) or all(r.ttype.is_scalar for r in op.results) and \
                 isinstance(op, EPILOGUE_OPS):
             prelude.append(op)
         else:
-            raise PassError(f"accelerate-matmul: {op.NAME} is neither the product's operands nor its epilogue "
-                            "(elementwise ops on the product, scalars and vectors along its columns)",
-                            op.loc, "kfc compiles a matrix product with an elementwise epilogue in one kernel")
+            raise PassError(f"the matrix-product kernel cannot take {_described(op, dot, columns)} beside "
+                            "dot(...): its epilogue takes math on the product and scalars, and whole vectors of "
+                            "length N (the product's columns) added as they are declared",
+                            op.loc, _advice(op, columns))
     if store.operands[0] not in on_product:
         raise PassError("accelerate-matmul: the stored value does not come from the dot", store.loc)
     for v, ld in columns.items():
