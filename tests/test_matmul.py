@@ -288,6 +288,19 @@ op opt_bias(a: bf16[M, K], b: bf16[K, N], bias: f32[N]?) -> (c: bf16[M, N]) {
     assert "__ldg(&p_bias[" in r.kernel.cu and r.kernel.cu.count("p_bias != nullptr && ") >= 1
 
 
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_a_16_bit_bias_is_read_through_its_bits(target):
+    """`bias: f16[N]` added to the product: __ldg has no overload for kfc's 16-bit float types,
+    so the kernel reads the vector's bits (nvcc refused the generated kernel before)."""
+    spec = parse_kfc("""
+op g(a: f16[M, K], b: f16[K, N], bias: f16[N]) -> (c: f16[M, N]) {
+  c = f16(dot(a, b)) + bias
+}
+""", "g.kfc")
+    r = compile_op(spec, parse_target(target), shape={"M": 256, "N": 256, "K": 64})
+    assert "kfc_f16_of_bits(__ldg(reinterpret_cast<const unsigned short*>(&p_bias[" in r.kernel.cu
+
+
 def test_a_tensor_the_epilogue_cannot_read_is_refused_by_name(tmp_path):
     """A residual (a whole [M, N] tensor beside the product) is not one the epilogue reads yet."""
     spec = parse_kfc("""

@@ -311,7 +311,12 @@ def emit_load_columns(em, op: LoadColumnsOp) -> None:
 
     def element(i: str) -> str:
         c = f"({c0} + {frag.col_c(i, 'kfc_tid')})"
-        return f"({given}{c} < {extent} ? __ldg(&{p}[{c}]) : {zero})"
+        d = vec.ttype.dtype
+        if d in float16.TYPE:  # __ldg has no overload for kfc's 16-bit float types: read their bits
+            read = f"{float16.FROM_BITS[d]}(__ldg(reinterpret_cast<const unsigned short*>(&{p}[{c}])))"
+        else:
+            read = f"__ldg(&{p}[{c}])"
+        return f"({given}{c} < {extent} ? {read} : {zero})"
 
     em.inline[op.result] = element
 

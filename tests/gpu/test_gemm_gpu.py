@@ -171,6 +171,26 @@ def test_an_optional_bias_is_added_where_given_and_left_out_where_not(given, tmp
     assert err < TOL, f"opt_bias given={given}: max |err| / max |ref| = {err:.3g}"
 
 
+def test_a_16_bit_bias_added_to_a_16_bit_product(tmp_path):
+    """`c = f16(dot(a, b)) + bias` with an f16 bias: the kernel reads the bias through its bits."""
+    requires_gpu()
+    import kfc
+
+    path = tmp_path / "f16_bias.kfc"
+    path.write_text("op g(a: f16[M, K], b: f16[K, N], bias: f16[N]) -> (c: f16[M, N]) {\n"
+                    "  c = f16(dot(a, b)) + bias\n}\n")
+    g = kfc.load(str(path))
+    m, n, k = 130, 264, 200
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    bias = torch.randn(n, device="cuda", dtype=torch.float16)
+    got = g(a, b, bias, out=torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)).float()
+    ref = (a.float() @ b.float()).half().float() + bias.float()
+    assert torch.isfinite(got).all()
+    err = float((got - ref).abs().max() / ref.abs().max())
+    assert err < 2e-3, f"max |err| / max |ref| = {err:.3g}"
+
+
 @pytest.mark.parametrize("pipeline", [
     None, "accelerate-matmul{producer=warpgroup,inflight=1,tiles=persistent,registers=232,store=tma}",
     "accelerate-matmul{producer=warpgroup,inflight=1,registers=232,bm=64,tiles=persistent,consumers=pingpong,"
