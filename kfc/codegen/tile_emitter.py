@@ -55,7 +55,7 @@ def tile_program_problem(func: FuncOp) -> str | None:
         for op in list(loop.walk())[1:]:
             if isinstance(op, LoadOp) and op.operands[0] in stored:
                 # written where it is read, perhaps after (a later loop, a later kernel, may read it)
-                return f"it loads {op.operands[0].name} after storing into it"
+                return f"one parallel loop both loads and stores {op.operands[0].name}, which its kernel cannot"
             if not isinstance(op, BODY_OPS):
                 return f"{op.NAME} has no rule in the tile emitter"
             for r in op.results:

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..diagnostics import KfcError, read_source
 from ..ir.func import FuncOp
 from ..ir.parser import parse_ir
-from ..ir.verifier import check_loop_extents, verify
+from ..ir.verifier import check_as_written, verify
 from ..model.spec import OpSpec
 from .spec import instances, instantiate, load_kfc, looks_like_ir, parse_kfc
 
@@ -20,6 +20,6 @@ def load_func(path: str | Path, dtypes: dict[str, str] | None = None) -> tuple[F
     if looks_like_ir(text):
         if dtypes:
             raise KfcError("--dtype applies to .kfc files; IR text has its types fixed")
-        return check_loop_extents(verify(parse_ir(text, str(path)))), None
+        return check_as_written(verify(parse_ir(text, str(path)))), None
     spec = parse_kfc(text, str(path), dtypes)
     return spec.func, spec

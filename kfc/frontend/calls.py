@@ -228,7 +228,12 @@ def _scratch(lw: CallLowering, node, pos, kw):
         raise lw.err(node, "a scratch tensor is made outside the parallel loops, for the whole call",
                      "write `w = scratch([...], dtype=f32)` before the loop that stores into it")
     dtype = lw.dtype_arg(kw["dtype"]) if "dtype" in kw else DType.F32
-    return lw.b.scratch(dtype, lw.shape_arg(pos[0]))
+    shape = pos[0]
+    for c in shape.children if isinstance(shape, lark.Tree) and shape.data == "list_lit" else ():
+        if isinstance(c, lark.Tree) and c.data not in ("name", "int_lit"):
+            raise lw.err(c, "a scratch tensor's sizes are dims or numbers; arithmetic on dims is not supported yet",
+                         "add an input whose shape gives the size (a dim of its own), or pad to a dim")
+    return lw.b.scratch(dtype, lw.shape_arg(shape))
 
 
 def _transpose(lw: CallLowering, node, pos, kw):

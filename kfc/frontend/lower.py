@@ -17,7 +17,7 @@ from ..ir.dtypes import DTYPE_NAMES, DType, parse_dtype
 from ..ir.func import FuncOp
 from ..ir.tile_ops import StoreOp
 from ..ir.types import MemSpace, SymDim, TensorType
-from ..ir.verifier import check_loop_extents, verify
+from ..ir.verifier import check_as_written, verify
 from .calls import CallLowering
 from .expressions import ExpressionLowering, shorten
 from .indexing import IndexLowering
@@ -211,7 +211,7 @@ class Lowerer(ScopeLowering, StatementLowering, ExpressionLowering, IndexLowerin
             if n not in written and not t.optional:
                 raise KfcError(f"output {n} is never written", self.param_spans[n],
                                f"store into it, e.g. {n}[...] = ..., or assign the whole tensor with {n} = ...")
-        return check_loop_extents(verify(func))
+        return check_as_written(verify(func))
 
     def param_type(self, node, is_out: bool, pname: str = "x") -> TensorType:
         name_tok, dims_node, opt = node.children

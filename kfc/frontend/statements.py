@@ -35,6 +35,9 @@ class StatementLowering:
             self.touch(str(name), name)
             target = self.params[str(name)]
             value = self.value(expr)
+            if isinstance(value, Value) and value.ttype.space is not MemSpace.REG:
+                raise self.err(name, f"'{name}' is an output of the op; a scratch tensor needs a name of its own",
+                               f"name it differently, e.g. {name}_scratch = scratch(...)")
             with self.b.at(self.span(node)):
                 self.store(target, [ALL] * target.ttype.rank, value, node)
             return

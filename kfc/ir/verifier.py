@@ -166,3 +166,39 @@ def check_loop_extents(func: FuncOp) -> FuncOp:
                                       f"'{tensor.name}', which has {d} elements", op.loc,
                                       f"bound the loop by {d}: 0..{d}")
     return func
+
+
+def check_scratch_use(func: FuncOp) -> FuncOp:
+    """Each scratch tensor carries values from one parallel loop to a later one: it has a name of
+    its own, a loop stores it, a later loop reads it, and no loop reads what it stores itself (its
+    CTAs would read one another's stores in no order). Returns func."""
+    loops = [op for op in func.body.ops if isinstance(op, ParallelOp)]
+    seen: dict[str, Op] = {}
+    for op in (op for op in func.body.ops if isinstance(op, ScratchOp)):
+        v = op.result
+        if v.name in seen:
+            raise VerifyError(f"a second scratch tensor named '{v.name}'", op.loc, "give each its own name")
+        seen[v.name] = op
+        stored = [k for k, loop in enumerate(loops)
+                  if any(isinstance(o, StoreOp) and o.operands[1] is v for o in loop.walk())]
+        loads = [(k, o) for k, loop in enumerate(loops) for o in loop.walk()
+                 if isinstance(o, LoadOp) and o.operands[0] is v]
+        if not stored:
+            raise VerifyError(f"the scratch tensor '{v.name}' is never stored", op.loc,
+                              "store into it in one parallel loop and read it in a later one")
+        if not loads:
+            raise VerifyError(f"the scratch tensor '{v.name}' is stored but never read", op.loc,
+                              "read it in a later parallel loop, or make it an output if the caller needs it")
+        for k, load in loads:
+            if k in stored or k < stored[0]:
+                where = "in the parallel loop that stores it" if k in stored else "before any loop stores it"
+                raise VerifyError(f"the scratch tensor '{v.name}' is read {where}", load.loc,
+                                  "a scratch tensor carries values from one parallel loop to a later one: read it "
+                                  "in a loop after the one that stores it, or keep the value in a name")
+    return func
+
+
+def check_as_written(func: FuncOp) -> FuncOp:
+    """What a program a user wrote (.kfc or IR text) must also satisfy, beyond verify: the checks
+    above, of mistakes that IR built by passes and tests cannot make. Returns func."""
+    return check_scratch_use(check_loop_extents(func))

@@ -168,6 +168,5 @@ class ScratchOp(Op):
     def interpret(self, interp, ins, env):
         t = self.result.ttype
         np_type = t.dtype.np
-        poison = np.nan if np.issubdtype(np_type, np.floating) else (
-            True if np_type == np.bool_ else np.iinfo(np_type).max)
+        poison = np.nan if t.dtype.is_float else True if t.dtype.is_bool else np.iinfo(np_type).max
         return [np.full(interp.shape_of(t), poison, dtype=np_type)]
