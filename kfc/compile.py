@@ -34,7 +34,7 @@ from .ir.printer import print_ir
 from .ir.specialize import specialize
 from .ir.mma_ops import GridOp
 from .ir.tile_ops import DimOp, ParallelOp
-from .ir.types import MemSpace, TensorType
+from .ir.types import MemSpace, SymDim, TensorType
 from .passes import MATMUL_PIPELINE, PassContext, PassManager, VerifyEach, default_pipeline, parse_pipeline
 from .passes import parse_user_pipeline
 from .passes.tensor_rows import RowsOfTensors, tensor_rows_dim
@@ -87,7 +87,11 @@ def row_dims(func: FuncOp) -> list[str]:
     for loop in loops:  # a tile program's loops, each its kernel's grid
         for v in loop.operands:
             dims_of(v)
-    return out
+    # a dim that is also a tile's extent (a later loop reading a whole [NC, D] slab) is fixed: a
+    # kernel's tiles have fixed shapes
+    extents = {d.name for op in func.walk() for r in op.results if isinstance(r.type, TensorType)
+               and r.type.space is MemSpace.REG for d in r.type.shape if isinstance(d, SymDim)}
+    return [d for d in out if d not in extents]
 
 
 def fixed_dims(func: FuncOp, dims: dict[str, int]) -> dict[str, int]:

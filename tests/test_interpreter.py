@@ -654,7 +654,7 @@ def test_out_of_bounds_point_raises_with_span(rng):
 def test_out_of_bounds_negative_point_and_store(rng):
     x = rand(rng, (4,), F32)
     f = _copy_func((4,), (4,), [2], [-1])
-    with pytest.raises(InterpretError, match="index -1 is out of bounds"):
+    with pytest.raises(InterpretError, match="at index -1 of dim 0, which has 4 elements: out of bounds"):
         run(f, {"x": x})
     with pytest.raises(InterpretError, match="out of bounds"):
         run(_copy_func((4,), (), [4], []), {"x": x})

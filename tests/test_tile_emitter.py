@@ -391,3 +391,23 @@ check {{
 """)
     assert main(["check", str(path), "--seed", "0"]) == 0, capsys.readouterr().out
     assert main(["compile", str(path), "-o", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+
+
+def test_a_dim_that_bounds_one_loop_and_sizes_a_tile_in_another_is_fixed(tmp_path):
+    """NC bounds the first loop's grid and is the extent of the second loop's [NC, D] tile: it is
+    fixed at compile time (a run-time dim made that tile's shape symbolic, and it was refused)."""
+    text = """
+op slab(x: f32[B, NC, C, D]) -> (y: f32[B, NC, D]) {
+  t = scratch([B, NC, D])
+  parallel b in 0..B, c in 0..NC {
+    t[b, c, :] = sum(x[b, c, :, :], axis=0)
+  }
+  parallel b in 0..B {
+    y[b, :, :] = cumsum(t[b, :, :], axis=0)
+  }
+}
+"""
+    r = compile_op(parse_kfc(text, str(tmp_path / "slab.kfc")), parse_target("sm_90a"),
+                   shape={"B": 2, "NC": 16, "C": 16, "D": 8})
+    assert r.dynamic_dims == ("B",) and r.dims == {"NC": 16, "C": 16, "D": 8}
+    assert [k["grid"][0] for k in r.report["kernels"]] == ["(B * 16)", "B"]

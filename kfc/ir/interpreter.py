@@ -179,8 +179,10 @@ class Interpreter:
             if ix.kind == "point":
                 i = next(it)
                 if not 0 <= i < n:
-                    raise InterpretError(f"{op.NAME}: index {i} is out of bounds for dim {dim} of size {n} "
-                                         f"of {op.operands[1 if isinstance(op, StoreOp) else 0].name or 'the tensor'}",
+                    name = op.operands[1 if isinstance(op, StoreOp) else 0].name
+                    what = f"'{name}'" if name else "a tensor"
+                    raise InterpretError(f"{'a store into' if isinstance(op, StoreOp) else 'a read of'} {what} at "
+                                         f"index {i} of dim {dim}, which has {n} elements: out of bounds",
                                          op.loc, "guard the access, or use a slice with a limit")
                 plan.append(("point", np.array([i]), np.array([True])))
             elif ix.kind == "all":
