@@ -300,7 +300,7 @@ def test_the_runtime_prepares_both_kernels_and_their_workspace(monkeypatch):
     first, second = report["kernels"]
     call = k.prepare(Function(first["name"]), report, bound, {"M": 1000, "N": 4096}, 0, False)
     assert call.launch.grid == (396, 1, 1) and [s.launch.grid for s in call.followers] == [(128, 1, 1)]
-    assert call.workspaces == {"kfc_ws0": (396, 4096)}
+    assert call.workspaces == {"kfc_ws0": ((396, 4096), torch.float32)}
     (stage,) = call.followers
     assert stage.launch.name == second["name"] and stage.workspaces == [("kfc_ws0", 0)]
     assert stage.outputs == [("dw", 1)] and stage.fixed == {2: 396}
