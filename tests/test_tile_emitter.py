@@ -411,3 +411,19 @@ op slab(x: f32[B, NC, C, D]) -> (y: f32[B, NC, D]) {
                    shape={"B": 2, "NC": 16, "C": 16, "D": 8})
     assert r.dynamic_dims == ("B",) and r.dims == {"NC": 16, "C": 16, "D": 8}
     assert [k["grid"][0] for k in r.report["kernels"]] == ["(B * 16)", "B"]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_flashkdas_pair_as_one_op_is_two_kernels_sharing_six_scratch_tensors(target):
+    """kernels/kda_fwd_flashkda_pair.kfc: the prepare loop over (chunk slot, head), then the
+    recurrence over (sequence, head), the six per-chunk values between them scratch tensors."""
+    r = compile_op(load_kfc("kernels/kda_fwd_flashkda_pair.kfc"), parse_target(target),
+                   shape={"T": 8192, "K": 128, "V": 128})
+    prepare, recurrence = r.report["kernels"]
+    assert prepare["grid"][0] == "(((((T + 16) - 1) // 16) + N) * H)" and recurrence["grid"][0] == "(N * H)"
+    for kernel in (prepare, recurrence):
+        spaces = {p["name"]: p["shape"] for p in kernel["params"] if p["kind"] == "workspace"}
+        assert spaces == {"kfc_ws_w": ["1", "T", "H", "128"], "kfc_ws_u": ["1", "T", "H", "128"],
+                          "kfc_ws_qg": ["1", "T", "H", "128"], "kfc_ws_kg": ["1", "T", "H", "128"],
+                          "kfc_ws_aqk": ["1", "T", "H", "16"], "kfc_ws_gend": ["1", "T", "H", "128"]}
+    assert r.dynamic_dims == ("T", "N", "H") and not r.kernel.report.spills

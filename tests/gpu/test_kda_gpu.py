@@ -188,3 +188,37 @@ def test_chunk_kda_intermediate_states_on_the_gpu():
     for i, ref in enumerate(want):
         _, rel, ok, note = compare(h[0, i].float().cpu().numpy(), ref.float().numpy(), TOLERANCE)
         assert ok, f"h[0, {i}]: {note or f'relative RMSE {rel:.3g}'}"
+
+
+@pytest.mark.parametrize("lengths", [[257], [37, 0, 200, 64]])
+def test_flashkdas_pair_as_one_op_matches_flash_kda_fwd_and_the_fp64_recurrence(lengths):
+    """kernels/kda_fwd_flashkda_pair.kfc called through kfc.load: its two kernels and six scratch
+    tensors give o and the final state of flash_kda_fwd (the same two kernels from two ops) and of
+    the float64 reference, on a varlen batch with an empty sequence."""
+    import kfc
+    from kfc.nn.kda import flash_kda_fwd
+    from kfc.reference.kda import kda_flashkda
+
+    g = torch.Generator().manual_seed(11)
+    T, H, K, N = sum(lengths), 3, 128, len(lengths)
+    q, k, v, raw = (torch.randn(1, T, H, K, generator=g).bfloat16() for _ in range(4))
+    beta = torch.randn(1, T, H, generator=g).bfloat16()
+    A_log, dt_bias = torch.rand(H, generator=g), torch.rand(H, K, generator=g)
+    h0 = torch.randn(N, H, K, K, generator=g)
+    cu = torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int64)
+    op = kfc.load(str(ROOT / "kernels/kda_fwd_flashkda_pair.kfc"))
+    cuda = [x.cuda() for x in (q, k, v, raw, beta, A_log, dt_bias, cu, h0)]
+    o = torch.full((1, T, H, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ht = torch.full((N, H, K, K), float("nan"), device="cuda")
+    op(*cuda, out=(o, ht))
+    out = torch.full_like(o, float("nan"))
+    final = torch.full_like(ht, float("nan"))
+    flash_kda_fwd(*cuda[:5], K ** -0.5, out, cuda[5], cuda[6], -5.0, initial_state=cuda[8], final_state=final,
+                  cu_seqlens=cuda[7])
+    torch.cuda.synchronize()
+    want_o, want_ht = kda_flashkda(q, k, v, raw, beta, A_log, dt_bias, cu, h0=h0)
+    for name, got, ref, alike in (("o", o, want_o, out), ("ht", ht, want_ht, final)):
+        _, rel, ok, note = compare(got.float().cpu().numpy(), ref.float().numpy(), TOLERANCE)
+        assert ok, f"{lengths}: {name}: {note or f'relative RMSE {rel:.3g}'}"
+        _, rel, ok, note = compare(got.float().cpu().numpy(), alike.float().cpu().numpy(), TOLERANCE)
+        assert ok, f"{lengths}: {name} against flash_kda_fwd: {note or f'relative RMSE {rel:.3g}'}"
