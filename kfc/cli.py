@@ -228,6 +228,10 @@ def cmd_opt(args) -> int:
         if args.verify_each:
             dims = dict(spec.check.shapes[0]) if spec is not None and spec.check and spec.check.shapes else {}
             dims.update(args.shape or {})
+            unbound = [d for d in func.symbols if d not in dims]
+            if unbound:
+                raise KfcError(f"--verify-each runs the interpreter, which needs a size for {', '.join(unbound)}",
+                               hint=f"pass --shape {','.join(f'{d}=8' for d in unbound)} (small sizes run fast)")
             verify_each = VerifyEach({k: min(v, 64) for k, v in dims.items()}, spec.check if spec else None)
         ctx = PassContext(parse_target("sm_90a"), check=spec.check if spec else None, verify_each=verify_each,
                           print_ir_after_all=args.print_ir_after_all,

@@ -151,3 +151,15 @@ check {
     assert f"{path}:3:10: error: rows of f64 are not supported yet" in err and "Traceback" not in err
     assert main(["check", str(path), "--seed", "0"]) == 0
     assert "final IR of f64op not checked: rows of f64" in capsys.readouterr().out
+
+
+def test_verify_each_on_ir_text_asks_for_the_sizes_it_lacks(tmp_path, capsys):
+    """IR text has no check block to take sizes from: --verify-each names the dims to give
+    (drawing inputs of a symbolic size was an internal error)."""
+    assert main(["opt", "kernels/rmsnorm.kfc", "--dtype", "T=f32"]) == 0
+    path = tmp_path / "rms.kir"
+    path.write_text(capsys.readouterr().out)
+    assert main(["opt", str(path), "-p", "canonicalize", "--verify-each"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a size for M, N" in err and "--shape M=8,N=8" in err and "Traceback" not in err
+    assert main(["opt", str(path), "-p", "canonicalize", "--verify-each", "--shape", "M=3,N=64"]) == 0

@@ -366,7 +366,7 @@ def test_unknown_attribute_span_covers_the_attribute():
 
 @pytest.mark.parametrize("old,new,words", [
     ('{index = [":"]} : (f32[4] @global) -> f32[4]', '{index = ["j"]} : (f32[4] @global) -> f32[4]', "bad index entry"),
-    ('{index = [":"]} : (f32[4] @global) -> f32[4]', ': (f32[4] @global) -> f32[4]', "bad attributes for tile.load"),
+    ('{index = [":"]} : (f32[4] @global) -> f32[4]', ': (f32[4] @global) -> f32[4]', "tile.load needs the attribute index"),
     ("tile.exp %0 : (f32[4])", "tile.exp %0 : (f32[4], f32[4])", "1 operands but the signature lists 2"),
     ("%1 = tile.exp", "%1, %2 = tile.exp", "2 results named but the signature gives 1"),
     ("f32[4] @global) -> (%y", "f32[4] @local) -> (%y", "unknown memory space @local"),
@@ -473,3 +473,57 @@ def test_a_scratch_tensor_roundtrips_and_is_refused_inside_a_loop():
 """
     with pytest.raises(VerifyError, match="top level"):
         verify(parse_ir(inside))
+
+
+LOAD_SUM = """kfc.func @f(%x: f32[N] @global) -> (%y: f32[1] @global) {
+  %0 = tile.load %x {index = [":"], other = 0.0} : (f32[N] @global) -> f32[N]
+  %1 = tile.reduce %0 {kind = "sum", axes = [0]} : (f32[N]) -> f32
+  %2 = tile.const {value = 0} : () -> index
+  tile.store %1, %y, %2 {index = ["i"]} : (f32, f32[1] @global, index) -> ()
+}
+"""
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('other = 0.0', 'other = "x"', "other (what reads past the tensor give) must be a number, not 'x'"),
+    ('kind = "sum"', 'kind = "median"', "tile.reduce: kind = 'median' is not one it takes"),
+    ('{kind = "sum", axes = [0]} ', '', "tile.reduce needs the attributes kind, axes"),
+])
+def test_ir_attributes_are_refused_in_the_irs_words(old, new, message):
+    """Attribute errors of IR text say which attribute and what it takes, not a Python
+    constructor's complaint (ReduceOp.__init__() missing ...)."""
+    assert old in LOAD_SUM
+    with pytest.raises(KfcError) as info:
+        verify(parse_ir(LOAD_SUM.replace(old, new, 1), "f.kir"))
+    assert message in info.value.message and "__init__" not in info.value.message
+    if "median" in new:
+        assert info.value.hint == "kind takes one of sum, mean, max, min, prod"
+
+
+def test_regions_nested_past_the_verifiers_depth_are_refused_not_a_recursion_error():
+    depth = 70
+    lines = ['kfc.func @f(%x: f32[N] @global) -> (%y: f32[N] @global) {', '  %z = tile.const {value = 0} : () -> index',
+             '  %n = tile.const {value = 1} : () -> index']
+    for k in range(depth):
+        lines += [f"{'  ' * (k + 1)}tile.parallel %z, %n {{", f"{'  ' * (k + 1)}^(%i{k}: index):"]
+    for k in reversed(range(depth)):
+        lines.append(f"{'  ' * (k + 1)}}} : (index, index) -> ()")
+    with pytest.raises(VerifyError, match="regions nest more than 64 levels deep"):
+        verify(parse_ir("\n".join(lines + ["}"]) + "\n"))
+
+
+def test_a_launch_inside_a_launch_is_refused():
+    text = """kfc.func @f(%x: f32[M] @global) -> (%y: f32[M] @global) {
+  %0 = tile.dim {sym = "M"} : () -> index
+  %1 = tile.const {value = 0} : () -> index
+  gpu.launch %1, %0 {threads = 32} {
+  ^(%m: index):
+    gpu.launch %1, %0 {threads = 32} {
+    ^(%q: index):
+      %zz = tile.const {value = 1} : () -> index
+    } : (index, index) -> ()
+  } : (index, index) -> ()
+}
+"""
+    with pytest.raises(VerifyError, match="a launch inside another launch or loop"):
+        verify(parse_ir(text))

@@ -3,9 +3,12 @@ messages on parsed IR name `file.kir:line:col`."""
 
 from __future__ import annotations
 
+import enum
 import json
 import math
+import re
 
+import attrs
 import lark
 
 from ..diagnostics import KfcError, Span, register_source
@@ -138,7 +141,7 @@ class IRParser:
         try:
             return cls(operands=tuple(operands), results=tuple(results), regions=tuple(regions), loc=span, **attributes)
         except (TypeError, ValueError) as e:
-            raise KfcError(f"bad attributes for {cls.NAME}: {e}", span) from None
+            raise attribute_error(cls, e, span) from None
 
     def signature(self, node):
         ins = [self.type(t) for t in node.children[0:-1] if t is not None]
@@ -208,3 +211,20 @@ class IRParser:
 def parse_ir(text: str, file: str = "<ir>") -> FuncOp:
     p = IRParser(file, text)
     return p.parse()
+
+
+def attribute_error(cls, e: Exception, span) -> KfcError:
+    """An op's attributes that its class refused, said in the IR's words: the ones missing, or a
+    value outside an enumeration with the values it takes."""
+    text = str(e)
+    if isinstance(e, TypeError) and "missing" in text:
+        names = re.findall(r"'(\w+)'", text.split("argument", 1)[-1])
+        return KfcError(f"{cls.NAME} needs the attribute{'s' if len(names) > 1 else ''} {', '.join(names)}", span,
+                        "write them in its {...} after the operands, as `kfc opt` prints such an op")
+    bad = re.fullmatch(r"'(.*)' is not a valid (\w+)", text)
+    for f in attrs.fields(cls) if bad else ():
+        kind = f.converter  # an enumeration attribute converts its text to a member
+        if isinstance(kind, type) and issubclass(kind, enum.Enum) and kind.__name__ == bad.group(2):
+            return KfcError(f"{cls.NAME}: {f.name} = {bad.group(1)!r} is not one it takes", span,
+                            f"{f.name} takes one of {', '.join(str(m.value) for m in kind)}")
+    return KfcError(f"bad attributes for {cls.NAME}: {text}", span)

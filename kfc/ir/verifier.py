@@ -11,6 +11,7 @@ from .barriers import check_barriers
 from .core import Block, Op
 from .func import FuncOp
 from .grid_protocol import check_grid_protocol
+from .gpu_ops import LaunchOp
 from .mma_ops import GridOp
 from .tile_ops import BinaryOp, ConstOp, DimOp, ForOp, LoadOp, ParallelOp, ScratchOp, StoreOp, YieldOp
 from .tile_ops.memory import index_operands
@@ -52,6 +53,9 @@ def verify(func: FuncOp) -> FuncOp:
     return func
 
 
+MAX_REGION_DEPTH = 64  # loops and branches inside one another: far past any program's, far below recursion's
+
+
 def _past(upper, dim, defs: dict) -> bool:
     """Whether a loop bound `upper` is provably past the extent `dim`: a constant beyond a fixed
     extent, or the dim plus a positive constant (`0..M + 1` over a dim of M)."""
@@ -83,6 +87,9 @@ class _Verifier:
         self.block(self.func.body, [set(id(a) for a in self.func.args)], owner=self.func)
 
     def block(self, block: Block, scopes: list[set[int]], owner: Op) -> None:
+        if len(scopes) > MAX_REGION_DEPTH:  # the interpreter and passes recurse a few frames a level
+            raise owner.error(f"regions nest more than {MAX_REGION_DEPTH} levels deep here",
+                              "a program nests loops and branches a few levels deep; split this one")
         scope: set[int] = set(id(a) for a in block.args)
         scopes = scopes + [scope]
         for i, op in enumerate(block.ops):
@@ -97,6 +104,9 @@ class _Verifier:
                     raise op.error(f"tile.yield ends a loop's body or a branch, not a {owner.NAME} region")
             if isinstance(op, FuncOp):
                 raise op.error("functions do not nest")
+            if isinstance(op, (LaunchOp, GridOp)) and owner is not self.func:  # a kernel's launch is the function's
+                raise op.error("a launch inside another launch or loop; a kernel is launched from the function's top "
+                               "level", "move it to the top level of the function")
             if isinstance(op, ScratchOp):  # a tensor for the call: loads and stores may take it
                 if owner is not self.func:
                     raise op.error("a scratch tensor is made at the function's top level, not inside a loop or branch")

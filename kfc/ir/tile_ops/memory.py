@@ -104,6 +104,8 @@ class LoadOp(Op):
             raise self.error("needs a tensor operand")
         t = tensor_of(self, self.operands[0], "tensor")
         verify_index(self, t, self.index, self.operands[1:])
+        if not isinstance(self.other, (bool, int, float)):
+            raise self.error(f"other (what reads past the tensor give) must be a number, not {self.other!r}")
         if bare_type(self.result.type) != bare_type(self.infer_result_types([t], self.attributes())[0]):
             raise self.error(f"result type {self.result.type} must be "
                              f"{self.infer_result_types([t], self.attributes())[0]}")
