@@ -94,7 +94,8 @@ def run(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | None = None,
         outputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Interpret `func` on numpy inputs; return its outputs by name."""
     dims, env = bind_arguments(func, args, dims, outputs)
-    Interpreter(func, dims).exec_block(func.body, env)
+    with np.errstate(all="ignore"):  # overflow to inf and NaN are results here, as on the GPU, not warnings
+        Interpreter(func, dims).exec_block(func.body, env)
     return {v.name: env[v] for v in func.outputs}
 
 
@@ -105,7 +106,8 @@ def run_tracked(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | None 
     interp = Interpreter(func, dims)
     interp.writers = {v: np.full(env[v].shape, -1, dtype=np.int64) for v in func.outputs if env[v] is not None}
     interp.tracked_arrays = {id(env[v]): v for v in interp.writers}
-    interp.exec_block(func.body, env)
+    with np.errstate(all="ignore"):
+        interp.exec_block(func.body, env)
     writers: dict[str, Any] = {v.name: w for v, w in interp.writers.items()}
     writers["__ops__"] = interp.writer_ops
     return {v.name: env[v] for v in func.outputs}, writers

@@ -107,7 +107,7 @@ class IRParser:
         if cls is None:
             close = [n for n in OP_REGISTRY if n.split(".")[-1] == str(name_tok).split(".")[-1]]
             raise KfcError(f"unknown op {name_tok}", _span(self.file, name_tok),
-                           f"did you mean {close[0]}?" if close else "see kfc.ir.tile_ops for the ops")
+                           f"did you mean {close[0]}?" if close else "write an op as `kfc opt` prints one (kfc opt FILE.kfc shows a program's)")
         operands = [self.use(scope, t) for t in (operands_node.children if operands_node is not None else [])]
         in_types, out_types = self.signature(sig)
         if len(in_types) != len(operands):
