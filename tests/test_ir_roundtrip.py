@@ -501,14 +501,14 @@ def test_ir_attributes_are_refused_in_the_irs_words(old, new, message):
 
 
 def test_regions_nested_past_the_verifiers_depth_are_refused_not_a_recursion_error():
-    depth = 70
+    depth = 260
     lines = ['kfc.func @f(%x: f32[N] @global) -> (%y: f32[N] @global) {', '  %z = tile.const {value = 0} : () -> index',
              '  %n = tile.const {value = 1} : () -> index']
     for k in range(depth):
         lines += [f"{'  ' * (k + 1)}tile.parallel %z, %n {{", f"{'  ' * (k + 1)}^(%i{k}: index):"]
     for k in reversed(range(depth)):
         lines.append(f"{'  ' * (k + 1)}}} : (index, index) -> ()")
-    with pytest.raises(VerifyError, match="regions nest more than 64 levels deep"):
+    with pytest.raises(VerifyError, match="regions nest more than 256 levels deep"):
         verify(parse_ir("\n".join(lines + ["}"]) + "\n"))
 
 
@@ -527,3 +527,17 @@ def test_a_launch_inside_a_launch_is_refused():
 """
     with pytest.raises(VerifyError, match="a launch inside another launch or loop"):
         verify(parse_ir(text))
+
+
+def test_the_interpreter_runs_regions_as_deep_as_the_verifier_takes():
+    """250 nested loops of one iteration: the interpreter's few frames a level would pass
+    Python's default recursion limit (a RecursionError before); it makes room while it runs."""
+    depth = 250
+    lines = ['kfc.func @f(%x: f32[N] @global) -> (%y: f32[N] @global) {', '  %z = tile.const {value = 0} : () -> index',
+             '  %n = tile.const {value = 1} : () -> index']
+    for k in range(depth):
+        lines += [f"{'  ' * (k + 1)}tile.parallel %z, %n {{", f"{'  ' * (k + 1)}^(%i{k}: index):"]
+    for k in reversed(range(depth)):
+        lines.append(f"{'  ' * (k + 1)}}} : (index, index) -> ()")
+    f = verify(parse_ir("\n".join(lines + ["}"]) + "\n"))
+    assert run(f, {"x": np.zeros(4, np.float32)}, {"N": 4})["y"].shape == (4,)

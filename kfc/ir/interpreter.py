@@ -12,6 +12,8 @@ order cannot matter for a valid program).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -90,11 +92,23 @@ def bind_arguments(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | No
     return dims, env
 
 
+@contextlib.contextmanager
+def deep_regions():
+    """Room for the few Python frames a region level takes, to the verifier's deepest nesting
+    (kfc.ir.verifier.MAX_REGION_DEPTH regions: about 1 500 frames past Python's default 1 000)."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 8000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
 def run(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | None = None,
         outputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Interpret `func` on numpy inputs; return its outputs by name."""
     dims, env = bind_arguments(func, args, dims, outputs)
-    with np.errstate(all="ignore"):  # overflow to inf and NaN are results here, as on the GPU, not warnings
+    with np.errstate(all="ignore"), deep_regions():  # overflow and NaN are results here, as on the GPU
         Interpreter(func, dims).exec_block(func.body, env)
     return {v.name: env[v] for v in func.outputs}
 
@@ -106,7 +120,7 @@ def run_tracked(func: FuncOp, args: dict[str, Any], dims: dict[str, int] | None 
     interp = Interpreter(func, dims)
     interp.writers = {v: np.full(env[v].shape, -1, dtype=np.int64) for v in func.outputs if env[v] is not None}
     interp.tracked_arrays = {id(env[v]): v for v in interp.writers}
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), deep_regions():
         interp.exec_block(func.body, env)
     writers: dict[str, Any] = {v.name: w for v, w in interp.writers.items()}
     writers["__ops__"] = interp.writer_ops

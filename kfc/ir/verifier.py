@@ -53,7 +53,7 @@ def verify(func: FuncOp) -> FuncOp:
     return func
 
 
-MAX_REGION_DEPTH = 64  # loops and branches inside one another: far past any program's, far below recursion's
+MAX_REGION_DEPTH = 256  # loops and branches inside one another: past the ~200 that .kfc text can nest
 
 
 def _past(upper, dim, defs: dict) -> bool:

@@ -27,9 +27,7 @@ from . import calls, contract, fastcall, launcher
 from .calls import MISS, CallError as OpError
 from .contract import evaluate
 
-TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "e4m3": "float8_e4m3fn",
-                "e5m2": "float8_e5m2", "i8": "int8",
-                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "bool": "bool"}
+TORCH_DTYPES = calls.TORCH_NAMES  # kfc's dtype names as torch's
 
 
 def torch_dtype(name: str):
