@@ -500,16 +500,20 @@ def test_ir_attributes_are_refused_in_the_irs_words(old, new, message):
         assert info.value.hint == "kind takes one of sum, mean, max, min, prod"
 
 
-def test_regions_nested_past_the_verifiers_depth_are_refused_not_a_recursion_error():
-    depth = 260
+def nested_loops(depth: int) -> str:
+    """IR text of `depth` parallel loops of one iteration, each inside the last."""
     lines = ['kfc.func @f(%x: f32[N] @global) -> (%y: f32[N] @global) {', '  %z = tile.const {value = 0} : () -> index',
              '  %n = tile.const {value = 1} : () -> index']
     for k in range(depth):
         lines += [f"{'  ' * (k + 1)}tile.parallel %z, %n {{", f"{'  ' * (k + 1)}^(%i{k}: index):"]
     for k in reversed(range(depth)):
         lines.append(f"{'  ' * (k + 1)}}} : (index, index) -> ()")
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def test_regions_nested_past_the_verifiers_depth_are_refused_not_a_recursion_error():
     with pytest.raises(VerifyError, match="regions nest more than 256 levels deep"):
-        verify(parse_ir("\n".join(lines + ["}"]) + "\n"))
+        verify(parse_ir(nested_loops(260)))
 
 
 def test_a_launch_inside_a_launch_is_refused():
@@ -532,12 +536,5 @@ def test_a_launch_inside_a_launch_is_refused():
 def test_the_interpreter_runs_regions_as_deep_as_the_verifier_takes():
     """250 nested loops of one iteration: the interpreter's few frames a level would pass
     Python's default recursion limit (a RecursionError before); it makes room while it runs."""
-    depth = 250
-    lines = ['kfc.func @f(%x: f32[N] @global) -> (%y: f32[N] @global) {', '  %z = tile.const {value = 0} : () -> index',
-             '  %n = tile.const {value = 1} : () -> index']
-    for k in range(depth):
-        lines += [f"{'  ' * (k + 1)}tile.parallel %z, %n {{", f"{'  ' * (k + 1)}^(%i{k}: index):"]
-    for k in reversed(range(depth)):
-        lines.append(f"{'  ' * (k + 1)}}} : (index, index) -> ()")
-    f = verify(parse_ir("\n".join(lines + ["}"]) + "\n"))
+    f = verify(parse_ir(nested_loops(250)))
     assert run(f, {"x": np.zeros(4, np.float32)}, {"N": 4})["y"].shape == (4,)
