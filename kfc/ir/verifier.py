@@ -56,22 +56,6 @@ def verify(func: FuncOp) -> FuncOp:
 MAX_REGION_DEPTH = 256  # loops and branches inside one another: past the ~200 that .kfc text can nest
 
 
-def _past(upper, dim, defs: dict) -> bool:
-    """Whether a loop bound `upper` is provably past the extent `dim`: a constant beyond a fixed
-    extent, or the dim plus a positive constant (`0..M + 1` over a dim of M)."""
-    op = defs.get(id(upper))
-    if isinstance(op, ConstOp):
-        return isinstance(dim, int) and isinstance(op.value, int) and op.value > dim
-    if isinstance(op, BinaryOp) and op.NAME == "tile.add":
-        for a, b in (op.operands, op.operands[::-1]):
-            da, db = defs.get(id(a)), defs.get(id(b))
-            same = (isinstance(da, DimOp) and isinstance(dim, SymDim) and da.sym == dim.name) or (
-                isinstance(da, ConstOp) and da.value == dim)
-            if same and isinstance(db, ConstOp) and isinstance(db.value, int) and db.value > 0:
-                return True
-    return False
-
-
 class _Verifier:
     def __init__(self, func: FuncOp) -> None:
         self.func = func
@@ -154,6 +138,20 @@ class _Verifier:
                 raise op.error("stores into a tensor that is not an output of the function")
 
 
+def _past(upper, dim, defs: dict) -> bool:
+    """Whether a loop bound `upper` is provably past the extent `dim`: a constant beyond a fixed
+    extent, or the dim plus a positive constant (`0..M + 1` over a dim of M)."""
+    op = defs.get(id(upper))
+    if isinstance(op, ConstOp):
+        return isinstance(dim, int) and isinstance(op.value, int) and op.value > dim
+    if isinstance(op, BinaryOp) and op.NAME == "tile.add":
+        for a, b in (op.operands, op.operands[::-1]):
+            da, db = defs.get(id(a)), defs.get(id(b))
+            same = (isinstance(da, DimOp) and isinstance(dim, SymDim) and da.sym == dim.name) or (
+                isinstance(da, ConstOp) and da.value == dim)
+            if same and isinstance(db, ConstOp) and isinstance(db.value, int) and db.value > 0:
+                return True
+    return False
 
 
 def check_loop_extents(func: FuncOp) -> FuncOp:
